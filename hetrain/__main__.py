@@ -1,0 +1,5 @@
+import sys
+
+from hetrain.cli import main
+
+sys.exit(main())

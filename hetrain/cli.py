@@ -1,0 +1,71 @@
+"""The ``hetrain`` command line: one sub-command per module in ``hetrain.commands``.
+
+Every sub-command module defines ``HELP`` (one line), ``add_arguments(parser)``
+and ``run(args) -> int``. Modules are imported only when their command runs, so
+``hetrain plan`` never imports the distributed runtime.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from hetrain.errors import UsageError, WorkerError
+
+COMMANDS = {
+    "train": "hetrain.commands.train",
+    "compare": "hetrain.commands.compare",
+    "topology": "hetrain.commands.topology",
+    "simulate": "hetrain.commands.simulate",
+    "plan": "hetrain.commands.plan",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad flag is a one-line error with exit code 2 (as ours are)."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        raise UsageError(f"{self.prog}: {message} (see `{self.prog} --help`)")
+
+
+def _build_parser(command: str | None) -> argparse.ArgumentParser:
+    parser = _Parser(prog="hetrain", description="Heterogeneity-aware distributed training on PyTorch.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, module_name in COMMANDS.items():
+        if command is not None and name != command:
+            sub.add_parser(name, help=f"see `hetrain {name} --help`")
+            continue
+        module = importlib.import_module(module_name)
+        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = argv[0] if argv and argv[0] in COMMANDS else None
+    try:
+        parser = _build_parser(command)
+        if not argv:
+            parser.print_help()
+            return 2
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return 2
+        module = importlib.import_module(COMMANDS[args.command])
+        return int(module.run(args) or 0)
+    except UsageError as exc:
+        print(f"hetrain: error: {exc}", file=sys.stderr)
+        return 2
+    except WorkerError as exc:
+        print(f"hetrain: job failed: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("hetrain: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Sub-commands of the ``hetrain`` CLI (see hetrain.cli)."""

@@ -1,0 +1,1 @@
+"""The runtime: real training on torch.distributed (gloo on CPU, NCCL on GPU)."""
