@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +31,7 @@ class WorkerContext:
     store: object | None = None
     local_rank: int = 0
     local_world_size: int = 1
+    report: Callable[[object], None] | None = None  # send a message to the launcher (local jobs only)
 
     @property
     def timeout(self) -> datetime.timedelta:

@@ -1,0 +1,30 @@
+import pytest
+import torch
+import torch.distributed as dist
+
+from hetrain.errors import WorkerError
+from hetrain.runtime.local_job import run_local
+
+
+def _sum_ranks(ctx):
+    t = torch.tensor([float(ctx.rank)])
+    dist.all_reduce(t)
+    return float(t.item())
+
+
+def _fail_on_rank_1(ctx):
+    if ctx.rank == 1:
+        raise RuntimeError("injected failure")
+    t = torch.zeros(1)
+    dist.all_reduce(t)  # rank 1 never arrives: the others would hang without the launcher
+    return 0
+
+
+def test_run_local_all_reduce_known_answer():
+    assert run_local(_sum_ranks, 3, timeout_s=30) == [3.0, 3.0, 3.0]
+
+
+def test_first_failure_kills_all_ranks_and_names_worker():
+    with pytest.raises(WorkerError, match="worker 1 failed") as info:
+        run_local(_fail_on_rank_1, 3, timeout_s=30)
+    assert "injected failure" in str(info.value)
