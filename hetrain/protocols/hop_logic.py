@@ -1,0 +1,232 @@
+"""Hop's per-worker state machine: update queues, token queues, backup workers,
+bounded staleness and iteration skipping (Luo et al., "Hop: Heterogeneity-aware
+decentralized training", ASPLOS'19). D-PSGD is the special case b = s = 0 with
+no tokens.
+
+One :class:`HopWorker` per worker. The driver (runtime or simulator) feeds it
+arrivals and asks it what to do; payloads (models) are opaque objects::
+
+    worker.can_start()                    -> tokens held from every out-neighbour?
+    worker.plan_skip()                    -> SkipPlan or None (call before start)
+    worker.start()                        -> consume one token per out-neighbour
+    ... compute, then send (worker.iteration, model) to worker.out_neighbors ...
+    worker.ready_to_average()             -> enough usable updates?
+    worker.complete()                     -> AveragePlan: terms to average, tokens to return
+    worker.receive_update(src, k, model) / worker.receive_tokens(src, n)
+
+Iteration k of worker i uses, from each in-neighbour j, the freshest update k'
+with k - s <= k' <= k. If j has skipped past that window, its oldest newer update
+stands in (never consumed early). Updates that fall out of the window unused
+are dropped and counted.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from hetrain.protocols.hop_config import HopConfig
+
+
+@dataclass
+class AverageTerm:
+    src: int
+    iteration: int
+    weight: float
+    payload: object
+
+
+@dataclass
+class AveragePlan:
+    """New model = self_weight * own + sum(term.weight * term.payload); weights sum to 1."""
+
+    iteration: int
+    self_weight: float
+    terms: list[AverageTerm]
+    tokens_to: list[int] = field(default_factory=list)  # in-neighbours owed one token each
+    token_count: int = 1
+
+
+@dataclass
+class SkipPlan:
+    """Jump from ``from_iteration`` to ``to_iteration``, averaging with ``average``."""
+
+    from_iteration: int
+    to_iteration: int
+    average: AveragePlan
+
+
+class HopWorker:
+    def __init__(self, rank: int, in_weights: dict[int, float], self_weight: float,
+                 out_neighbors: list[int], config: HopConfig):
+        self.rank = rank
+        self.in_weights = dict(in_weights)
+        self.self_weight = self_weight
+        self.out_neighbors = list(out_neighbors)
+        self.config = config
+        self.iteration = 0  # the iteration being run (or next to start)
+        self.started = False
+        self.queues: dict[int, deque] = {j: deque() for j in self.in_weights}  # (iteration, payload)
+        self.tokens = {m: (config.max_ig or 0) for m in self.out_neighbors}
+        self.stopped_neighbors: set[int] = set()
+        self.updates_received = 0
+        self.updates_used = 0
+        self.updates_stale = 0
+        self.updates_dropped = 0
+        self.max_iteration_gap = 0
+        self.skipped_iterations = 0
+
+    # ----- arrivals ---------------------------------------------------------
+    def receive_update(self, src: int, iteration: int, payload) -> None:
+        self.queues[src].append((iteration, payload))
+        self.updates_received += 1
+        self.max_iteration_gap = max(self.max_iteration_gap, abs(iteration - self.iteration))
+
+    def receive_tokens(self, src: int, count: int = 1) -> None:
+        self.tokens[src] += count
+
+    def neighbor_stopped(self, src: int) -> None:
+        self.stopped_neighbors.add(src)
+
+    # ----- starting an iteration -------------------------------------------
+    def can_start(self) -> bool:
+        return not self.config.uses_tokens or all(t > 0 for t in self.tokens.values())
+
+    def start(self) -> None:
+        assert not self.started and self.can_start(), "start() needs a token from every out-neighbour"
+        if self.config.uses_tokens:
+            for m in self.tokens:
+                self.tokens[m] -= 1
+        self.started = True
+
+    def plan_skip(self) -> SkipPlan | None:
+        """If enough in-neighbours are >= skip_threshold ahead, plan a jump to their iteration."""
+        threshold = self.config.skip_threshold
+        if threshold is None or self.started or not self.in_weights:
+            return None
+        newest = {j: q[-1][0] for j, q in self.queues.items() if q}
+        ahead = [j for j, k in newest.items() if k >= self.iteration + threshold]
+        if len(ahead) < len(self.in_weights) - self.config.backup:
+            return None
+        target = min(newest[j] for j in ahead)
+        if self.config.uses_tokens:  # a skipped iteration needs a token like a run one
+            target = min(target, self.iteration + min(self.tokens.values(), default=0))
+        if target <= self.iteration:
+            return None
+        terms = [AverageTerm(j, newest[j], self.in_weights[j], self.queues[j][-1][1]) for j in ahead]
+        return SkipPlan(self.iteration, target, self._normalised(target, terms))
+
+    def apply_skip(self, plan: SkipPlan) -> AveragePlan:
+        """Advance the counter; the returned plan owes tokens for every skipped iteration."""
+        skipped = plan.to_iteration - plan.from_iteration
+        if self.config.uses_tokens:
+            for m in self.tokens:
+                self.tokens[m] -= skipped
+        self.skipped_iterations += skipped
+        self.iteration = plan.to_iteration
+        self._drop_out_of_window(self.iteration)
+        plan.average.tokens_to = list(self.in_weights) if self.config.uses_tokens else []
+        plan.average.token_count = skipped
+        return plan.average
+
+    # ----- finishing an iteration --------------------------------------------
+    def _usable(self, src: int) -> int | None:
+        """Index in src's queue of the update to use at this iteration, or None."""
+        k, s = self.iteration, self.config.staleness
+        best = None
+        for index, (kk, _) in enumerate(self.queues[src]):
+            if k - s <= kk <= k:
+                best = index  # queues are in arrival order, i.e. increasing iteration
+            elif kk > k:
+                return best if best is not None else index
+        return best
+
+    def usable_count(self) -> int:
+        return sum(self._usable(j) is not None for j in self.in_weights)
+
+    def needed_count(self) -> int:
+        return len(self.in_weights) - self.config.backup
+
+    def ready_to_average(self) -> bool:
+        return self.usable_count() >= self.needed_count()
+
+    def blocked_by_stopped_neighbors(self) -> bool:
+        """True when a wait can never end because the neighbours it needs have stopped."""
+        if self.started:
+            alive_missing = sum(
+                self._usable(j) is None and j not in self.stopped_neighbors for j in self.in_weights
+            )
+            return self.usable_count() + alive_missing < self.needed_count()
+        if self.config.uses_tokens:
+            return any(t <= 0 and m in self.stopped_neighbors for m, t in self.tokens.items())
+        return False
+
+    def complete(self) -> AveragePlan:
+        """Take the updates for this iteration; advance to the next one."""
+        assert self.started and self.ready_to_average(), "complete() needs enough usable updates"
+        k = self.iteration
+        terms = []
+        for j in self.in_weights:
+            index = self._usable(j)
+            if index is None:
+                continue
+            kk, payload = self.queues[j][index]
+            terms.append(AverageTerm(j, kk, self.in_weights[j], payload))
+            if kk <= k:  # consume it and everything older; a newer stand-in stays for later
+                self.updates_dropped += index
+                for _ in range(index + 1):
+                    self.queues[j].popleft()
+                self.updates_used += 1
+                self.updates_stale += kk < k
+        self.iteration = k + 1
+        self.started = False
+        self._drop_out_of_window(self.iteration)
+        plan = self._normalised(k, terms)
+        plan.tokens_to = list(self.in_weights) if self.config.uses_tokens else []
+        return plan
+
+    # ----- helpers ------------------------------------------------------------
+    def _drop_out_of_window(self, iteration: int) -> None:
+        oldest = iteration - self.config.staleness
+        for queue in self.queues.values():
+            while queue and queue[0][0] < oldest:
+                queue.popleft()
+                self.updates_dropped += 1
+
+    def _normalised(self, iteration: int, terms: list[AverageTerm]) -> AveragePlan:
+        total = self.self_weight + sum(t.weight for t in terms)
+        for t in terms:
+            t.weight /= total
+        return AveragePlan(iteration, self.self_weight / total, terms)
+
+    def waiting_for(self) -> str:
+        """What this worker is waiting for, for timeout errors."""
+        if not self.started:
+            short = sorted(m for m, t in self.tokens.items() if t <= 0)
+            return f"a token from worker(s) {short} to start iteration {self.iteration}"
+        missing = sorted(j for j in self.in_weights if self._usable(j) is None)
+        lo = self.iteration - self.config.staleness
+        return (
+            f"updates of iterations {lo}..{self.iteration} from {self.needed_count() - self.usable_count()} "
+            f"more of worker(s) {missing}"
+        )
+
+    def counters(self) -> dict:
+        return {
+            "updates_received": self.updates_received,
+            "updates_used": self.updates_used,
+            "updates_stale": self.updates_stale,
+            "updates_dropped": self.updates_dropped,
+            "max_iteration_gap": self.max_iteration_gap,
+            "skipped_iterations": self.skipped_iterations,
+        }
+
+
+def make_hop_workers(topology, config: HopConfig) -> list[HopWorker]:
+    """One HopWorker per worker of ``topology``, weighted by its mixing matrix."""
+    w = topology.mixing_matrix
+    return [
+        HopWorker(i, {j: float(w[i, j]) for j in topology.in_neighbors[i]}, float(w[i, i]),
+                  topology.out_neighbors[i], config)
+        for i in range(topology.num_workers)
+    ]

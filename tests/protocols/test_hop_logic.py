@@ -1,0 +1,171 @@
+"""Property tests of the pure Hop logic under random schedules (no processes, no clocks)."""
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hetrain.errors import UsageError
+from hetrain.protocols.hop_config import HopConfig, validate_hop_config
+from hetrain.protocols.hop_logic import make_hop_workers
+from hetrain.topology import make_topology
+
+
+def run_random_schedule(topology, config, iterations, seed, slow=None):
+    """Drive every worker with random interleavings of its enabled actions.
+
+    Returns the workers and the averages taken. Fails the test on a deadlock
+    (some worker unfinished and nothing enabled) or when the token bound breaks.
+    """
+    rng = random.Random(seed)
+    workers = make_hop_workers(topology, config)
+    n = topology.num_workers
+    in_flight = []  # ("update"|"token", src, dst, iteration_or_count)
+    computing = [False] * n
+    completed = [0] * n  # iterations completed (including skipped ones)
+    averages = []
+    steps = 0
+    while min(w.iteration for w in workers) < iterations:
+        steps += 1
+        assert steps < 200_000, "schedule did not finish"
+        actions = []
+        for i, w in enumerate(workers):
+            if w.iteration >= iterations:
+                continue
+            if not w.started:
+                if w.plan_skip() is not None:
+                    actions.append(("skip", i))
+                if w.can_start():
+                    actions.append(("start", i))
+            elif computing[i]:
+                actions.append(("compute", i))
+            elif w.ready_to_average():
+                actions.append(("complete", i))
+        heads = {}  # channels are FIFO: only the oldest message of each (kind, src, dst) can arrive
+        for index, (what, src, dst, _) in enumerate(in_flight):
+            heads.setdefault((what, src, dst), index)
+        actions += [("deliver", index) for index in heads.values()]
+        assert actions, f"deadlock: {[w.waiting_for() for w in workers]}"
+        weights = [5 if a[0] == "deliver" else (1 if slow is not None and a[1] == slow else 6) for a in actions]
+        kind, who = rng.choices(actions, weights)[0]
+        if kind == "deliver":
+            what, src, dst, value = in_flight.pop(who)
+            if what == "update":
+                workers[dst].receive_update(src, value, f"model of {src} at {value}")
+            else:
+                workers[dst].receive_tokens(src, value)
+            continue
+        w = workers[who]
+        if kind == "skip":
+            plan = w.apply_skip(w.plan_skip())
+            completed[who] = w.iteration
+            in_flight += [("token", who, j, plan.token_count) for j in plan.tokens_to]
+        elif kind == "start":
+            w.start()
+            computing[who] = True
+            if config.max_ig is not None:
+                for m in w.out_neighbors:  # Hop's guarantee: never more than max_ig ahead
+                    assert w.iteration + 1 - completed[m] <= config.max_ig
+        elif kind == "compute":
+            computing[who] = False
+            in_flight += [("update", who, m, w.iteration) for m in w.out_neighbors]
+        else:
+            plan = w.complete()
+            completed[who] = w.iteration
+            averages.append((who, plan))
+            in_flight += [("token", who, j, plan.token_count) for j in plan.tokens_to]
+    return workers, averages
+
+
+topologies = st.sampled_from(["ring", "double_ring", "torus", "hypercube", "exponential", "complete"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(topologies, st.integers(4, 8), st.integers(0, 10_000))
+def test_dpsgd_averages_only_same_iteration_models(name, n, seed):
+    if name == "hypercube":
+        n = 8 if n > 4 else 4
+    if name == "torus" and n in (5, 7):
+        n = 6
+    topology = make_topology(name, n)
+    config = validate_hop_config(HopConfig(), topology)
+    workers, averages = run_random_schedule(topology, config, iterations=6, seed=seed)
+    for who, plan in averages:
+        assert len(plan.terms) == len(topology.in_neighbors[who])
+        assert all(t.iteration == plan.iteration for t in plan.terms)
+        assert abs(plan.self_weight + sum(t.weight for t in plan.terms) - 1) < 1e-12
+    assert all(w.updates_stale == 0 and w.updates_dropped == 0 for w in workers)
+
+
+@settings(max_examples=80, deadline=None)
+@given(topologies, st.integers(4, 8), st.integers(0, 2), st.integers(0, 2), st.integers(1, 4),
+       st.booleans(), st.integers(0, 10_000))
+def test_hop_never_deadlocks_and_counts_updates(name, n, backup, staleness, max_ig, skip, seed):
+    if name == "hypercube":
+        n = 8 if n > 4 else 4
+    if name == "torus" and n in (5, 7):
+        n = 6
+    topology = make_topology(name, n)
+    backup = min(backup, min(len(x) for x in topology.in_neighbors) - 1)
+    config = validate_hop_config(
+        HopConfig(backup, staleness, max_ig, 1 if skip else None), topology
+    )
+    workers, averages = run_random_schedule(topology, config, iterations=8, seed=seed, slow=0)
+    for who, plan in averages:
+        assert len(plan.terms) >= len(topology.in_neighbors[who]) - backup
+        for term in plan.terms:
+            assert term.iteration >= plan.iteration - staleness
+    for w in workers:
+        queued = sum(len(q) for q in w.queues.values())
+        assert w.updates_received == w.updates_used + w.updates_dropped + queued
+
+
+def test_stale_and_dropped_counts_by_hand():
+    topology = make_topology("ring", 3)
+    config = validate_hop_config(HopConfig(backup=1, staleness=1, max_ig=4), topology)
+    w = make_hop_workers(topology, config)[0]  # in-neighbours 1 and 2
+    w.start()
+    w.receive_update(1, 0, "a0")
+    plan = w.complete()  # iteration 0 with worker 1's update only (backup 1)
+    assert [t.payload for t in plan.terms] == ["a0"]
+    assert plan.self_weight == pytest.approx(0.5)
+    w.start()
+    w.receive_update(2, 0, "b0")  # late: usable at iteration 1 with staleness 1
+    w.receive_update(1, 1, "a1")
+    plan = w.complete()
+    assert sorted(t.payload for t in plan.terms) == ["a1", "b0"]
+    assert w.updates_stale == 1
+    w.start()
+    w.receive_update(2, 1, "b1")
+    w.receive_update(2, 2, "b2")  # b1 is superseded by the fresher b2: dropped
+    plan = w.complete()
+    assert [t.payload for t in plan.terms] == ["b2"]
+    assert w.updates_dropped == 1
+
+
+def test_skip_jumps_to_neighbours_and_returns_owed_tokens():
+    topology = make_topology("ring", 3)
+    config = validate_hop_config(HopConfig(backup=1, max_ig=4, skip_threshold=2), topology)
+    w = make_hop_workers(topology, config)[0]
+    for k in range(3):
+        w.receive_update(1, k, f"a{k}")
+        w.receive_update(2, k, f"b{k}")
+    plan = w.plan_skip()
+    assert (plan.from_iteration, plan.to_iteration) == (0, 2)
+    average = w.apply_skip(plan)
+    assert sorted(t.payload for t in average.terms) == ["a2", "b2"]
+    assert average.token_count == 2 and sorted(average.tokens_to) == [1, 2]
+    assert w.iteration == 2 and w.skipped_iterations == 2
+    assert w.updates_dropped == 4  # a0, a1, b0, b1 fell out of the window (staleness 0)
+
+
+def test_deadlock_prone_or_useless_settings_are_rejected():
+    ring = make_topology("ring", 8)
+    with pytest.raises(UsageError, match="fewer than every worker's in-neighbours"):
+        validate_hop_config(HopConfig(backup=2), ring)
+    with pytest.raises(UsageError, match="threshold <= max-ig"):
+        validate_hop_config(HopConfig(backup=1, max_ig=2, skip_threshold=3), ring)
+    with pytest.raises(UsageError, match="max-ig must be >= 1"):
+        validate_hop_config(HopConfig(max_ig=0), ring)
+    assert validate_hop_config(HopConfig(backup=1), ring).max_ig is not None
