@@ -49,7 +49,12 @@ class AveragePlan:
 
 @dataclass
 class SkipPlan:
-    """Jump from ``from_iteration`` to ``to_iteration``, averaging with ``average``."""
+    """Jump from ``from_iteration`` to ``to_iteration``, averaging with ``average``.
+
+    The driver applies the average, sends the averaged model to the out-neighbours
+    tagged ``to_iteration - 1`` (so none of them waits for the skipped iterations'
+    models) and returns ``average.token_count`` tokens to each of ``average.tokens_to``.
+    """
 
     from_iteration: int
     to_iteration: int
@@ -100,20 +105,25 @@ class HopWorker:
         self.started = True
 
     def plan_skip(self) -> SkipPlan | None:
-        """If enough in-neighbours are >= skip_threshold ahead, plan a jump to their iteration."""
+        """If every in-neighbour is >= skip_threshold ahead, plan a jump to their iteration.
+
+        Every in-neighbour, not all but b: a worker that is ahead of one neighbour
+        and behind another is not the straggler and must not skip.
+        """
         threshold = self.config.skip_threshold
         if threshold is None or self.started or not self.in_weights:
             return None
-        newest = {j: q[-1][0] for j, q in self.queues.items() if q}
-        ahead = [j for j, k in newest.items() if k >= self.iteration + threshold]
-        if len(ahead) < len(self.in_weights) - self.config.backup:
+        if any(not q for q in self.queues.values()):
             return None
-        target = min(newest[j] for j in ahead)
+        newest = {j: q[-1][0] for j, q in self.queues.items()}
+        if min(newest.values()) < self.iteration + threshold:
+            return None
+        target = min(newest.values())
         if self.config.uses_tokens:  # a skipped iteration needs a token like a run one
             target = min(target, self.iteration + min(self.tokens.values(), default=0))
         if target <= self.iteration:
             return None
-        terms = [AverageTerm(j, newest[j], self.in_weights[j], self.queues[j][-1][1]) for j in ahead]
+        terms = [AverageTerm(j, k, self.in_weights[j], self.queues[j][-1][1]) for j, k in newest.items()]
         return SkipPlan(self.iteration, target, self._normalised(target, terms))
 
     def apply_skip(self, plan: SkipPlan) -> AveragePlan:

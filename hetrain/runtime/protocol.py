@@ -73,6 +73,7 @@ class SyncProtocol:
         if self._last_step_end is not None:
             self.stats.compute_s += now - self._last_step_end
         self.stats.iterations += 1
+        self.stats.iteration += 1  # protocols that skip iterations overwrite this in _sync
         self._sync()
         end = time.perf_counter()
         self.stats.wait_s += end - now
@@ -80,6 +81,10 @@ class SyncProtocol:
 
     def _sync(self) -> None:
         raise NotImplementedError
+
+    @classmethod
+    def check_config(cls, config) -> None:
+        """Validate a RunConfig for this protocol before any process starts (raise UsageError)."""
 
     def should_stop(self, local_done: bool) -> bool:
         """Whether to leave the loop; ``local_done`` is this worker's own wish.

@@ -1,0 +1,147 @@
+"""Simulator benchmarks and the fidelity comparison with real runs (measure, don't test).
+
+    python benchmarks/sim_bench.py engine              # bare heap events/s vs SimPy (if installed)
+    python benchmarks/sim_bench.py scale               # prague 1,024 x 1,000 timing-only; digits 256 x 200
+    python benchmarks/sim_bench.py fidelity [--budget 6] [--workers 4 8] [--protocols ...]
+                                                       # hetrain train vs hetrain simulate, same settings
+
+Each prints a markdown table; docs/simulator.md records the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def bench_engine(events: int = 1_000_000) -> None:
+    from hetrain.sim.engine import Engine
+
+    heap, t0 = [], time.perf_counter()
+    for i in range(events):
+        heapq.heappush(heap, (i * 1e-3, i, None, ()))
+    while heap:
+        heapq.heappop(heap)
+    bare = events / (time.perf_counter() - t0)
+    engine, count = Engine(), [0]
+
+    def tick(i):
+        count[0] += 1
+        if i < 100:
+            engine.after(1e-3, tick, i + 1)
+
+    for w in range(events // 100):
+        engine.at(w * 1e-6, tick, 0)
+    t0 = time.perf_counter()
+    engine.run()
+    ours = engine.events / (time.perf_counter() - t0)
+    print(f"| bare heap push+pop | {bare / 1e6:.2f} M events/s |")
+    print(f"| hetrain Engine (10,000 chains x 100 callbacks) | {ours / 1e6:.2f} M events/s |")
+    try:
+        import simpy
+    except ImportError:
+        print("| SimPy | not installed |")
+        return
+    env = simpy.Environment()
+
+    def proc(env):
+        for _ in range(100):
+            yield env.timeout(1e-3)
+
+    for _ in range(events // 100):
+        env.process(proc(env))
+    t0 = time.perf_counter()
+    env.run()
+    print(f"| SimPy (10,000 processes x 100 timeouts) | {events / (time.perf_counter() - t0) / 1e6:.2f} M events/s |")
+
+
+def _measure(argv: list[str]) -> dict:
+    """Run ``hetrain simulate`` in a child process; return its record plus runtime and peak RSS."""
+    with tempfile.TemporaryDirectory() as out:
+        code = ("import resource, sys; from hetrain.cli import main; rc = main(sys.argv[1:]); "
+                "print('PEAK_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr); sys.exit(rc)")
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-c", code, "simulate", *argv, "--out", out, "--no-progress"],
+                              cwd=ROOT, capture_output=True, text=True, check=True)
+        elapsed = time.perf_counter() - t0
+        peak_kb = int(proc.stderr.rsplit("PEAK_KB", 1)[1].split()[0])
+        record = json.loads((Path(out) / "metrics.json").read_text())
+    record["process_s"], record["peak_mb"] = elapsed, peak_kb / 1024
+    return record
+
+
+def bench_scale() -> None:
+    runs = [
+        ("prague (smart GG), timing only", ["--protocol", "prague", "--workers", "1024", "--iterations", "1000",
+                                            "--slowdown", "every:8:5x"]),
+        ("hop ring, timing only", ["--protocol", "hop", "--workers", "1024", "--iterations", "1000",
+                                   "--slowdown", "every:8:5x", "--backup", "1", "--topology", "double_ring"]),
+        ("prague, --math digits", ["--protocol", "prague", "--workers", "256", "--iterations", "200",
+                                   "--slowdown", "every:8:5x", "--math", "digits"]),
+        ("hop, --math digits", ["--protocol", "hop", "--workers", "256", "--iterations", "200",
+                                "--slowdown", "every:8:5x", "--math", "digits"]),
+    ]
+    print("| run | workers x iterations | process s | events | events/s | peak MB | efficiency | accuracy |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name, argv in runs:
+        r = _measure(argv)
+        acc = "-" if r["final_accuracy_avg_model"] is None else f"{r['final_accuracy_avg_model']:.3f}"
+        print(f"| {name} | {r['num_workers']} x {r['iterations_per_worker']} | {r['process_s']:.1f} | "
+              f"{r['engine_events']:,} | {r['events_per_s'] / 1e3:.0f}k | {r['peak_mb']:.0f} | "
+              f"{r['heterogeneity_efficiency']:.3f} | {acc} |", flush=True)
+
+
+PROTOCOL_FLAGS = {
+    "allreduce": [], "dpsgd": [], "hop": ["--backup", "1", "--topology", "complete"],
+    "prague": ["--gg", "smart"], "adpsgd": [], "ps": [],
+}
+
+
+def bench_fidelity(protocols: list[str], worker_counts: list[int], budget_s: float, compute_ms: float) -> None:
+    print(f"compute {compute_ms:g} ms, worker 0 slowed 5x, --time-budget {budget_s:g} s; "
+          "efficiency = heterogeneity efficiency")
+    print("| protocol | workers | train samples/s | sim samples/s | ratio | train eff. | sim eff. |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for protocol in protocols:
+        for n in worker_counts:
+            common = ["--protocol", protocol, "--workers", str(n), "--compute-ms", str(compute_ms),
+                      "--slowdown", "0:5x", "--time-budget", str(budget_s), *PROTOCOL_FLAGS[protocol]]
+            with tempfile.TemporaryDirectory() as out:
+                subprocess.run([sys.executable, "-m", "hetrain", "train", *common, "--out", out, "--no-progress"],
+                               cwd=ROOT, capture_output=True, text=True, check=True, timeout=600)
+                real = json.loads((Path(out) / "metrics.json").read_text())
+            sim = _measure(common)
+            ratio = sim["samples_per_s"] / real["samples_per_s"]
+            print(f"| {protocol} | {n} | {real['samples_per_s']:.0f} | {sim['samples_per_s']:.0f} | {ratio:.2f} | "
+                  f"{real['heterogeneity_efficiency']:.3f} | {sim['heterogeneity_efficiency']:.3f} |", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=("engine", "scale", "fidelity"))
+    parser.add_argument("--protocols", nargs="+", default=list(PROTOCOL_FLAGS))
+    parser.add_argument("--workers", nargs="+", type=int, default=[4, 8])
+    parser.add_argument("--budget", type=float, default=6.0)
+    parser.add_argument("--compute-ms", type=float, default=50.0)
+    args = parser.parse_args()
+    if args.what == "engine":
+        bench_engine()
+    elif args.what == "scale":
+        bench_scale()
+    else:
+        bench_fidelity(args.protocols, args.workers, args.budget, args.compute_ms)
+    print(f"(this process peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB)")
+
+
+if __name__ == "__main__":
+    main()

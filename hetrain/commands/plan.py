@@ -1,0 +1,77 @@
+"""``hetrain plan``: partition a model's layers over a (heterogeneous) accelerator array."""
+
+from __future__ import annotations
+
+import argparse
+
+from hetrain.errors import UsageError
+
+HELP = "plan per-layer tensor partitioning (HyPar/AccPar) for a model on an accelerator array"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", help="zoo name (alexnet, vgg-a..e, vgg-16, resnet-50, mlp, transformer, ...) "
+                                        "or module:PATH:Class")
+    parser.add_argument("--batch", type=int, help="global batch size (samples per step)")
+    parser.add_argument("--devices", help="array spec like tpu-v3:4,tpu-v2:4 or a100:8, or a YAML/JSON device file")
+    parser.add_argument("--objective", choices=("time", "volume"), default="time",
+                        help="minimise step time (default) or communicated bytes (HyPar's objective)")
+    parser.add_argument("--types", type=int, choices=(2, 3), default=3,
+                        help="3: types I/II/III (AccPar); 2: I/II only (HyPar's space)")
+    parser.add_argument("--dtype-bytes", type=float, default=2.0, help="bytes per tensor element (default 2)")
+    parser.add_argument("--input-shape", help="one sample's shape for module:PATH:Class models, e.g. 3,224,224")
+    parser.add_argument("--json", metavar="OUT", help="write the plan and baselines as JSON to OUT")
+    parser.add_argument("--table", action="store_true", help="print the table even when --json is given")
+    parser.add_argument("--verify", action="store_true",
+                        help="execute a small planned MLP on 2 and 4 gloo processes and compare with "
+                             "the unpartitioned computation")
+    parser.add_argument("--timeout-s", type=float, default=120.0, help="--verify: limit for each run (seconds)")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.verify:
+        return _verify(args)
+    for flag in ("model", "batch", "devices"):
+        if getattr(args, flag) is None:
+            raise UsageError(f"--{flag} is required (or use --verify)")
+    if args.batch < 1:
+        raise UsageError(f"--batch must be at least 1, got {args.batch}")
+    if not args.dtype_bytes > 0:
+        raise UsageError(f"--dtype-bytes must be positive, got {args.dtype_bytes}")
+    from hetrain.planner import api
+
+    devices = api.devices(args.devices)
+    net = api.model(args.model, _shape(args.input_shape))
+    result = api.compare_plans(net, args.batch, devices, args.objective, args.types, args.dtype_bytes)
+    if args.json:
+        from hetrain.outputs import write_json_atomic
+
+        try:
+            write_json_atomic(args.json, result.json())
+        except OSError as exc:
+            raise UsageError(f"--json {args.json}: cannot write ({exc.strerror}); choose a writable path") from None
+    if not args.json or args.table:
+        print(result.table())
+    return 0
+
+
+def _shape(text: str | None):
+    if text is None:
+        return None
+    try:
+        shape = tuple(int(x) for x in text.replace("x", ",").split(",") if x.strip())
+    except ValueError:
+        shape = ()
+    if not shape or min(shape) < 1:
+        raise UsageError(f"--input-shape {text!r}: write positive integers separated by commas, e.g. 3,224,224")
+    return shape
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from hetrain.planner.verify import verify_all
+
+    ok = True
+    for report in verify_all(timeout_s=args.timeout_s):
+        print(report.line())
+        ok = ok and report.ok
+    return 0 if ok else 1

@@ -1,0 +1,97 @@
+"""Built-in workloads that need no download: scikit-learn's digits and a synthetic task.
+
+* ``mlp`` / ``cnn`` on digits (1,797 8x8 images, 10 classes; 80/20 stratified split);
+* ``synthetic``: Gaussian inputs labelled by a random linear teacher, learned by a
+  two-layer MLP whose hidden width is chosen so the model has about ``model_params``
+  parameters -- to set the communication volume to realistic sizes.
+
+Each worker trains on its own shard of the training set with its own seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+NUM_CLASSES = 10
+SYNTHETIC_FEATURES = 64
+
+
+@dataclass
+class Dataset:
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    image_shape: tuple = (1, 8, 8)
+
+
+def load_dataset(workload: str, seed: int = 0) -> Dataset:
+    if workload == "synthetic":
+        return _synthetic(seed)
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    x = (digits.data / 16.0).astype(np.float32)
+    x_train, x_test, y_train, y_test = train_test_split(
+        x, digits.target, test_size=0.2, random_state=0, stratify=digits.target
+    )
+    return Dataset(torch.from_numpy(x_train), torch.from_numpy(y_train).long(),
+                   torch.from_numpy(x_test), torch.from_numpy(y_test).long())
+
+
+def _synthetic(seed: int, train: int = 4096, test: int = 1024) -> Dataset:
+    gen = torch.Generator().manual_seed(1234 + seed)
+    teacher = torch.randn(SYNTHETIC_FEATURES, NUM_CLASSES, generator=gen)
+    x = torch.randn(train + test, SYNTHETIC_FEATURES, generator=gen)
+    y = (x @ teacher).argmax(dim=1)
+    return Dataset(x[:train], y[:train], x[train:], y[train:])
+
+
+def build_model(workload: str, model_params: int = 1_000_000, seed: int = 0) -> nn.Module:
+    """The same initial model on every worker (seeded), so averaging starts from consensus."""
+    torch.manual_seed(seed)
+    if workload == "mlp":
+        return nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, NUM_CLASSES))
+    if workload == "cnn":
+        return nn.Sequential(
+            nn.Unflatten(1, (1, 8, 8)),
+            nn.Conv2d(1, 8, 3), nn.ReLU(),
+            nn.Conv2d(8, 16, 3), nn.ReLU(),
+            nn.Flatten(), nn.Linear(16 * 4 * 4, NUM_CLASSES),
+        )
+    hidden = max(1, round((model_params - NUM_CLASSES) / (SYNTHETIC_FEATURES + 1 + NUM_CLASSES)))
+    return nn.Sequential(nn.Linear(SYNTHETIC_FEATURES, hidden), nn.ReLU(), nn.Linear(hidden, NUM_CLASSES))
+
+
+class ShardSampler:
+    """Endless shuffled mini-batches from worker ``rank``'s shard (rank::world of the training set)."""
+
+    def __init__(self, data: Dataset, rank: int, world_size: int, batch_size: int, seed: int):
+        self.x = data.x_train[rank::world_size]
+        self.y = data.y_train[rank::world_size]
+        self.batch_size = min(batch_size, len(self.x))
+        self.gen = torch.Generator().manual_seed(seed * 1_000_003 + rank)
+        self._order = torch.empty(0, dtype=torch.long)
+        self._pos = 0
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._pos + self.batch_size > len(self._order):
+            self._order = torch.randperm(len(self.x), generator=self.gen)
+            self._pos = 0
+        index = self._order[self._pos : self._pos + self.batch_size]
+        self._pos += self.batch_size
+        return self.x[index], self.y[index]
+
+
+@torch.no_grad()
+def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    was_training = model.training
+    model.eval()
+    correct = (model(x).argmax(dim=1) == y).sum().item()
+    model.train(was_training)
+    return correct / len(y)

@@ -1,0 +1,78 @@
+"""The planner's Python entry point.
+
+Example::
+
+    from hetrain.planner import plan_model
+    result = plan_model("resnet-50", batch=256, devices="tpu-v3:4,tpu-v2:4")
+    print(result.table())                      # plan beside data parallelism, one weird trick, HyPar
+    result.plans["plan"].step_s                # predicted seconds per step
+    result.json()                              # everything, JSON-ready
+
+``model`` may also be an ``nn.Module`` instance (pass ``input_shape``, one
+sample's shape) or ``module:PATH:Class``; ``devices`` a spec string, a device
+file path or a list of :class:`~hetrain.planner.devices.Device`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hetrain.errors import UsageError
+from hetrain.planner import report
+from hetrain.planner.baselines import compare
+from hetrain.planner.devices import Device, describe, parse_array
+from hetrain.planner.hierarchy import GroupPlan
+from hetrain.planner.layers import Net
+
+
+@dataclass
+class PlanResult:
+    """The plan and its baselines (``plans`` maps name -> GroupPlan, ``"plan"`` first)."""
+
+    net: Net
+    batch: int
+    devices: str
+    plans: dict[str, GroupPlan]
+    settings: dict
+
+    def json(self) -> dict:
+        return report.to_json(self.net, self.batch, self.devices, self.plans, self.settings)
+
+    def table(self) -> str:
+        return report.table(self.net, self.batch, self.devices, self.plans, self.settings)
+
+
+def devices(spec) -> list[Device]:
+    """A device list from a spec string, a device file path, or a list of Device."""
+    if isinstance(spec, str):
+        return parse_array(spec)
+    return list(spec)
+
+
+def model(spec, input_shape=None) -> Net:
+    """A Net from a zoo name, ``module:PATH:Class``, an ``nn.Module`` instance or a Net."""
+    if isinstance(spec, Net):
+        return spec
+    from hetrain.planner import trace  # torch is imported only when a model is traced
+
+    if isinstance(spec, str):
+        return trace.load_model(spec, input_shape)
+    if input_shape is None:
+        raise UsageError("pass input_shape (one sample's shape) to plan an nn.Module instance")
+    return trace.trace(spec, tuple(input_shape), type(spec).__name__)
+
+
+def compare_plans(net: Net, batch: int, devs: list[Device], objective: str = "time", types: int = 3,
+                  dtype_bytes: float = 2.0) -> PlanResult:
+    if batch < 1:
+        raise UsageError(f"batch must be at least 1, got {batch}")
+    plans = compare(net, batch, devs, objective, types, dtype_bytes)
+    settings = {"objective": objective, "types": types, "dtype_bytes": dtype_bytes}
+    return PlanResult(net, batch, describe(devs), plans, settings)
+
+
+def plan_model(model_spec, batch: int, devices_spec, objective: str = "time", types: int = 3,
+               dtype_bytes: float = 2.0, input_shape=None) -> PlanResult:
+    """Trace/load the model, parse the array, plan it and its baselines."""
+    return compare_plans(model(model_spec, input_shape), batch, devices(devices_spec), objective, types,
+                         dtype_bytes)

@@ -1,0 +1,52 @@
+"""The plan and its baselines, as :class:`~hetrain.planner.hierarchy.PlanConfig` presets.
+
+- ``data-parallel``: every layer type I at every level (batch split everywhere).
+- ``one-weird-trick`` (Krizhevsky 2014): convolutions data parallel (type I),
+  fully connected layers model parallel by output neurons (type III: each
+  device computes its slice of the neurons for the whole batch).
+- ``hypar`` (HyPar, HPCA'19): types I/II only, communication volume as the
+  objective, halves always split 0.5 (HyPar has no notion of unequal devices).
+
+Data parallelism and one weird trick use the balanced split ratio like the
+plan, so on a heterogeneous array they are the strongest versions of
+themselves; join layouts of residual blocks are chosen optimally for all.
+"""
+
+from __future__ import annotations
+
+from hetrain.planner.devices import Device
+from hetrain.planner.hierarchy import GroupPlan, PlanConfig, plan
+from hetrain.planner.layers import Net
+
+
+def _fixed(name: str, pick, bytes_per_elem: float) -> PlanConfig:
+    return PlanConfig(name=name, objective="time", allowed=lambda net: [(pick(la),) for la in net.layers],
+                      bytes_per_elem=bytes_per_elem, ratio="balance")
+
+
+def data_parallel(bytes_per_elem: float = 2.0) -> PlanConfig:
+    return _fixed("data-parallel", lambda la: 0, bytes_per_elem)
+
+
+def one_weird_trick(bytes_per_elem: float = 2.0) -> PlanConfig:
+    return _fixed("one-weird-trick", lambda la: 0 if la.kind == "conv" else 2, bytes_per_elem)
+
+
+def hypar(bytes_per_elem: float = 2.0) -> PlanConfig:
+    return PlanConfig(name="hypar", objective="volume", allowed=(0, 1), bytes_per_elem=bytes_per_elem, ratio="equal")
+
+
+def searched(objective: str = "time", types: int = 3, bytes_per_elem: float = 2.0) -> PlanConfig:
+    """The planner's own search: ``types`` 3 (I/II/III, AccPar) or 2 (I/II, HyPar's space)."""
+    if types not in (2, 3):
+        raise ValueError(f"types must be 2 or 3, got {types}")
+    allowed = (0, 1, 2) if types == 3 else (0, 1)
+    return PlanConfig(name="plan", objective=objective, allowed=allowed, bytes_per_elem=bytes_per_elem)
+
+
+def compare(net: Net, batch: int, devices: list[Device], objective: str = "time", types: int = 3,
+            bytes_per_elem: float = 2.0) -> dict[str, GroupPlan]:
+    """The plan and every baseline on the same model, batch and array; ``plan`` first."""
+    configs = [searched(objective, types, bytes_per_elem), data_parallel(bytes_per_elem),
+               one_weird_trick(bytes_per_elem), hypar(bytes_per_elem)]
+    return {cfg.name: plan(net, batch, devices, cfg) for cfg in configs}

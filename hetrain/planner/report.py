@@ -1,0 +1,72 @@
+"""Plans as JSON and as a readable table.
+
+Units: seconds per training step (``*_s``), bytes per step summed over every
+pair of halves at every level (``comm_bytes``), bytes per device
+(``memory_bytes``: weights, their gradients and the activations kept for
+backward, at ``dtype_bytes`` per element). Speedups are the baseline's step
+time divided by the plan's.
+"""
+
+from __future__ import annotations
+
+from hetrain.planner.cost import LAYOUT_NAMES, TYPE_NAMES
+from hetrain.planner.hierarchy import GroupPlan
+from hetrain.planner.layers import Net
+
+MAX_TABLE_GROUPS = 12
+
+
+def plan_json(p: GroupPlan) -> dict:
+    levels = []
+    for g in p.levels():
+        levels.append({
+            "depth": g.depth, "devices": g.devices, "num_devices": g.num_devices, "ratio": round(g.alpha, 6),
+            "types": [TYPE_NAMES[t] for t in g.assignment.types],
+            "joins": [LAYOUT_NAMES[m] + LAYOUT_NAMES[m2] for m, m2 in g.assignment.joins],
+            "level_comm_s": g.level_comm_s, "level_comm_bytes": g.level_comm_bytes,
+        })
+    return {"step_s": p.step_s, "compute_s": p.compute_s, "comm_s": p.comm_s, "comm_bytes": p.comm_bytes,
+            "memory_bytes_per_device": p.memory_bytes, "levels": levels}
+
+
+def to_json(net: Net, batch: int, devices: str, plans: dict[str, GroupPlan], settings: dict) -> dict:
+    """The whole comparison: model, settings, each plan, and the plan's speedup over each baseline."""
+    main = plans["plan"]
+    return {
+        "model": net.name, "params": net.total_params, "batch": batch, "devices": devices, **settings,
+        "layers": [{"name": la.name, "kind": la.kind, "d_in": la.d_in, "d_out": la.d_out, "kernel": la.kernel,
+                    "hw_in": la.hw_in, "hw_out": la.hw_out} for la in net.layers],
+        "plans": {name: plan_json(p) for name, p in plans.items()},
+        "speedup_over": {name: p.step_s / main.step_s for name, p in plans.items() if name != "plan"},
+        "comm_reduction_over": {name: p.comm_bytes / main.comm_bytes if main.comm_bytes else None
+                                for name, p in plans.items() if name != "plan"},
+    }
+
+
+def table(net: Net, batch: int, devices: str, plans: dict[str, GroupPlan], settings: dict) -> str:
+    """A human summary: one row per plan/baseline, then the plan's type per layer and group."""
+    main = plans["plan"]
+    lines = [f"{net.name} ({net.total_params / 1e6:.1f}M params, {len(net.layers)} weighted layers, "
+             f"{net.num_adds} joins), batch {batch}, devices {devices}, objective {settings['objective']}, "
+             f"{settings['types']} types, {settings['dtype_bytes']} bytes/element", ""]
+    head = f"{'scheme':<16} {'step ms':>10} {'compute ms':>11} {'comm ms':>10} {'comm GB':>10} " \
+           f"{'mem GiB/dev':>12} {'plan speedup':>13}"
+    lines += [head, "-" * len(head)]
+    for name, p in plans.items():
+        speed = "-" if name == "plan" else f"{p.step_s / main.step_s:.2f}x"
+        lines.append(f"{name:<16} {p.step_s * 1e3:>10.3f} {p.compute_s * 1e3:>11.3f} {p.comm_s * 1e3:>10.3f} "
+                     f"{p.comm_bytes / 1e9:>10.4f} {p.memory_bytes / 2**30:>12.3f} {speed:>13}")
+    groups = main.levels()
+    shown = groups[:MAX_TABLE_GROUPS]
+    lines += ["", "plan: layer type per group (gN: depth, devices, share of the left half)"]
+    lines += [f"  g{k}: depth {g.depth}, {g.devices}, ratio {g.alpha:.3f}" for k, g in enumerate(shown)]
+    cols = [f"g{k}" for k in range(len(shown))]
+    width = 4
+    name_w = max(len(la.name) for la in net.layers) + 2
+    lines.append(" " * name_w + " ".join(f"{c:>{width}}" for c in cols))
+    for i, la in enumerate(net.layers):
+        cells = " ".join(f"{TYPE_NAMES[g.assignment.types[i]]:>{width}}" for g in shown)
+        lines.append(f"{la.name:<{name_w}}{cells}")
+    if len(groups) > len(shown):
+        lines.append(f"({len(groups) - len(shown)} more distinct groups in the JSON output)")
+    return "\n".join(lines)

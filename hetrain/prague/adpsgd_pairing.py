@@ -1,0 +1,60 @@
+"""AD-PSGD's pairing (Lian et al., ICML'18) as pure logic: requests in, pairs out.
+
+Workers are split into a bipartite graph: even ranks are *active*, odd ranks
+*passive*. After each local step an active worker picks a random passive
+worker that is still training and averages with it, atomically (the pair is a
+P-Reduce of two). A passive worker never initiates: at each of its syncs it
+serves, one after another, every pair that actives queued for it. Actives wait
+only on passives and passives wait on nobody, so the wait-for graph has no
+cycle; the pairs also get a place in one global order, like Prague's groups.
+"""
+
+from __future__ import annotations
+
+import random
+
+from hetrain.prague.ledger import Group, GroupLedger
+
+
+class ActivePassivePairing:
+    """Same interface as :class:`hetrain.prague.group_generator.GroupGenerator`."""
+
+    mode = "adpsgd"
+
+    def __init__(self, num_workers: int, *, seed: int = 0, cache_size: int = 60):
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        self.num_workers = num_workers
+        self.rng = random.Random(seed)
+        self.ledger = GroupLedger(num_workers, cache_size)
+        self.requests = [0] * num_workers
+
+    @staticmethod
+    def is_active(worker: int) -> bool:
+        return worker % 2 == 0
+
+    def request(self, worker: int, now_s: float = 0.0) -> list[Group]:
+        if worker in self.ledger.left:
+            raise ValueError(f"worker {worker} asked for a partner after leaving")
+        self.requests[worker] += 1
+        if self.is_active(worker):
+            passive = [w for w in self.ledger.available() if not self.is_active(w)]
+            if passive:
+                self.ledger.assign([worker, self.rng.choice(passive)])
+            return self.ledger.pop(worker)
+        return self.ledger.pop(worker)
+
+    def leave(self, worker: int, now_s: float = 0.0) -> list[Group]:
+        return self.ledger.leave(worker)
+
+    def not_started(self, seq: int) -> list[int]:
+        return self.ledger.not_started(seq)
+
+    def stats(self) -> dict:
+        formed = self.ledger.groups_formed
+        return {
+            "gg_mode": self.mode,
+            "gg_groups_formed": formed,
+            "gg_mean_group_size": self.ledger.members_total / formed if formed else 0.0,
+            "gg_requests": sum(self.requests),
+        }

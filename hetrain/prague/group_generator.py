@@ -1,0 +1,290 @@
+"""Prague's Group Generator (GG) as pure logic: requests in, group assignments out.
+
+No I/O, no clock, no process group: the caller passes the time of each request
+(``now_s``), and everything random comes from one seeded generator, so the same
+requests give the same groups. :mod:`hetrain.prague.gg_service` serves it to a
+real job; a discrete-event simulator can call it directly.
+
+Modes (``--gg``), for group size s among n workers:
+
+``random``
+    Every request forms a new group: the requester plus s-1 workers drawn at
+    random. A worker runs every group queued for it (its own and those formed
+    by others' requests) before its next iteration.
+``buffer`` (Group Buffer)
+    A request first takes the oldest group queued for the requester by others'
+    requests; only with an empty buffer does it form a new random group. One
+    group per iteration, so a worker rarely waits for the GG or runs extra syncs.
+``division`` (Group Division)
+    Workers are split into divisions of s that are reshuffled after each round
+    of groups; a group is formed inside the requester's division and only from
+    workers in no open group, so open groups never overlap.
+``static``
+    A precomputed schedule of conflict-free steps (see :func:`static_schedule`);
+    worker w's k-th group is its group in step k. Each worker computes it
+    locally: no GG traffic.
+``smart`` (heterogeneity-aware)
+    Like ``division``'s rule that a group takes only workers in no open group,
+    but the partners are drawn from the workers the GG expects to request
+    within the requester's own iteration time (it learns each worker's time
+    between requests), so a fast worker is not grouped with a straggler that is
+    mid-iteration, while the straggler, when it asks, is grouped with workers
+    that will soon be ready. A worker that got no group on n requests in a row
+    is given a random group (busy members allowed), so nobody drifts alone.
+
+Every group gets a place in one global order (:class:`~hetrain.prague.ledger.Group`
+``seq``); workers run their groups in that order, which rules out deadlock.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+from hetrain.errors import UsageError
+from hetrain.prague.comm_lru import CommunicatorLRU
+from hetrain.prague.ledger import Group, GroupLedger
+
+GG_MODES = ("random", "buffer", "division", "static", "smart")
+_EMA = 0.3  # weight of the newest inter-request time in the smart mode's speed estimate
+
+
+def validate_gg(num_workers: int, group_size: int, mode: str, cache_size: int = 60, workers_per_node=None):
+    """Raise a one-line UsageError for a GG setting that cannot work."""
+    if mode not in GG_MODES:
+        raise UsageError(f"unknown --gg mode {mode!r}; choose one of {', '.join(GG_MODES)}")
+    if not 1 <= group_size <= num_workers:
+        raise UsageError(
+            f"--group-size must be between 1 and the number of workers ({num_workers}), got {group_size}"
+        )
+    if cache_size < 1:
+        raise UsageError(f"--communicator-cache must be >= 1, got {cache_size}")
+    if workers_per_node is not None:
+        if workers_per_node < 1:
+            raise UsageError(f"--workers-per-node must be >= 1, got {workers_per_node}")
+        if mode == "static" and num_workers % workers_per_node != 0:
+            raise UsageError(
+                f"the static schedule needs whole nodes: {num_workers} workers is not a multiple of "
+                f"--workers-per-node {workers_per_node}"
+            )
+
+
+def static_schedule(num_workers: int, group_size: int, workers_per_node=None, seed: int = 0):
+    """A conflict-free schedule: a list of steps, each a list of disjoint groups (size >= 2).
+
+    Without nodes (``workers_per_node`` None, or one node): n steps, step k cuts
+    a seeded random permutation into groups of ``group_size``. Node-aware (like
+    the Prague prototype for 4 workers per node): for each local rank m in turn,
+    an inter-node step (one group of local rank m of every node, plus pairs of
+    the other local ranks inside each node, one left alone when their count is
+    odd) followed by an intra-node step (each node is one group); period 2 x
+    workers_per_node. Workers alone in a step skip it.
+    """
+    n = num_workers
+    steps: list[list[tuple[int, ...]]] = []
+    per_node = workers_per_node
+    if per_node is None or per_node >= n:
+        rng = random.Random(seed)
+        for _ in range(max(1, n)):
+            perm = list(range(n))
+            rng.shuffle(perm)
+            chunks = (tuple(sorted(perm[i : i + group_size])) for i in range(0, n, group_size))
+            steps.append(sorted(c for c in chunks if len(c) > 1))
+        return steps
+    if n % per_node:
+        raise UsageError(
+            f"the static schedule needs whole nodes: {n} workers is not a multiple of "
+            f"--workers-per-node {per_node}"
+        )
+    nodes = n // per_node
+    intra = [tuple(range(node * per_node, (node + 1) * per_node)) for node in range(nodes)]
+    for m in range(per_node):
+        groups = [tuple(node * per_node + m for node in range(nodes))]
+        rest = [(m + 1 + i) % per_node for i in range(per_node - 1)]
+        if len(rest) % 2:
+            rest = rest[1:]
+        for node in range(nodes):
+            base = node * per_node
+            groups.extend(tuple(sorted((base + a, base + b))) for a, b in zip(rest[0::2], rest[1::2]))
+        steps.append(sorted(g for g in groups if len(g) > 1))
+        steps.append([g for g in intra if len(g) > 1])
+    return steps
+
+
+class StaticSchedule:
+    """Worker w's k-th group under :func:`static_schedule`, with agreed sequence and communicator ids.
+
+    Every worker builds the same object and so derives the same ``seq`` and
+    ``comm_id`` for each step (it replays all workers' communicator caches).
+    """
+
+    def __init__(self, num_workers, group_size, workers_per_node=None, seed=0, cache_size=60):
+        self.num_workers = num_workers
+        self.steps = static_schedule(num_workers, group_size, workers_per_node, seed)
+        self.caches = [CommunicatorLRU(cache_size) for _ in range(num_workers)]
+        self._done: dict[int, dict[int, Group]] = {}
+        self._next_step = 0
+        self._next_seq = 0
+
+    @property
+    def period(self) -> int:
+        return len(self.steps)
+
+    def group_at(self, step: int, worker: int) -> Group | None:
+        while self._next_step <= step:
+            self._materialize(self._next_step)
+            self._next_step += 1
+        return self._done[step].get(worker)
+
+    def _materialize(self, step: int) -> None:
+        assigned: dict[int, Group] = {}
+        for members in self.steps[step % len(self.steps)]:
+            seq = self._next_seq
+            self._next_seq += 1
+            ids = {self.caches[m].lookup(members) for m in members}
+            comm_id = ids.pop() if len(ids) == 1 and None not in ids else seq
+            for m in members:
+                self.caches[m].use(members, comm_id)
+                assigned[m] = Group(seq, members, comm_id)
+        self._done[step] = assigned
+        self._done.pop(step - 4 * len(self.steps) - 64, None)
+
+
+class GroupGenerator:
+    """The GG of one job. ``request(worker, now_s)`` returns the groups to run now, in order.
+
+    ``leave(worker, now_s)`` marks a worker that stopped training: it is never
+    put in a new group, and the groups already queued for it are returned so it
+    can run them before it exits. An empty list means: no sync this iteration.
+    """
+
+    def __init__(self, num_workers, group_size=3, mode="smart", *, seed=0, workers_per_node=None, cache_size=60):
+        validate_gg(num_workers, group_size, mode, cache_size, workers_per_node)
+        self.num_workers = num_workers
+        self.group_size = group_size
+        self.mode = mode
+        self.rng = random.Random(seed)
+        self.ledger = GroupLedger(num_workers, cache_size)
+        self.requests = [0] * num_workers
+        self.empty_requests = 0
+        self._empty_streak = [0] * num_workers
+        self._last_s: list[float | None] = [None] * num_workers
+        self._interval_s: list[float | None] = [None] * num_workers
+        self._static = (
+            StaticSchedule(num_workers, group_size, workers_per_node, seed, cache_size) if mode == "static" else None
+        )
+        self._divisions: list[list[int]] = []
+        self._division_of: dict[int, int] = {}
+        self._groups_since_shuffle = 0
+        if mode == "division":
+            self._shuffle_divisions()
+
+    # -- requests ------------------------------------------------------------
+    def request(self, worker: int, now_s: float = 0.0) -> list[Group]:
+        if not 0 <= worker < self.num_workers:
+            raise ValueError(f"worker {worker} out of range for {self.num_workers} workers")
+        if worker in self.ledger.left:
+            raise ValueError(f"worker {worker} asked for a group after leaving")
+        step = self.requests[worker]
+        self.requests[worker] += 1
+        self._observe(worker, now_s)
+        if self._static is not None:
+            group = self._static.group_at(step, worker)
+            return [group] if group is not None else self._empty()
+        queue = self.ledger.queues[worker]
+        if self.mode == "random":
+            self._form(worker, self._random_partners(worker))
+            return self.ledger.pop(worker)
+        if not queue:
+            if self.mode == "buffer":
+                self._form(worker, self._random_partners(worker))
+            elif self.mode == "division":
+                self._form(worker, self._division_partners(worker))
+            else:
+                partners = self._smart_partners(worker, now_s)
+                if not partners and self._empty_streak[worker] >= self.num_workers:
+                    partners = self._random_partners(worker)
+                self._form(worker, partners)
+        groups = self.ledger.pop(worker, 1)
+        self._empty_streak[worker] = 0 if groups else self._empty_streak[worker] + 1
+        return groups or self._empty()
+
+    def leave(self, worker: int, now_s: float = 0.0) -> list[Group]:
+        if self._static is not None:
+            self.ledger.left.add(worker)
+            return []
+        return self.ledger.leave(worker)
+
+    def not_started(self, seq: int) -> list[int]:
+        """Members that have not been handed group ``seq`` yet (for timeout diagnostics)."""
+        return self.ledger.not_started(seq)
+
+    def stats(self) -> dict:
+        formed = self.ledger.groups_formed
+        return {
+            "gg_mode": self.mode,
+            "gg_groups_formed": formed,
+            "gg_mean_group_size": self.ledger.members_total / formed if formed else 0.0,
+            "gg_requests": sum(self.requests),
+            "gg_empty_requests": self.empty_requests,
+        }
+
+    # -- helpers ---------------------------------------------------------------
+    def _empty(self) -> list[Group]:
+        self.empty_requests += 1
+        return []
+
+    def _form(self, worker: int, partners: list[int]) -> None:
+        if partners:
+            self.ledger.assign([worker, *partners])
+            if self.mode == "division":
+                self._groups_since_shuffle += 1
+                if self._groups_since_shuffle >= len(self._divisions):
+                    self._shuffle_divisions()
+
+    def _others(self, worker: int) -> list[int]:
+        return [w for w in self.ledger.available() if w != worker]
+
+    def _random_partners(self, worker: int) -> list[int]:
+        others = self._others(worker)
+        return self.rng.sample(others, min(self.group_size - 1, len(others)))
+
+    def _shuffle_divisions(self) -> None:
+        perm = list(range(self.num_workers))
+        self.rng.shuffle(perm)
+        s = self.group_size
+        self._divisions = [perm[i : i + s] for i in range(0, self.num_workers, s)]
+        self._division_of = {w: d for d, division in enumerate(self._divisions) for w in division}
+        self._groups_since_shuffle = 0
+
+    def _division_partners(self, worker: int) -> list[int]:
+        busy = self.ledger.busy()
+        if worker in busy:
+            return []
+        division = self._divisions[self._division_of[worker]]
+        return [w for w in division if w != worker and w not in busy and w not in self.ledger.left]
+
+    def _observe(self, worker: int, now_s: float) -> None:
+        last = self._last_s[worker]
+        if last is not None:
+            dt = max(0.0, now_s - last)
+            old = self._interval_s[worker]
+            self._interval_s[worker] = dt if old is None else (1 - _EMA) * old + _EMA * dt
+        self._last_s[worker] = now_s
+
+    def _expected_request_s(self, worker: int, now_s: float) -> float:
+        last, interval = self._last_s[worker], self._interval_s[worker]
+        if last is None or interval is None:
+            return now_s  # nothing known yet: treat as ready
+        return last + interval
+
+    def _smart_partners(self, worker: int, now_s: float) -> list[int]:
+        busy = self.ledger.busy()
+        if worker in busy:
+            return []
+        own = self._interval_s[worker]
+        horizon_s = now_s + (own if own is not None else math.inf)
+        ready = [
+            w for w in self._others(worker) if w not in busy and self._expected_request_s(w, now_s) <= horizon_s
+        ]
+        return self.rng.sample(ready, min(self.group_size - 1, len(ready)))

@@ -1,0 +1,156 @@
+"""P-Reduce: average a flat buffer across a group of workers (Prague's Partial All-Reduce).
+
+Usable on its own::
+
+    import torch.distributed as dist
+    from hetrain.prague import PReduce
+
+    dist.init_process_group("gloo", ...)          # or nccl; every worker
+    preduce = PReduce(cache_size=60, timeout_s=60)
+    flat = torch.nn.utils.parameters_to_vector(model.parameters()).detach()
+    preduce(flat, members=(0, 2, 3))              # called by workers 0, 2 and 3 only
+    torch.nn.utils.vector_to_parameters(flat, model.parameters())
+
+A communicator is created by the group's members alone, the first time the
+member set is used, and kept in a bounded LRU cache keyed by member set. It is
+built directly on the job's store (``ProcessGroupGloo`` / ``ProcessGroupNCCL``
+under a prefix that names the member set and the creation), not with
+``dist.new_group``: with ``use_local_synchronization=True`` new_group hashes
+the ranks *and the number of groups this process already holds* into the
+group's name, so members holding different numbers of cached groups would
+rendezvous under different names and hang. One collective per call (the
+buffer is flat), a group of one is a no-op.
+
+Eviction must happen at the same point on every member. Inside Prague the
+Group Generator passes ``comm_id`` (it replays each worker's cache, see
+:mod:`hetrain.prague.comm_lru`). Standalone callers that omit ``comm_id`` must
+either keep ``cache_size`` at least the number of member sets they use, or
+issue groups in an order on which every member's cache evicts the same sets.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+
+import torch
+import torch.distributed as dist
+
+from hetrain.errors import UsageError, WorkerError
+from hetrain.prague.comm_lru import CommunicatorLRU
+
+_DIAGNOSE_GRACE_S = 2.0  # how long a timed-out member waits for the others' arrival marks
+
+
+class PReduce:
+    """Average ``buf`` in place across ``members``; see the module docstring.
+
+    ``store`` is the job's c10d store (default: the default group's store),
+    ``rank`` this worker's global rank (default: ``dist.get_rank()``).
+    Counters: ``hits``, ``misses``, ``evictions``, ``calls``.
+    """
+
+    def __init__(self, store=None, rank: int | None = None, *, cache_size: int = 60, timeout_s: float = 60.0):
+        if cache_size < 1:
+            raise UsageError(f"--communicator-cache must be >= 1, got {cache_size}")
+        if store is None:
+            from hetrain.runtime.context import _default_store
+
+            store = _default_store()
+            if store is None:
+                raise UsageError("P-Reduce needs the job's c10d store; pass store=...")
+        self.store = store
+        self.rank = dist.get_rank() if rank is None else rank
+        self.timeout_s = timeout_s
+        self.cache = CommunicatorLRU(cache_size)
+        self._comms: dict[tuple, object] = {}
+        self._uses: dict[tuple, int] = {}
+        self._generation: dict[tuple, int] = {}
+        self.hits = self.misses = self.evictions = self.calls = 0
+
+    @classmethod
+    def for_context(cls, ctx, cache_size: int = 60) -> PReduce:
+        return cls(ctx.store, ctx.rank, cache_size=cache_size, timeout_s=ctx.timeout_s)
+
+    def __call__(self, buf: torch.Tensor, members, comm_id: int | None = None) -> torch.Tensor:
+        """Replace ``buf`` (a flat tensor) by its average over ``members``; return it."""
+        members = tuple(sorted(set(int(m) for m in members)))
+        if self.rank not in members:
+            raise UsageError(f"worker {self.rank} called P-Reduce on group {list(members)} it is not in")
+        if len(members) == 1:
+            return buf
+        comm_key = self._lookup(members, comm_id, buf)
+        uses = self._uses[comm_key]
+        self._uses[comm_key] = uses + 1
+        self.calls += 1
+        try:
+            if comm_key not in self._comms:
+                self._comms[comm_key] = self._create(members, comm_key, buf)
+            work = self._comms[comm_key].allreduce([buf])
+            work.wait(datetime.timedelta(seconds=self.timeout_s))
+        except Exception as exc:  # gloo/NCCL raise RuntimeError on timeouts and lost peers
+            missing = self._diagnose(members, comm_key, uses)
+            raise WorkerError(
+                f"worker {self.rank}: P-Reduce on group {list(members)} failed after waiting up to "
+                f"{self.timeout_s:.0f} s; members that did not arrive: {missing or 'unknown'} ({exc})"
+            ) from None
+        buf.div_(len(members))
+        return buf
+
+    def _lookup(self, members: tuple, comm_id: int | None, buf: torch.Tensor) -> tuple:
+        if comm_id is None:  # standalone: the set's current communicator, or a new generation (ids < 0)
+            known = self.cache.lookup(members)
+            if known is None or known >= 0:
+                generation = self._generation.get(members, 0) + 1
+                self._generation[members] = generation
+                known = -generation
+            comm_id = known
+        hit, evicted = self.cache.use(members, comm_id)
+        self.hits += hit
+        self.misses += not hit
+        for old_members, old_id in evicted:
+            self.evictions += 1
+            self._drop((old_members, old_id))
+        key = (members, comm_id)
+        self._uses.setdefault(key, 0)
+        return key
+
+    def _drop(self, key: tuple) -> None:
+        self._uses.pop(key, None)
+        comm = self._comms.pop(key, None)
+        if comm is not None and hasattr(comm, "shutdown") and getattr(comm, "_is_nccl", False):
+            comm.shutdown()
+
+    def _create(self, members: tuple, key: tuple, buf: torch.Tensor):
+        prefix = dist.PrefixStore(self._prefix(key), self.store)
+        index, size = members.index(self.rank), len(members)
+        timeout = datetime.timedelta(seconds=self.timeout_s)
+        if buf.is_cuda:
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            comm = dist.ProcessGroupNCCL(prefix, index, size, options)
+            comm._is_nccl = True
+            return comm
+        return dist.ProcessGroupGloo(prefix, index, size, timeout)
+
+    @staticmethod
+    def _prefix(key: tuple) -> str:
+        members, comm_id = key
+        return f"preduce/{'-'.join(map(str, members))}/{comm_id}/"
+
+    def _diagnose(self, members: tuple, key: tuple, uses: int) -> list[int]:
+        """Mark this member's arrival, give the others a moment to do the same, name the absent."""
+        base = f"{self._prefix(key)}arrived/{uses}/"
+        try:
+            self.store.set(f"{base}{self.rank}", "1")
+            deadline = time.monotonic() + min(_DIAGNOSE_GRACE_S, self.timeout_s)
+            missing = [m for m in members if m != self.rank]
+            while missing and time.monotonic() < deadline:
+                missing = [m for m in missing if not self.store.check([f"{base}{m}"])]
+                time.sleep(0.05)
+            return missing
+        except Exception:  # the store itself is gone: say nothing rather than mislead
+            return []
+
+    def stats(self) -> dict:
+        return {"cache_hits": self.hits, "cache_misses": self.misses, "cache_evictions": self.evictions}

@@ -1,0 +1,93 @@
+"""The synchronous baseline: PyTorch's own DistributedDataParallel, unchanged.
+
+The only additions are measurements: a DDP communication hook that wraps the
+stock ``allreduce_hook`` to time how long the backward pass waits for gradient
+all-reduces (reported as wait, not compute), and a one-element all-reduce in
+``should_stop`` so all workers leave the loop at the same iteration (an
+unmatched collective would abort the job).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
+
+from hetrain.runtime.consensus import average_models
+from hetrain.runtime.context import WorkerContext
+from hetrain.runtime.protocol import SyncProtocol
+
+
+class _HookTimer:
+    """Per backward: time from the last bucket's launch to the last completion."""
+
+    def __init__(self):
+        self.last_launch = 0.0
+        self.last_done = 0.0
+        self.total_wait_s = 0.0
+
+    def take_iteration_wait(self) -> float:
+        wait = max(0.0, self.last_done - self.last_launch)
+        self.total_wait_s += wait
+        self.last_launch = self.last_done = 0.0
+        return wait
+
+
+def _timed_allreduce_hook(timer: _HookTimer, bucket):
+    timer.last_launch = time.perf_counter()
+    future = default_hooks.allreduce_hook(None, bucket)
+
+    def record(fut):
+        timer.last_done = max(timer.last_done, time.perf_counter())
+        return fut.value()[0] if isinstance(fut.value(), list) else fut.value()
+
+    return future.then(record)
+
+
+class AllReduce(SyncProtocol):
+    """All-Reduce data parallelism through ``torch.nn.parallel.DistributedDataParallel``."""
+
+    name = "allreduce"
+
+    def __init__(self, model: torch.nn.Module, ctx: WorkerContext):
+        super().__init__(model, ctx)
+        device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+        self.ddp = DistributedDataParallel(model, device_ids=device_ids)
+        self._timer = _HookTimer()
+        self.ddp.register_comm_hook(self._timer, _timed_allreduce_hook)
+        self._flag = torch.zeros(1, device=ctx.device)
+        self._finished = False
+
+    @classmethod
+    def from_config(cls, model, ctx, config):
+        return cls(model, ctx)
+
+    @property
+    def module(self):
+        return self.ddp
+
+    def _sync(self) -> None:
+        # DDP already averaged the gradients inside backward(); move that wait from compute to wait.
+        wait = self._timer.take_iteration_wait()
+        self.stats.compute_s -= wait
+        self.stats.wait_s += wait
+        self.stats.iteration = self.stats.iterations
+
+    def should_stop(self, local_done: bool) -> bool:
+        self.start()
+        began = time.perf_counter()
+        self._flag.fill_(1.0 if local_done else 0.0)
+        dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, async_op=True).wait(timeout=self.ctx.timeout)
+        spent = time.perf_counter() - began
+        self.stats.wait_s += spent
+        self.stats.compute_s -= spent  # the base class counts the gap between steps as compute
+        return bool(self._flag.item() > 0)
+
+    def finish(self) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        self.stats.extra["consensus_distance"] = average_models(self.model, self.ctx.world_size, self.ctx.timeout_s)

@@ -1,0 +1,107 @@
+"""Tagged point-to-point messages between neighbours over torch.distributed.
+
+Each message is an int64 header ``[kind, iteration, count]`` optionally
+followed by a payload (a flat model buffer). One receiver thread per
+(peer, channel) posts receives and hands each message to a callback; sends are
+asynchronous (``isend``), so communication overlaps the next computation.
+Messages between two workers on one channel arrive in the order they were sent.
+
+Every receive waits at most ``timeout_s``; a receiver that times out or fails
+records an error naming the peer, which the protocol raises in the main thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from hetrain.runtime.context import WorkerContext
+
+UPDATE, TOKEN, STOP = 0, 1, 2
+CHANNEL_TAGS = {"update": 11, "token": 12}
+RECEIVER_TIMEOUT_FACTOR = 3
+
+
+class PeerChannels:
+    def __init__(self, ctx: WorkerContext, payload_numel: int, payload_dtype: torch.dtype,
+                 on_message: Callable[[str, int, int, int, int, torch.Tensor | None], None]):
+        """``on_message(channel, src, kind, iteration, count, payload)`` runs on receiver threads."""
+        self.ctx = ctx
+        self.payload_numel = payload_numel
+        self.payload_dtype = payload_dtype
+        self.on_message = on_message
+        self.errors: list[str] = []
+        self._threads: list[threading.Thread] = []
+        self._pending: list = []
+        self._lock = threading.Lock()
+
+    def listen(self, channel: str, sources: list[int]) -> None:
+        for src in sources:
+            thread = threading.Thread(target=self._receive_loop, args=(channel, src), daemon=True,
+                                      name=f"hetrain-recv-{channel}-{src}")
+            thread.start()
+            self._threads.append(thread)
+
+    def _receive_loop(self, channel: str, src: int) -> None:
+        tag = CHANNEL_TAGS[channel]
+        device = self.ctx.device
+        try:
+            while True:
+                header = torch.empty(3, dtype=torch.int64, device=device)
+                self._recv(header, src, tag, f"a {channel} header")
+                kind, iteration, count = (int(v) for v in header.tolist())
+                payload = None
+                if kind == UPDATE:
+                    payload = torch.empty(self.payload_numel, dtype=self.payload_dtype, device=device)
+                    self._recv(payload, src, tag, f"the model of iteration {iteration}")
+                self.on_message(channel, src, kind, iteration, count, payload)
+                if kind == STOP:
+                    return
+        except Exception as exc:  # surfaced in the main thread
+            self.errors.append(str(exc))
+            self.on_message(channel, src, -1, -1, 0, None)
+
+    def _recv(self, tensor: torch.Tensor, src: int, tag: int, what: str) -> None:
+        # Receivers may idle while their peer waits on others; the main thread's own, more
+        # informative timeout fires first, this one only catches a peer that vanished.
+        work = dist.irecv(tensor, src=src, tag=tag)
+        try:
+            work.wait(timeout=RECEIVER_TIMEOUT_FACTOR * self.ctx.timeout)
+        except Exception as exc:
+            raise RuntimeError(
+                f"worker {self.ctx.rank} waited more than {RECEIVER_TIMEOUT_FACTOR * self.ctx.timeout_s:.0f} s "
+                f"for {what} from worker "
+                f"{src} ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})"
+            ) from None
+
+    def send(self, channel: str, dsts: list[int], kind: int, iteration: int = 0, count: int = 0,
+             payload: torch.Tensor | None = None) -> None:
+        tag = CHANNEL_TAGS[channel]
+        header = torch.tensor([kind, iteration, count], dtype=torch.int64, device=self.ctx.device)
+        with self._lock:
+            # keep each tensor beside its work until the send completes
+            self._pending = [(w, t) for w, t in self._pending if not w.is_completed()]
+            for dst in dsts:
+                self._pending.append((dist.isend(header, dst=dst, tag=tag), header))
+                if payload is not None:
+                    self._pending.append((dist.isend(payload, dst=dst, tag=tag), payload))
+
+    def flush(self) -> None:
+        """Wait until every send has left (bounded by the timeout)."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for work, _ in pending:
+            work.wait(timeout=self.ctx.timeout)
+
+    def join(self) -> None:
+        """Wait for every receiver thread to see its peer's STOP (bounded by the timeout)."""
+        for thread in self._threads:
+            thread.join(timeout=self.ctx.timeout_s)
+            if thread.is_alive():
+                raise RuntimeError(
+                    f"worker {self.ctx.rank}: {thread.name} still waiting after {self.ctx.timeout_s:.0f} s "
+                    "for its peer to stop"
+                )

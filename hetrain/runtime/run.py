@@ -1,0 +1,151 @@
+"""Run one training job (local processes or under torchrun) and write its record.
+
+``run_training(config, out_dir)`` validates everything first (so bad input
+writes nothing), spawns ``config.num_workers`` local gloo/NCCL processes with
+a progress bar, evaluates the models the workers snapshotted along the way,
+and writes ``OUT/metrics.json`` (atomically) plus ``OUT/summary.txt``.
+Under torchrun, ``run_training_torchrun`` does the same from inside the job.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from hetrain.config import RunConfig
+from hetrain.data import accuracy, build_model, load_dataset
+from hetrain.errors import UsageError
+from hetrain.metrics import build_metrics, format_summary
+from hetrain.outputs import prepare_out_dir, write_json_atomic, write_text_atomic
+from hetrain.runtime.local_job import run_local
+from hetrain.runtime.protocol import load_flat_parameters
+from hetrain.runtime.registry import protocol_class
+from hetrain.runtime.train_worker import train_worker
+from hetrain.slowdown import parse_slowdown
+
+
+def check_run_config(config: RunConfig) -> RunConfig:
+    """Every check that can be made before a process starts; raises UsageError."""
+    config.validate()
+    parse_slowdown(config.slowdown, config.seed).check_workers(config.num_workers)
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda was asked for, but this machine has no CUDA device; use --device cpu")
+    protocol_class(config.protocol).check_config(config)
+    return config
+
+
+def under_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
+
+
+def run_training(config: RunConfig, out_dir: str | None, progress: bool = True, label: str | None = None) -> dict:
+    """Spawn the local job, then evaluate and record it; returns the metrics record."""
+    check_run_config(config)
+    out = prepare_out_dir(out_dir) if out_dir else None
+    bar = _ProgressBar(config, label or config.protocol, enabled=progress)
+    try:
+        results = run_local(
+            train_worker, config.num_workers, (config,),
+            backend="nccl" if config.device == "cuda" else "gloo",
+            timeout_s=config.timeout_s, job_timeout_s=_job_timeout_s(config), on_message=bar.update,
+        )
+    finally:
+        bar.close()
+    return finalize_run(config, results, out)
+
+
+def run_training_torchrun(config: RunConfig, out_dir: str | None) -> dict | None:
+    """Run as one rank of a torchrun job; rank 0 gathers, evaluates and writes the record."""
+    import torch.distributed as dist
+
+    from hetrain.runtime.context import init_from_env
+
+    ctx = init_from_env("nccl" if config.device == "cuda" else "gloo", timeout_s=config.timeout_s)
+    config = config.replace(num_workers=ctx.world_size)
+    check_run_config(config)
+    out = prepare_out_dir(out_dir) if out_dir and ctx.rank == 0 else None
+    result = train_worker(ctx, config)
+    gathered = [None] * ctx.world_size if ctx.rank == 0 else None
+    dist.gather_object(result, gathered, dst=0)
+    dist.destroy_process_group()
+    if ctx.rank != 0:
+        return None
+    return finalize_run(config, gathered, out)
+
+
+def finalize_run(config: RunConfig, results: list[dict], out) -> dict:
+    workers = [r["worker"] for r in results]
+    curve = accuracy_curve(config, [r["snapshots"] for r in results])
+    metrics = build_metrics(
+        protocol=config.protocol,
+        workers=workers,
+        wall_time_s=max(w["loop_s"] for w in workers),
+        batch_size=config.batch_size,
+        standalone_iteration_s=[w["standalone_iteration_s"] for w in workers],
+        accuracy_curve=curve,
+        target_accuracy=config.target_accuracy,
+        final_accuracy_avg_model=workers[0]["consensus_accuracy"],
+        final_accuracy_worst_worker=min(w["local_accuracy"] for w in workers),
+        consensus_distance=workers[0].get("consensus_distance"),
+        extra={"config": {k: v for k, v in vars(config).items()}},
+    )
+    if out is not None:
+        write_json_atomic(out / "metrics.json", metrics)
+        write_text_atomic(out / "summary.txt", format_summary(metrics) + "\n")
+    return metrics
+
+
+def accuracy_curve(config: RunConfig, snapshots_by_worker: list[list]) -> list[dict]:
+    """Accuracy of the average of the workers' models at each snapshot tick."""
+    if not all(snapshots_by_worker):
+        return []
+    data = load_dataset(config.workload, config.seed)
+    model = build_model(config.workload, config.model_params, config.seed)
+    ticks = sorted({snap[0] for snaps in snapshots_by_worker for snap in snaps})
+    curve = []
+    for tick in ticks:
+        chosen = []
+        for snaps in snapshots_by_worker:
+            before = [s for s in snaps if s[0] <= tick]
+            chosen.append(before[-1] if before else snaps[0])
+        mean = torch.from_numpy(np.mean([s[3] for s in chosen], axis=0))
+        load_flat_parameters(model, mean)
+        curve.append({
+            "t_s": max(s[1] for s in chosen),
+            "accuracy_avg_model": accuracy(model, data.x_test, data.y_test),
+            "min_iteration": min(s[2] for s in chosen),
+            "max_iteration": max(s[2] for s in chosen),
+        })
+    return curve
+
+
+def _job_timeout_s(config: RunConfig) -> float | None:
+    if config.time_budget_s is not None:
+        return config.time_budget_s + 10 * config.timeout_s
+    return None
+
+
+class _ProgressBar:
+    """Progress of the slowest worker, from the workers' reports (stderr, tqdm)."""
+
+    def __init__(self, config: RunConfig, label: str, enabled: bool):
+        self.by_time = config.iterations is None
+        total = config.time_budget_s if self.by_time else config.iterations
+        self.state: dict[int, dict] = {}
+        self.bar = tqdm(total=total, desc=label, unit="s" if self.by_time else "it", file=sys.stderr,
+                        disable=not enabled, leave=False, dynamic_ncols=True,
+                        bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total} {unit} {postfix}")
+
+    def update(self, rank: int, message: dict) -> None:
+        self.state[rank] = message
+        values = [m["t_s"] if self.by_time else m["iteration"] for m in self.state.values()]
+        self.bar.n = min(max(values) if self.by_time else min(values), self.bar.total)
+        computed = sum(m["computed"] for m in self.state.values())
+        self.bar.set_postfix_str(f"{computed} gradients, {len(self.state)} workers reporting")
+
+    def close(self) -> None:
+        self.bar.close()

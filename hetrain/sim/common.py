@@ -1,0 +1,111 @@
+"""What every protocol simulation shares: its inputs and the per-worker record it fills."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from hetrain.sim.engine import Engine
+from hetrain.sim.network import Network
+from hetrain.slowdown import Slowdown
+
+
+class SimulationError(RuntimeError):
+    """The simulated protocol could not finish (a deadlock): the message says who waits for what."""
+
+
+@dataclass
+class SimSetup:
+    """Inputs of one simulated run.
+
+    ``compute_s``: one iteration's compute time at full speed (seconds); worker i's
+    iteration k takes ``compute_s * slowdown.factor(i, k)``. ``model_bytes``: the size
+    of one model (or gradient) message.
+    """
+
+    num_workers: int
+    iterations: int
+    compute_s: float
+    slowdown: Slowdown
+    model_bytes: float
+    engine: Engine
+    network: Network
+    math: object
+    seed: int = 0
+    time_budget_s: float | None = None  # stop every worker at this simulated time
+    timelines: bool = False
+    progress: Callable[[int], None] | None = None  # called with the number of new gradients
+
+
+@dataclass
+class Recorder:
+    """Per-worker counters: gradients computed, compute time, finish time, optional timeline."""
+
+    num_workers: int
+    timelines: bool = False
+    progress: Callable[[int], None] | None = None
+    iterations: list = field(init=False)
+    compute_s: list = field(init=False)
+    finish_s: list = field(init=False)
+    timeline: list | None = field(init=False)
+    done: int = 0
+
+    def __post_init__(self):
+        n = self.num_workers
+        self.iterations = [0] * n
+        self.compute_s = [0.0] * n
+        self.finish_s = [None] * n
+        self.timeline = [[] for _ in range(n)] if self.timelines else None
+        self._pending = 0
+
+    def computed(self, worker: int, start_s: float, duration_s: float, iteration: int) -> None:
+        """Worker computed one gradient (iteration ``iteration``) in [start_s, start_s + duration_s]."""
+        self.iterations[worker] += 1
+        self.compute_s[worker] += duration_s
+        self.done += 1
+        if self.timeline is not None:
+            self.timeline[worker].append((start_s, start_s + duration_s, iteration))
+        if self.progress is not None:
+            self._pending += 1
+            if self._pending >= 256:
+                self.progress(self._pending)
+                self._pending = 0
+
+    def finished(self, worker: int, time_s: float) -> None:
+        if self.finish_s[worker] is None:
+            self.finish_s[worker] = time_s
+
+    def flush(self) -> None:
+        if self.progress is not None and self._pending:
+            self.progress(self._pending)
+            self._pending = 0
+
+    def worker_records(self, counters: list[dict] | None = None) -> list[dict]:
+        """One metrics.json worker dict each: wait_s is the time before finishing not spent computing."""
+        records = []
+        for i in range(self.num_workers):
+            finish = self.finish_s[i] if self.finish_s[i] is not None else 0.0
+            record = {"rank": i, "iterations": self.iterations[i], "compute_s": self.compute_s[i],
+                      "wait_s": max(0.0, finish - self.compute_s[i]), "finish_s": finish}
+            if counters is not None:
+                record.update(counters[i])
+            records.append(record)
+        return records
+
+    def run_engine(self, setup: SimSetup) -> bool:
+        """Run ``setup.engine`` to the end or to the time budget; True when the budget cut the run.
+
+        At the budget every worker still running stops where it is (an unfinished
+        computation is not counted), as workers agreeing on a stop time would.
+        """
+        budget = setup.time_budget_s
+        setup.engine.run(until_s=budget)
+        self.flush()
+        if budget is None or not setup.engine.pending():
+            return False
+        for i in range(self.num_workers):
+            self.finished(i, budget)
+        return True
+
+    def wall_time_s(self) -> float:
+        return max((t for t in self.finish_s if t is not None), default=0.0)

@@ -1,0 +1,152 @@
+"""Hop and D-PSGD in simulated time, driving the runtime's own :class:`HopWorker` objects.
+
+Each worker loops, as the runtime does: (maybe skip) -> wait for a token from
+every out-neighbour -> start -> compute (compute_s x slowdown) -> send its model
+of iteration k to every out-neighbour -> wait until ``ready_to_average()`` ->
+``complete()`` (average, return tokens to in-neighbours) -> next iteration.
+Every decision (may I start, may I skip, which updates to average with which
+weights, whom to give tokens) is the HopWorker's; this module only moves time
+and messages: models of ``model_bytes`` and tokens of TOKEN_BYTES through the
+network model, FIFO per (kind, src, dst) channel.
+
+D-PSGD is HopWorker with HopConfig() (b = s = 0, no tokens).
+"""
+
+from __future__ import annotations
+
+from hetrain.protocols.hop_config import HopConfig, validate_hop_config
+from hetrain.protocols.hop_logic import make_hop_workers
+from hetrain.sim.common import Recorder, SimSetup, SimulationError
+from hetrain.sim.network import TOKEN_BYTES
+from hetrain.topology import Topology
+
+IDLE, COMPUTING, WAITING, DONE = 0, 1, 2, 3
+
+
+class HopSim:
+    """Simulate ``setup.iterations`` Hop iterations per worker on ``topology``."""
+
+    def __init__(self, setup: SimSetup, topology: Topology, config: HopConfig):
+        self.setup = setup
+        self.config = validate_hop_config(config, topology)
+        self.workers = make_hop_workers(topology, self.config)
+        self.topology = topology
+        n = setup.num_workers
+        self.state = [IDLE] * n
+        self.compute_start = [0.0] * n
+        self.rec = Recorder(n, setup.timelines, setup.progress)
+        self.neighbors = [sorted(set(topology.in_neighbors[i]) | set(topology.out_neighbors[i])) for i in range(n)]
+
+    # ----- the worker loop ----------------------------------------------------------
+    def _begin(self, i: int) -> None:
+        """Skip if the HopWorker says so, then start the next iteration if tokens allow."""
+        w = self.workers[i]
+        engine = self.setup.engine
+        math = self.setup.math
+        while True:
+            if w.iteration >= self.setup.iterations:
+                self._finish(i)
+                return
+            plan = w.plan_skip()
+            if plan is None:
+                break
+            average = w.apply_skip(plan)
+            engine.log("skip", i, (plan.from_iteration, plan.to_iteration))
+            if math.enabled:
+                math.apply_average(i, average)
+            self._send_tokens(i, average.tokens_to, average.token_count)
+        if not w.can_start():
+            self.state[i] = IDLE
+            return
+        w.start()
+        self.state[i] = COMPUTING
+        duration = self.setup.compute_s * self.setup.slowdown.factor(i, w.iteration)
+        self.compute_start[i] = engine.now
+        engine.log("start", i, w.iteration)
+        engine.after(duration, self._computed, i, duration)
+
+    def _computed(self, i: int, duration: float) -> None:
+        setup = self.setup
+        engine, net, math = setup.engine, setup.network, setup.math
+        w = self.workers[i]
+        k = w.iteration
+        self.rec.computed(i, self.compute_start[i], duration, k)
+        engine.log("computed", i, k)
+        payload = None
+        if math.enabled:
+            math.local_step(i)
+            payload = math.snapshot(i)
+        now, nbytes = engine.now, setup.model_bytes
+        for m in w.out_neighbors:
+            engine.at(net.send(now, i, m, nbytes), self._update_arrives, m, i, k, payload)
+        self.state[i] = WAITING
+        self._try_complete(i)
+
+    def _try_complete(self, i: int) -> None:
+        w = self.workers[i]
+        if not w.ready_to_average():
+            if w.blocked_by_stopped_neighbors():
+                self._finish(i)
+            return
+        plan = w.complete()
+        engine = self.setup.engine
+        engine.log("complete", i, (plan.iteration, tuple((t.src, t.iteration) for t in plan.terms)))
+        math = self.setup.math
+        if math.enabled:
+            math.apply_average(i, plan)
+            math.maybe_evaluate(engine.now, self.rec.done)
+        self._send_tokens(i, plan.tokens_to, plan.token_count)
+        self._begin(i)
+
+    def _send_tokens(self, i: int, to: list[int], count: int) -> None:
+        engine, net = self.setup.engine, self.setup.network
+        now = engine.now
+        for j in to:
+            engine.at(net.send(now, i, j, TOKEN_BYTES), self._tokens_arrive, j, i, count)
+
+    # ----- arrivals -------------------------------------------------------------------
+    def _update_arrives(self, dst: int, src: int, k: int, payload) -> None:
+        self.workers[dst].receive_update(src, k, payload)
+        state = self.state[dst]
+        if state == WAITING:
+            self._try_complete(dst)
+        elif state == IDLE:
+            self._begin(dst)  # a newer update may let it skip
+
+    def _tokens_arrive(self, dst: int, src: int, count: int) -> None:
+        self.workers[dst].receive_tokens(src, count)
+        if self.state[dst] == IDLE:
+            self._begin(dst)
+
+    def _finish(self, i: int) -> None:
+        if self.state[i] == DONE:
+            return
+        self.state[i] = DONE
+        engine = self.setup.engine
+        engine.log("finish", i, self.workers[i].iteration)
+        self.rec.finished(i, engine.now)
+        net, now = self.setup.network, engine.now
+        for j in self.neighbors[i]:  # a stop message, behind everything sent before it (FIFO links)
+            engine.at(net.send(now, i, j, TOKEN_BYTES), self._neighbor_stopped, j, i)
+
+    def _neighbor_stopped(self, dst: int, src: int) -> None:
+        w = self.workers[dst]
+        w.neighbor_stopped(src)
+        if self.state[dst] in (IDLE, WAITING) and w.blocked_by_stopped_neighbors():
+            self._finish(dst)
+
+    # ----- running ----------------------------------------------------------------------
+    def run(self) -> dict:
+        engine = self.setup.engine
+        for i in range(self.setup.num_workers):
+            engine.at(0.0, self._begin, i)
+        cut = self.rec.run_engine(self.setup)
+        stuck = [i for i, s in enumerate(self.state) if s != DONE]
+        if stuck and not cut:
+            i = stuck[0]
+            raise SimulationError(f"simulated {len(stuck)} worker(s) deadlocked; worker {i} waits for "
+                                  f"{self.workers[i].waiting_for()}")
+        counters = [w.counters() for w in self.workers]
+        return {"workers": self.rec.worker_records(counters), "wall_time_s": self.rec.wall_time_s(),
+                "extra": {"topology": self.topology.name, "hop_config": vars(self.config).copy()},
+                "timeline": self.rec.timeline}

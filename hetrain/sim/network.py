@@ -1,0 +1,104 @@
+"""The network model: per-message latency plus bytes over bandwidth, with per-NIC contention.
+
+Every worker has one egress and one ingress link of ``bandwidth_bytes_per_s``.
+A message of ``b`` bytes from ``src`` to ``dst`` sent at ``now``:
+
+* leaves when ``src``'s egress link is free: ``t0 = max(now, egress_free[src])``,
+  and occupies it for ``b / B`` (so k messages sent together leave one after another);
+* reaches ``dst`` after the latency and streams in when ``dst``'s ingress link is free:
+  ``arrival = max(t0 + L, ingress_free[dst]) + b / B`` (so k messages into one worker,
+  e.g. into a parameter server, arrive one after another).
+
+Uncontended, a message takes ``L + b / B``. Links are FIFO in booking order, so
+messages on one (src, dst) channel arrive in the order they were sent, as the
+protocols assume.
+
+Collectives are costed from their message patterns: a ring all-reduce of ``b``
+bytes over ``n`` members is ``2 (n - 1)`` steps, each sending ``b / n`` bytes to
+the ring successor, so ``2 (n - 1) (L + b / (n B))``; a P-Reduce is a ring
+all-reduce over its group. A collective starts when every member's links are
+free and holds them until it ends (members cannot send anything else meanwhile).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Loopback gloo on the 2-core development machine (benchmarks/sim_bench.py measure-network):
+# one-way send/recv of 8 bytes took 46 us between 2 processes and 150-180 us with 8 processes
+# sharing the cores; 10 MB moved at 2.8-3.5 GB/s.
+DEFAULT_LATENCY_US = 150.0
+DEFAULT_BANDWIDTH_GBPS = 24.0  # gigabits per second (3 GB/s)
+TOKEN_BYTES = 8  # a token or control message
+
+
+@dataclass(frozen=True)
+class NetworkParams:
+    """Link parameters. ``bandwidth_gbps`` is in gigabits per second (as NICs are sold)."""
+
+    latency_us: float = DEFAULT_LATENCY_US
+    bandwidth_gbps: float = DEFAULT_BANDWIDTH_GBPS
+    new_group_ms: float = 5.0  # creating a communicator (P-Reduce cache miss); ~5 ms measured on gloo
+
+    @property
+    def latency_s(self) -> float:
+        return self.latency_us * 1e-6
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.bandwidth_gbps * 1e9 / 8.0
+
+    def as_dict(self) -> dict:
+        return {"latency_us": self.latency_us, "bandwidth_gbps": self.bandwidth_gbps,
+                "new_group_ms": self.new_group_ms, "contention": "per-NIC FIFO (egress and ingress)"}
+
+
+def ring_allreduce_s(num_members: int, nbytes: float, params: NetworkParams) -> float:
+    """Seconds for a ring all-reduce of ``nbytes`` over ``num_members`` uncontended workers."""
+    if num_members <= 1:
+        return 0.0
+    n = num_members
+    return 2 * (n - 1) * (params.latency_s + nbytes / (n * params.bytes_per_s))
+
+
+class Network:
+    """Link state of ``num_workers`` workers (plus any extra endpoints, e.g. a server)."""
+
+    def __init__(self, params: NetworkParams, num_endpoints: int):
+        self.params = params
+        self.latency_s = params.latency_s
+        self.bytes_per_s = params.bytes_per_s
+        self.egress_free = [0.0] * num_endpoints
+        self.ingress_free = [0.0] * num_endpoints
+        self.messages = 0
+        self.bytes_sent = 0.0
+
+    def send(self, now: float, src: int, dst: int, nbytes: float) -> float:
+        """Book a message on src's egress and dst's ingress; return its arrival time (s)."""
+        transfer = nbytes / self.bytes_per_s
+        egress = self.egress_free
+        t0 = egress[src] if egress[src] > now else now
+        egress[src] = t0 + transfer
+        start = t0 + self.latency_s
+        ingress = self.ingress_free
+        if ingress[dst] > start:
+            start = ingress[dst]
+        arrival = start + transfer
+        ingress[dst] = arrival
+        self.messages += 1
+        self.bytes_sent += nbytes
+        return arrival
+
+    def collective(self, now: float, members, nbytes: float) -> tuple[float, float]:
+        """Book a ring all-reduce over ``members``; return (start_s, end_s)."""
+        start = now
+        for m in members:
+            start = max(start, self.egress_free[m], self.ingress_free[m])
+        end = start + ring_allreduce_s(len(members), nbytes, self.params)
+        for m in members:
+            self.egress_free[m] = end
+            self.ingress_free[m] = end
+        n = len(members)
+        self.messages += 2 * (n - 1) * n
+        self.bytes_sent += 2 * (n - 1) * nbytes
+        return start, end

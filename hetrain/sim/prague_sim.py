@@ -1,0 +1,173 @@
+"""Prague and AD-PSGD in simulated time, driving the runtime's own group schedulers.
+
+Each worker loops: compute (compute_s x slowdown) -> local step -> ask the
+scheduler for groups -> run the returned groups' P-Reduces in order -> next
+iteration. Who forms which group, and in what global order, is decided by the
+same pure code the runtime serves to real jobs:
+:class:`hetrain.prague.group_generator.GroupGenerator` (every ``--gg`` mode) for
+Prague, :class:`hetrain.prague.adpsgd_pairing.ActivePassivePairing` for AD-PSGD.
+This module supplies time and messages only:
+
+* a request is a small message to the scheduler's endpoint (beside rank 0), served
+  one at a time (``GG_SERVICE_S`` each), and a reply back; ``--gg static`` computes
+  its schedule locally (no messages);
+* a P-Reduce starts when its last member arrives and every member's links are free;
+  it costs a ring all-reduce of the model over the group (network.collective),
+  plus ``new_group_ms`` when the group's communicator is created (``comm_id == seq``:
+  a cache miss on the members);
+* a worker that reaches its last iteration ``leave``\\ s and runs the groups it still owes.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from hetrain.sim.common import Recorder, SimSetup, SimulationError
+
+GG_SERVICE_S = 20e-6  # scheduler time per request (pure-Python request handling)
+REQUEST_BYTES = 64  # a request or a reply line
+
+
+class GroupSim:
+    """Simulate a group-averaging protocol whose groups come from ``scheduler``."""
+
+    def __init__(self, setup: SimSetup, scheduler, *, local_schedule: bool = False, name: str = "prague"):
+        self.setup = setup
+        self.scheduler = scheduler
+        self.local = local_schedule
+        self.name = name
+        n = setup.num_workers
+        self.gg_endpoint = n
+        self.gg_free_s = 0.0
+        self.iteration = [0] * n
+        self.leaving = [False] * n
+        self.done = [False] * n
+        self.pending: list[deque] = [deque() for _ in range(n)]
+        self.arrived: dict[int, int] = {}  # group seq -> members arrived
+        self.compute_start = [0.0] * n
+        self.rec = Recorder(n, setup.timelines, setup.progress)
+        self.groups_run = 0
+        self.communicators_created = 0
+        self.preduce_s = 0.0
+
+    # ----- the worker loop ------------------------------------------------------------
+    def _begin(self, i: int) -> None:
+        setup = self.setup
+        if self.iteration[i] >= setup.iterations:
+            self.leaving[i] = True
+            self._run_groups(i, self.scheduler.leave(i, setup.engine.now))
+            return
+        duration = setup.compute_s * setup.slowdown.factor(i, self.iteration[i])
+        self.compute_start[i] = setup.engine.now
+        setup.engine.after(duration, self._computed, i, duration)
+
+    def _computed(self, i: int, duration: float) -> None:
+        setup = self.setup
+        engine = setup.engine
+        k = self.iteration[i]
+        self.rec.computed(i, self.compute_start[i], duration, k)
+        engine.log("computed", i, k)
+        if setup.math.enabled:
+            setup.math.local_step(i)
+            setup.math.maybe_evaluate(engine.now, self.rec.done)
+        self.iteration[i] = k + 1
+        if self.local:
+            self._run_groups(i, self.scheduler.request(i, engine.now))
+            return
+        arrival = setup.network.send(engine.now, i, self.gg_endpoint, REQUEST_BYTES)
+        engine.at(arrival, self._gg_request, i)
+
+    def _gg_request(self, i: int) -> None:
+        engine = self.setup.engine
+        start = max(engine.now, self.gg_free_s)
+        self.gg_free_s = start + GG_SERVICE_S
+        engine.at(self.gg_free_s, self._gg_serve, i)
+
+    def _gg_serve(self, i: int) -> None:
+        engine = self.setup.engine
+        groups = self.scheduler.request(i, engine.now)
+        nbytes = REQUEST_BYTES * (1 + len(groups))
+        engine.at(self.setup.network.send(engine.now, self.gg_endpoint, i, nbytes), self._run_groups, i, groups)
+
+    def _run_groups(self, i: int, groups) -> None:
+        self.pending[i].extend(groups)
+        self._next_group(i)
+
+    def _next_group(self, i: int) -> None:
+        queue = self.pending[i]
+        if not queue:
+            if self.leaving[i]:
+                self._finish(i)
+            else:
+                self._begin(i)
+            return
+        group = queue.popleft()
+        count = self.arrived.get(group.seq, 0) + 1
+        if count < len(group.members):
+            self.arrived[group.seq] = count
+            return
+        self.arrived.pop(group.seq, None)
+        setup = self.setup
+        engine = setup.engine
+        now = engine.now
+        if group.comm_id == group.seq:  # first use of this communicator: members create it
+            now += setup.network.params.new_group_ms / 1000.0
+            self.communicators_created += 1
+        start, end = setup.network.collective(now, group.members, setup.model_bytes)
+        self.preduce_s += end - start
+        engine.log("preduce", -1, (group.seq, group.members))
+        engine.at(end, self._group_done, group)
+
+    def _group_done(self, group) -> None:
+        self.groups_run += 1
+        math = self.setup.math
+        if math.enabled:
+            import numpy as np
+
+            mean = np.mean([math.params[m] for m in group.members], axis=0)
+            for m in group.members:
+                math.params[m] = mean.copy()
+        for m in group.members:
+            self._next_group(m)
+
+    def _finish(self, i: int) -> None:
+        if not self.done[i]:
+            self.done[i] = True
+            self.setup.engine.log("finish", i, self.iteration[i])
+            self.rec.finished(i, self.setup.engine.now)
+
+    # ----- running ----------------------------------------------------------------------
+    def run(self) -> dict:
+        engine = self.setup.engine
+        for i in range(self.setup.num_workers):
+            engine.at(0.0, self._begin, i)
+        cut = self.rec.run_engine(self.setup)
+        stuck = [i for i, d in enumerate(self.done) if not d]
+        if stuck and not cut:
+            raise SimulationError(f"{len(stuck)} worker(s) never finished; worker {stuck[0]} waits in group "
+                                  f"{self.pending[stuck[0]][0] if self.pending[stuck[0]] else '?'}")
+        stats = dict(self.scheduler.stats())
+        stats.update({"groups_formed": stats.get("gg_groups_formed", self.groups_run), "groups_run": self.groups_run,
+                      "communicators_created": self.communicators_created, "preduce_s": self.preduce_s})
+        return {"workers": self.rec.worker_records(), "wall_time_s": self.rec.wall_time_s(),
+                "extra": stats, "timeline": self.rec.timeline}
+
+
+def make_sim(config, setup: SimSetup):
+    """The simulation object for ``config.protocol`` (prague, adpsgd or ps)."""
+    if config.protocol == "prague":
+        from hetrain.prague.group_generator import GroupGenerator
+
+        gg = GroupGenerator(config.num_workers, config.group_size, config.gg, seed=config.seed,
+                            workers_per_node=config.workers_per_node, cache_size=config.communicator_cache)
+        return GroupSim(setup, gg, local_schedule=config.gg == "static", name="prague")
+    if config.protocol == "adpsgd":
+        from hetrain.prague.adpsgd_pairing import ActivePassivePairing
+
+        pairing = ActivePassivePairing(config.num_workers, seed=config.seed, cache_size=config.communicator_cache)
+        return GroupSim(setup, pairing, name="adpsgd")
+    if config.protocol == "ps":
+        from hetrain.sim.ps_sim import ParameterServerSim
+
+        return ParameterServerSim(setup, staleness=config.staleness)
+    raise ValueError(config.protocol)

@@ -1,0 +1,182 @@
+"""One simulated run: a RunConfig in, a metrics.json record (the same fields as ``hetrain train``) out."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+
+from hetrain.config import RunConfig
+from hetrain.errors import UsageError
+from hetrain.metrics import build_metrics
+from hetrain.sim.common import SimSetup, SimulationError
+from hetrain.sim.engine import Engine
+from hetrain.sim.math_model import DIGITS_PARAMS, DigitsMath, NullMath
+from hetrain.sim.network import Network, NetworkParams
+from hetrain.slowdown import parse_slowdown
+
+DEFAULT_COMPUTE_MS = 50.0
+MATH_MODES = ("none", "digits")
+UNBOUNDED = 1 << 62  # iterations per worker when only a time budget stops the run
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    """Simulator-only settings (the rest is the shared RunConfig)."""
+
+    network: NetworkParams = NetworkParams()
+    math: str = "none"
+    timelines: bool = False
+    progress: bool = False
+    trace: bool = False
+
+
+def expand_slowdown(spec: str, num_workers: int) -> str:
+    """Expand ``every:N:Kx`` (workers 0, N, 2N, ... are K times slower) into an ``I:Kx,...`` list.
+
+    Any other spec is returned unchanged for :func:`hetrain.slowdown.parse_slowdown`.
+    """
+    text = (spec or "none").strip()
+    if not text.startswith("every:"):
+        return text
+    parts = text.split(":")
+    try:
+        if len(parts) != 3:
+            raise ValueError
+        stride, factor = int(parts[1]), float(parts[2].rstrip("xX"))
+    except ValueError:
+        raise UsageError(f"malformed slowdown {spec!r}: expected every:N:Kx (e.g. every:8:5x)") from None
+    if stride < 1 or factor < 1.0:
+        raise UsageError(f"slowdown {spec!r}: need N >= 1 and K >= 1 (e.g. every:8:5x)")
+    return ",".join(f"{i}:{factor:g}x" for i in range(0, num_workers, stride))
+
+
+def model_params_for(config: RunConfig, math: str, given: int | None) -> int:
+    """Parameters per model message: the digits MLP unless the synthetic workload or --model-params says."""
+    if math == "digits":
+        if given is not None and given != DIGITS_PARAMS:
+            raise UsageError(f"--math digits trains the {DIGITS_PARAMS}-parameter digits MLP; drop --model-params")
+        return DIGITS_PARAMS
+    if given is not None:
+        return given
+    return config.model_params if config.workload == "synthetic" else DIGITS_PARAMS
+
+
+def _progress_bar(total: int, enabled: bool, desc: str):
+    if not enabled:
+        return None, None
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc=desc, unit="grad", file=sys.stderr, mininterval=0.5, leave=False)
+    return bar, bar.update
+
+
+def simulate(config: RunConfig, options: SimOptions = SimOptions(), model_params: int | None = None) -> dict:
+    """Simulate ``config`` and return its metrics record.
+
+    The run stops when every worker's iteration counter reaches ``config.iterations``
+    or, with ``config.time_budget_s``, at that simulated time (whichever comes first).
+
+    Raises UsageError for bad input. The record has ``wall_time_s`` in simulated
+    seconds, ``simulated: true`` and the engine's event count; ``record["timeline"]``
+    (popped by the CLI into its own file) holds per-worker compute intervals when
+    ``options.timelines`` is set.
+    """
+    config = config.validate()
+    if options.math not in MATH_MODES:
+        raise UsageError(f"unknown --math {options.math!r}; choose one of {', '.join(MATH_MODES)}")
+    if options.network.latency_us < 0 or options.network.bandwidth_gbps <= 0:
+        raise UsageError("--latency-us must be >= 0 and --bandwidth-gbps > 0")
+    n = config.num_workers
+    spec = expand_slowdown(config.slowdown, n)
+    slowdown = parse_slowdown(spec, config.seed).check_workers(n)
+    compute_ms = DEFAULT_COMPUTE_MS if config.compute_ms is None else config.compute_ms
+    if compute_ms <= 0 and config.iterations is None:
+        raise UsageError("a --time-budget run needs --compute-ms > 0 (zero-time iterations never end)")
+    params = model_params_for(config, options.math, model_params)
+    iterations = config.iterations if config.iterations is not None else UNBOUNDED
+    expected_iterations = min(iterations, int(config.time_budget_s / (compute_ms / 1000.0)) + 1
+                              if config.time_budget_s else iterations)
+    total = n * expected_iterations
+    if options.math == "digits":
+        math = DigitsMath(n, batch_size=config.batch_size, lr=config.lr, seed=config.seed, total_iterations=total)
+    else:
+        math = NullMath()
+    engine = Engine(trace=options.trace)
+    extra_endpoints = 1 if config.protocol in ("prague", "adpsgd", "ps") else 0  # GG or server
+    bar, update = _progress_bar(total, options.progress, f"simulate {config.protocol} x{n}")
+    setup = SimSetup(n, iterations, compute_ms / 1000.0, slowdown, 4.0 * params, engine,
+                     Network(options.network, n + extra_endpoints), math, config.seed, config.time_budget_s,
+                     options.timelines, update)
+    started = time.perf_counter()
+    try:
+        result = _protocol_sim(config, setup).run()
+    except SimulationError as exc:
+        raise UsageError(f"{config.protocol} cannot finish on these settings: {exc}") from None
+    finally:
+        if bar is not None:
+            bar.close()
+    runtime_s = time.perf_counter() - started
+    accuracy = math.final()
+    extra = {
+        "simulated": True,
+        "slowdown": spec,
+        "compute_ms": compute_ms,
+        "model_params": params,
+        "batch_size": config.batch_size,
+        "iterations_per_worker": config.iterations,
+        "time_budget_s": config.time_budget_s,
+        "math": options.math,
+        "network": options.network.as_dict(),
+        "engine_events": engine.events,
+        "messages": setup.network.messages,
+        "sim_runtime_s": runtime_s,
+        "events_per_s": engine.events / runtime_s if runtime_s > 0 else None,
+    }
+    extra.update(result.get("extra", {}))
+    record = build_metrics(
+        protocol=config.protocol,
+        workers=result["workers"],
+        wall_time_s=result["wall_time_s"],
+        batch_size=config.batch_size,
+        standalone_iteration_s=[compute_ms / 1000.0 * slowdown.expected_factor(i, expected_iterations)
+                                for i in range(n)],
+        accuracy_curve=accuracy["accuracy_curve"],
+        target_accuracy=config.target_accuracy,
+        final_accuracy_avg_model=accuracy["final_accuracy_avg_model"],
+        final_accuracy_worst_worker=accuracy["final_accuracy_worst_worker"],
+        consensus_distance=accuracy["consensus_distance"],
+        extra=extra,
+    )
+    if options.timelines:
+        record["timeline"] = result.get("timeline")
+    if options.trace:
+        record["trace"] = engine.trace
+    return record
+
+
+def _protocol_sim(config: RunConfig, setup: SimSetup):
+    if config.protocol == "allreduce":
+        from hetrain.sim.allreduce_sim import AllReduceSim
+
+        return AllReduceSim(setup)
+    if config.protocol in ("hop", "dpsgd"):
+        from hetrain.protocols.hop_config import HopConfig
+        from hetrain.sim.hop_sim import HopSim
+        from hetrain.topology import make_topology
+
+        topology = make_topology(config.topology, config.num_workers)
+        if config.protocol == "dpsgd":
+            if config.backup or config.staleness or config.max_ig is not None or config.skip_threshold is not None:
+                raise UsageError("dpsgd takes no --backup/--staleness/--max-ig/--skip-threshold; use --protocol hop")
+            hop = HopConfig()
+        else:
+            hop = HopConfig(config.backup, config.staleness, config.max_ig, config.skip_threshold)
+        return HopSim(setup, topology, hop)
+    if config.protocol in ("prague", "adpsgd", "ps"):
+        try:
+            from hetrain.sim import prague_sim
+        except ImportError as exc:
+            raise UsageError(f"simulating {config.protocol} is not available yet ({exc})") from None
+        return prague_sim.make_sim(config, setup)
+    raise UsageError(f"unknown protocol {config.protocol!r}")

@@ -1,0 +1,89 @@
+"""Scaling sweeps: one simulated run per (protocol, worker count), as a table and a plot."""
+
+from __future__ import annotations
+
+from hetrain.config import PROTOCOLS, RunConfig
+from hetrain.errors import UsageError
+from hetrain.sim.runner import SimOptions, simulate
+
+SWEEP_KEYS = ("workers",)
+TABLE_FIELDS = ("protocol", "num_workers", "wall_time_s", "samples_per_s", "ideal_samples_per_s",
+                "heterogeneity_efficiency", "final_accuracy_avg_model", "engine_events", "sim_runtime_s")
+
+
+def parse_sweep(text: str) -> list[int]:
+    """Parse ``workers=8,64,512`` into worker counts; raise UsageError naming the fix."""
+    key, sep, values = (text or "").partition("=")
+    if not sep or key.strip() not in SWEEP_KEYS:
+        raise UsageError(f"--sweep {text!r}: expected workers=N1,N2,... (e.g. workers=8,64,512,4096)")
+    try:
+        counts = [int(v) for v in values.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"--sweep {text!r}: worker counts must be integers") from None
+    if not counts or min(counts) < 1:
+        raise UsageError(f"--sweep {text!r}: give one or more positive worker counts")
+    return counts
+
+
+def parse_protocols(text: str) -> list[str]:
+    """``hop,prague`` or ``all`` -> protocol names, checked against PROTOCOLS."""
+    names = list(PROTOCOLS) if text.strip() == "all" else [p.strip() for p in text.split(",") if p.strip()]
+    bad = [p for p in names if p not in PROTOCOLS]
+    if bad or not names:
+        raise UsageError(f"unknown protocol {bad[0] if bad else text!r}; choose from {', '.join(PROTOCOLS)} or all")
+    return names
+
+
+def run_sweep(base: RunConfig, protocols: list[str], counts: list[int], options: SimOptions,
+              model_params: int | None = None, on_run=None) -> list[dict]:
+    """Simulate every (protocol, count); return one table row per run (and pass each record to on_run)."""
+    rows = []
+    for protocol in protocols:
+        for n in counts:
+            config = base.replace(protocol=protocol, num_workers=n,
+                                  group_size=min(base.group_size, n))
+            record = simulate(config, options, model_params)
+            if on_run is not None:
+                on_run(record)
+            rows.append({key: record.get(key) for key in TABLE_FIELDS})
+    return rows
+
+
+def markdown_table(rows: list[dict]) -> str:
+    header = "| protocol | workers | sim. wall s | samples/s | ideal samples/s | het. efficiency | accuracy | events | runtime s |"
+    lines = [header, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        acc = "-" if r["final_accuracy_avg_model"] is None else f"{r['final_accuracy_avg_model']:.3f}"
+        lines.append(
+            f"| {r['protocol']} | {r['num_workers']} | {r['wall_time_s']:.2f} | {r['samples_per_s']:.0f} | "
+            f"{r['ideal_samples_per_s']:.0f} | {r['heterogeneity_efficiency']:.3f} | {acc} | "
+            f"{r['engine_events']} | {r['sim_runtime_s']:.1f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot_sweep(rows: list[dict], path) -> None:
+    """Heterogeneity efficiency and samples/s against workers, one line per protocol (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_eff, ax_rate) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for protocol in dict.fromkeys(r["protocol"] for r in rows):
+        mine = sorted((r for r in rows if r["protocol"] == protocol), key=lambda r: r["num_workers"])
+        xs = [r["num_workers"] for r in mine]
+        ax_eff.plot(xs, [r["heterogeneity_efficiency"] for r in mine], marker="o", label=protocol)
+        ax_rate.plot(xs, [r["samples_per_s"] for r in mine], marker="o", label=protocol)
+    for ax, label in ((ax_eff, "heterogeneity efficiency"), (ax_rate, "samples/s (simulated)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("workers")
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+    ax_eff.set_ylim(0, 1.05)
+    ax_rate.set_yscale("log")
+    ax_eff.legend()
+    fig.suptitle("hetrain simulate: scaling")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,210 @@
+"""Pure tests of the Group Generator, the static schedule and AD-PSGD's pairing (no processes)."""
+
+from collections import deque
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hetrain.errors import UsageError
+from hetrain.prague.adpsgd_pairing import ActivePassivePairing
+from hetrain.prague.comm_lru import CommunicatorLRU
+from hetrain.prague.group_generator import GG_MODES, GroupGenerator, static_schedule, validate_gg
+
+
+def _play(scheduler, num_workers, iterations, draw, check=None):
+    """Interleave requests, leaves and group executions in the order ``draw`` picks.
+
+    A worker with nothing to run either requests (while it has iterations left)
+    or leaves; a group runs when it is at the head of every member's to-do list.
+    Returns the groups each worker ran. Fails if work remains but nothing can move
+    (a deadlock), if a worker's groups leave the global order, or if a requester
+    is missing from the groups its own request created.
+    """
+    todo = {w: deque() for w in range(num_workers)}
+    done = [0] * num_workers
+    left: set[int] = set()
+    ran: dict[int, list] = {w: [] for w in range(num_workers)}
+    now = 0.0
+    while True:
+        events = []
+        for w in range(num_workers):
+            if w not in left and not todo[w]:
+                events.append(("request", w) if done[w] < iterations[w] else ("leave", w))
+        heads = {}
+        for w, queue in todo.items():
+            if queue:
+                heads.setdefault(queue[0].seq, []).append(w)
+        for w, queue in todo.items():
+            if queue and sorted(heads[queue[0].seq]) == list(queue[0].members) and w == queue[0].members[0]:
+                events.append(("run", queue[0]))
+        if not events:
+            stuck = {w: [g.members for g in q] for w, q in todo.items() if q}
+            assert not stuck, f"deadlock: {stuck}"
+            assert left == set(range(num_workers))
+            return ran
+        kind, what = events[draw(len(events))]
+        now += 0.001 * (1 + draw(10))
+        if kind == "request":
+            done[what] += 1
+            before = scheduler.ledger.next_seq
+            groups = scheduler.request(what, now)
+            assert all(what in g.members for g in groups)
+            if scheduler.mode != "static":  # a group created by this request includes the requester
+                assert all(what in g.members for g in scheduler.ledger.open_groups() if g.seq >= before)
+            todo[what].extend(groups)
+        elif kind == "leave":
+            left.add(what)
+            todo[what].extend(scheduler.leave(what, now))
+        else:
+            for m in what.members:
+                assert todo[m].popleft() == what
+                assert not ran[m] or ran[m][-1].seq < what.seq, "groups must run in the global order"
+                ran[m].append(what)
+        if check is not None:
+            check(scheduler)
+
+
+def _open_groups_disjoint(scheduler):
+    seen: set[int] = set()
+    for group in scheduler.ledger.open_groups():
+        assert not seen & set(group.members), f"overlapping open groups: {scheduler.ledger.open_groups()}"
+        seen |= set(group.members)
+
+
+@pytest.mark.parametrize("mode", GG_MODES)
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), n=st.integers(2, 7), size=st.integers(1, 4), seed=st.integers(0, 99))
+def test_random_interleavings_never_deadlock(mode, data, n, size, seed):
+    size = min(size, n)
+    gg = GroupGenerator(n, size, mode, seed=seed, cache_size=3)
+    iterations = data.draw(st.lists(st.integers(0, 6), min_size=n, max_size=n))
+    if mode == "static":  # static workers leave together (the protocol agrees on the step)
+        iterations = [max(iterations)] * n
+    check = _open_groups_disjoint if mode == "division" else None
+    ran = _play(gg, n, iterations, lambda k: data.draw(st.integers(0, k - 1)), check)
+    for groups in ran.values():
+        assert all(len(g.members) <= max(size, 1) or mode == "static" for g in groups)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), n=st.integers(1, 8), seed=st.integers(0, 99))
+def test_adpsgd_pairing_never_deadlocks(data, n, seed):
+    pairing = ActivePassivePairing(n, seed=seed, cache_size=2)
+    iterations = data.draw(st.lists(st.integers(0, 6), min_size=n, max_size=n))
+    ran = _play(pairing, n, iterations, lambda k: data.draw(st.integers(0, k - 1)))
+    for groups in ran.values():
+        for g in groups:
+            assert len(g.members) == 2
+            assert pairing.is_active(g.members[0]) != pairing.is_active(g.members[1])
+
+
+@pytest.mark.parametrize("mode", ["random", "buffer", "division", "smart"])
+def test_every_new_group_contains_its_requester(mode):
+    gg = GroupGenerator(6, 3, mode, seed=1)
+    for step in range(60):
+        worker = (step * 5) % 6
+        before = gg.ledger.next_seq
+        groups = gg.request(worker, now_s=step * 0.01)
+        created = [g for g in groups if g.seq >= before]
+        assert all(worker in g.members for g in groups)  # its own and those others queued for it
+        assert len(created) <= 1
+        for g in groups:  # the caller runs them; mark the others as started so groups close
+            for m in g.members:
+                if m != worker:
+                    gg.ledger.pop(m)
+
+
+def test_static_groups_contain_the_worker_and_steps_are_partitions():
+    for n, size, per_node in [(8, 3, None), (8, 2, 4), (12, 3, 4), (6, 4, None), (4, 2, 1)]:
+        steps = static_schedule(n, size, per_node, seed=3)
+        for groups in steps:
+            members = [m for g in groups for m in g]
+            assert len(members) == len(set(members)), f"overlap in a static step: {groups}"
+        gg = GroupGenerator(n, size, "static", seed=3, workers_per_node=per_node)
+        for k in range(2 * len(steps)):
+            for w in range(n):
+                for g in gg.request(w):
+                    assert w in g.members and g.members in steps[k % len(steps)]
+
+
+def test_static_schedule_matches_the_prototype_for_four_workers_per_node():
+    steps = static_schedule(8, 4, workers_per_node=4)
+    assert steps[0] == sorted([(0, 4), (2, 3), (6, 7)])  # local rank 0 across nodes; pairs of 2 and 3
+    assert steps[1] == [(0, 1, 2, 3), (4, 5, 6, 7)]
+    assert steps[2] == sorted([(1, 5), (0, 3), (4, 7)])  # local rank 1 across nodes; pairs of 0 and 3
+    assert steps[3] == steps[1]
+
+
+def test_division_concurrent_groups_never_overlap_with_stragglers():
+    gg = GroupGenerator(9, 3, "division", seed=0)
+    for step in range(200):
+        worker = step % 9 if step % 4 else 0  # worker 0 asks more often than the rest
+        gg.request(worker, now_s=step * 0.01)
+        _open_groups_disjoint(gg)
+
+
+def test_smart_keeps_fast_workers_away_from_a_mid_iteration_straggler():
+    gg = GroupGenerator(4, 2, "smart", seed=0)
+    now, partners_of_fast = 0.0, []
+    for round_ in range(40):  # workers 1-3 ask every 10 ms; worker 0 every 100 ms
+        now = round_ * 0.01
+        for w in (1, 2, 3) + ((0,) if round_ % 10 == 0 else ()):
+            for g in gg.request(w, now):
+                if w != 0 and round_ > 20:
+                    partners_of_fast.extend(m for m in g.members if m != w)
+                for m in g.members:
+                    gg.ledger.pop(m)
+    assert partners_of_fast and partners_of_fast.count(0) / len(partners_of_fast) < 0.2
+
+
+def test_same_seed_same_groups():
+    def run(seed):
+        gg = GroupGenerator(5, 3, "buffer", seed=seed)
+        return [[g.as_list() for g in gg.request(i % 5, i * 0.1)] for i in range(30)]
+
+    assert run(7) == run(7)
+    assert run(7) != run(8)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ((4, 0, "random"), "--group-size"),
+        ((4, 5, "random"), "--group-size"),
+        ((4, 2, "fancy"), "unknown --gg mode"),
+        ((6, 2, "static", 60, 4), "not a multiple"),
+        ((4, 2, "random", 0), "--communicator-cache"),
+    ],
+)
+def test_bad_input_is_a_one_line_usage_error(args, message):
+    with pytest.raises(UsageError, match=message) as info:
+        validate_gg(*args)
+    assert "\n" not in str(info.value)
+    with pytest.raises(UsageError):
+        GroupGenerator(args[0], args[1], args[2], cache_size=args[3] if len(args) > 3 else 60,
+                       workers_per_node=args[4] if len(args) > 4 else None)
+
+
+def test_lru_evicts_least_recently_used_and_replaces_stale_ids():
+    lru = CommunicatorLRU(2)
+    assert lru.use((0, 1), 0) == (False, [])
+    assert lru.use((0, 2), 1) == (False, [])
+    assert lru.use((0, 1), 0) == (True, [])
+    assert lru.use((0, 3), 2) == (False, [((0, 2), 1)])
+    assert lru.use((0, 1), 5) == (False, [((0, 1), 0)])
+
+
+def test_members_agree_on_communicator_ids_when_caches_evict():
+    """Replaying each worker's own group sequence through its own LRU gives the GG's ids."""
+    gg = GroupGenerator(5, 2, "random", seed=4, cache_size=2)
+    seen: dict[int, list] = {w: [] for w in range(5)}
+    for i in range(200):
+        for g in gg.request(i % 5):
+            for m in g.members:
+                seen[m].append(g)
+    for w, groups in seen.items():
+        lru = CommunicatorLRU(2)
+        for g in sorted(set(groups), key=lambda g: g.seq):
+            hit, _ = lru.use(g.members, g.comm_id)
+            assert hit == (g.comm_id != g.seq)

@@ -1,0 +1,101 @@
+"""P-Reduce on 4 gloo workers: known answers, concurrent overlapping groups, cache eviction, timeouts."""
+
+import time
+
+import pytest
+import torch
+
+from hetrain.errors import UsageError, WorkerError
+from hetrain.prague.preduce import PReduce
+from hetrain.runtime.local_job import run_local
+
+# Rounds of groups issued concurrently: disjoint within a round, overlapping across rounds,
+# and every worker runs its groups in round order (so the calls can never wait in a cycle).
+ROUNDS = [
+    [(0, 1), (2, 3)],
+    [(0, 1, 2, 3)],
+    [(1, 2), (0,)],
+    [(0, 2, 3)],
+    [(0, 1), (2, 3)],
+    [(0, 3), (1, 2)],
+]
+
+
+def _expected(num_workers, rounds):
+    values = [float(r) * 10 for r in range(num_workers)]
+    for groups in rounds:
+        for members in groups:
+            mean = sum(values[m] for m in members) / len(members)
+            for m in members:
+                values[m] = mean
+    return values
+
+
+def _known_answer(ctx, cache_size, repeats):
+    preduce = PReduce.for_context(ctx, cache_size=cache_size)
+    buf = torch.full((1000,), float(ctx.rank) * 10)
+    for _ in range(repeats):
+        for groups in ROUNDS:
+            for members in groups:
+                if ctx.rank in members:
+                    preduce(buf, members)
+    return buf[0].item(), float(buf.std()), preduce.stats()
+
+
+def test_known_answers_with_overlapping_and_disjoint_groups():
+    results = run_local(_known_answer, 4, (60, 2), timeout_s=30)
+    expected = _expected(4, ROUNDS * 2)
+    for rank, (value, spread, stats) in enumerate(results):
+        assert value == pytest.approx(expected[rank])
+        assert spread == 0.0
+        assert stats["cache_evictions"] == 0
+        assert stats["cache_hits"] > stats["cache_misses"] > 0
+
+
+def test_eviction_with_a_cache_of_one_recreates_communicators_and_stays_correct():
+    results = run_local(_known_answer, 4, (1, 2), timeout_s=30)
+    expected = _expected(4, ROUNDS * 2)
+    for rank, (value, _, stats) in enumerate(results):
+        assert value == pytest.approx(expected[rank])
+        assert stats["cache_evictions"] > 0
+    # worker 0 runs (0,1),(0,1,2,3),(0,2,3),(0,1),(0,3) per repeat: only the repeated (0,1) hits once
+    assert results[0][2]["cache_hits"] == 0
+
+
+def _group_of_one_and_outsider(ctx):
+    preduce = PReduce.for_context(ctx)
+    buf = torch.tensor([float(ctx.rank)])
+    preduce(buf, [ctx.rank])
+    try:
+        preduce(buf, [(ctx.rank + 1) % ctx.world_size])
+        message = ""
+    except UsageError as exc:
+        message = str(exc)
+    preduce(torch.zeros(1), range(ctx.world_size))  # nobody exits while the other still connects
+    return buf.item(), message
+
+
+def test_group_of_one_is_a_no_op_and_outsiders_are_refused():
+    for rank, (value, message) in enumerate(run_local(_group_of_one_and_outsider, 2, timeout_s=20)):
+        assert value == rank
+        assert "not in" in message
+
+
+def _rank_two_never_arrives(ctx, warm):
+    preduce = PReduce.for_context(ctx)
+    buf = torch.ones(10)
+    if warm:  # communicator cached first: the failure happens in the collective, not the creation
+        preduce(buf, (0, 1, 2))
+    if ctx.rank == 2:
+        time.sleep(30)
+    preduce(buf, (0, 1, 2))
+
+
+@pytest.mark.parametrize("warm", [False, True])
+def test_a_missing_member_fails_the_call_naming_group_and_rank(warm):
+    start = time.monotonic()
+    with pytest.raises(WorkerError) as info:
+        run_local(_rank_two_never_arrives, 3, (warm,), timeout_s=2)
+    message = str(info.value)
+    assert "group [0, 1, 2]" in message and "did not arrive: [2]" in message
+    assert time.monotonic() - start < 25

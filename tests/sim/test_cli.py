@@ -1,0 +1,58 @@
+"""`hetrain simulate` end to end: outputs, sweeps, and one-line errors with exit code 2."""
+
+import json
+
+import pytest
+
+from hetrain.cli import main
+from hetrain.metrics import build_metrics
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--protocol", "nope", "--iterations", "5"], "unknown protocol"),
+    (["--iterations", "5", "--slowdown", "9:5x", "--workers", "4"], "names worker 9"),
+    (["--iterations", "5", "--slowdown", "every:0:5x"], "every:N:Kx"),
+    (["--iterations", "5", "--math", "mnist"], "unknown --math"),
+    (["--workers", "4"], "--iterations"),
+    (["--iterations", "5", "--bandwidth-gbps", "0"], "--bandwidth-gbps"),
+    (["--iterations", "5", "--sweep", "nodes=1,2"], "--sweep"),
+    (["--iterations", "5", "--protocol", "hop", "--backup", "2", "--topology", "ring"], "--backup 2"),
+    (["--iterations", "5", "--protocol", "hypercube"], "unknown protocol"),
+    (["--iterations", "5", "--topology", "hypercube", "--workers", "6", "--protocol", "dpsgd"], "power-of-two"),
+    (["--iterations", "five"], "invalid int"),
+])
+def test_bad_input_is_a_one_line_error_with_exit_code_2(argv, words, tmp_path, capsys):
+    assert main(["simulate", *argv, "--out", str(tmp_path / "out"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and words in err
+
+
+def test_simulate_writes_the_fields_train_writes(tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["simulate", "--protocol", "hop", "--workers", "4", "--iterations", "20", "--slowdown", "0:5x",
+            "--backup", "1", "--topology", "complete", "--timelines", "--out", str(out), "--no-progress"]
+    assert main(argv) == 0
+    record = json.loads((out / "metrics.json").read_text())
+    reference = build_metrics(protocol="hop", workers=[{"iterations": 1, "compute_s": 1.0, "wait_s": 0.0}],
+                              wall_time_s=1.0, batch_size=32, standalone_iteration_s=[1.0])
+    assert set(reference) <= set(record)
+    assert record["simulated"] is True and record["num_workers"] == 4
+    assert all(set(("iterations", "compute_s", "wait_s")) <= set(w) for w in record["workers"])
+    timelines = json.loads((out / "timelines.json").read_text())
+    assert len(timelines["workers"]) == 4
+    assert sum(len(t) for t in timelines["workers"]) == record["total_iterations"]
+    assert "heterogeneity efficiency" in capsys.readouterr().out
+
+
+def test_sweep_writes_table_json_and_plot(tmp_path):
+    out = tmp_path / "sweep"
+    argv = ["simulate", "--protocol", "allreduce,hop", "--sweep", "workers=4,8", "--time-budget", "1",
+            "--slowdown", "every:4:5x", "--backup", "1", "--topology", "double_ring", "--out", str(out),
+            "--no-progress"]
+    assert main(argv) == 0
+    rows = json.loads((out / "sweep.json").read_text())["rows"]
+    assert [(r["protocol"], r["num_workers"]) for r in rows] == [
+        ("allreduce", 4), ("allreduce", 8), ("hop", 4), ("hop", 8)]
+    assert (out / "sweep.png").stat().st_size > 1000
+    assert "| allreduce | 8 |" in (out / "sweep.md").read_text()
+    assert (out / "runs" / "hop-8" / "metrics.json").exists()
