@@ -84,7 +84,7 @@ def bench_scale() -> None:
     runs = [
         ("prague (smart GG), timing only", ["--protocol", "prague", "--workers", "1024", "--iterations", "1000",
                                             "--slowdown", "every:8:5x"]),
-        ("hop ring, timing only", ["--protocol", "hop", "--workers", "1024", "--iterations", "1000",
+        ("hop double_ring b=1, timing only", ["--protocol", "hop", "--workers", "1024", "--iterations", "1000",
                                    "--slowdown", "every:8:5x", "--backup", "1", "--topology", "double_ring"]),
         ("prague, --math digits", ["--protocol", "prague", "--workers", "256", "--iterations", "200",
                                    "--slowdown", "every:8:5x", "--math", "digits"]),

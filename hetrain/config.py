@@ -22,7 +22,7 @@ class RunConfig:
     model_params: int = 1_000_000  # synthetic workload only
     batch_size: int = 32
     lr: float = 0.1
-    momentum: float = 0.0
+    momentum: float = 0.9
     seed: int = 0
     slowdown: str = "none"
     compute_ms: float | None = None
@@ -34,10 +34,10 @@ class RunConfig:
     timeout_s: float = 60.0
     # decentralized (dpsgd, hop)
     topology: str = "ring"
-    backup: int = 0
-    staleness: int = 0
+    backup: int | None = None  # None: Hop picks (see hetrain.protocols.hop_config.hop_config_for)
+    staleness: int | None = None
     max_ig: int | None = None
-    skip_threshold: int | None = None
+    skip_threshold: int | None = None  # 0 switches skipping off
     # prague
     gg: str = "smart"
     group_size: int = 3
@@ -73,14 +73,14 @@ class RunConfig:
             raise UsageError(f"--timeout must be positive seconds, got {self.timeout_s}")
         if self.device not in ("cpu", "cuda"):
             raise UsageError(f"--device must be cpu or cuda, got {self.device!r}")
-        if self.backup < 0:
+        if self.backup is not None and self.backup < 0:
             raise UsageError(f"--backup must be >= 0, got {self.backup}")
-        if self.staleness < 0:
+        if self.staleness is not None and self.staleness < 0:
             raise UsageError(f"--staleness must be >= 0, got {self.staleness}")
         if self.max_ig is not None and self.max_ig < 1:
             raise UsageError(f"--max-ig must be >= 1 (each edge needs at least one token), got {self.max_ig}")
-        if self.skip_threshold is not None and self.skip_threshold < 1:
-            raise UsageError(f"--skip-threshold must be >= 1, got {self.skip_threshold}")
+        if self.skip_threshold is not None and self.skip_threshold < 0:
+            raise UsageError(f"--skip-threshold must be >= 1 (or 0 to switch skipping off), got {self.skip_threshold}")
         if self.gg not in GG_MODES:
             raise UsageError(f"unknown --gg mode {self.gg!r}; choose one of {', '.join(GG_MODES)}")
         if not 1 <= self.group_size <= self.num_workers:

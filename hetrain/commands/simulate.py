@@ -36,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--topology", default="ring", help="dpsgd/hop graph: ring, double_ring, torus, hypercube, "
                         "exponential, complete, or an edge-list file (default ring)")
     parser.add_argument("--backup", type=int, default=0, help="hop: backup workers b (default 0)")
-    parser.add_argument("--staleness", type=int, default=0, help="hop: bounded staleness s (default 0)")
+    parser.add_argument("--staleness", type=int, default=None,
+                        help="hop: bounded staleness s; ps: asynchronous with staleness s (default 0: synchronous)")
     parser.add_argument("--max-ig", type=int, default=None, help="hop: tokens per edge (max iteration gap)")
     parser.add_argument("--skip-threshold", type=int, default=None, help="hop: skip when neighbours are this far ahead")
     parser.add_argument("--gg", default="smart", help=f"prague group generator: {', '.join(GG_MODES)} (default smart)")

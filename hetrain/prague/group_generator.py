@@ -38,7 +38,7 @@ Every group gets a place in one global order (:class:`~hetrain.prague.ledger.Gro
 
 from __future__ import annotations
 
-import math
+import heapq
 import random
 
 from hetrain.errors import UsageError
@@ -46,7 +46,9 @@ from hetrain.prague.comm_lru import CommunicatorLRU
 from hetrain.prague.ledger import Group, GroupLedger
 
 GG_MODES = ("random", "buffer", "division", "static", "smart")
-_EMA = 0.3  # weight of the newest inter-request time in the smart mode's speed estimate
+_EMA = 0.3  # weight of the newest compute time in the smart mode's speed estimate
+SMART_WINDOW = 0.05  # smart: partners must be due within this fraction of the requester's compute time
+SMART_PATIENCE = 3  # smart: after this many empty requests in a row, wait up to one own compute time
 
 
 def validate_gg(num_workers: int, group_size: int, mode: str, cache_size: int = 60, workers_per_node=None):
@@ -168,8 +170,16 @@ class GroupGenerator:
         self.requests = [0] * num_workers
         self.empty_requests = 0
         self._empty_streak = [0] * num_workers
-        self._last_s: list[float | None] = [None] * num_workers
-        self._interval_s: list[float | None] = [None] * num_workers
+        # smart: each worker's compute-time estimate, when its current compute began (None while it
+        # syncs), and a heap of (expected request time, worker) for computing workers (lazy deletion:
+        # an entry is live while _due_s[worker] equals its time and the worker is in no open group)
+        self._now_s = 0.0
+        self._compute_s: list[float | None] = [None] * num_workers
+        self._started_s: list[float | None] = [None] * num_workers  # first request: nothing measured
+        self._due_s: list[float | None] = [None] * num_workers
+        self._due_heap: list[tuple[float, int]] = []
+        if mode == "smart":
+            self.ledger.on_close = self._group_closed
         self._static = (
             StaticSchedule(num_workers, group_size, workers_per_node, seed, cache_size) if mode == "static" else None
         )
@@ -187,7 +197,9 @@ class GroupGenerator:
             raise ValueError(f"worker {worker} asked for a group after leaving")
         step = self.requests[worker]
         self.requests[worker] += 1
-        self._observe(worker, now_s)
+        self._now_s = now_s
+        if self.mode == "smart":
+            self._observe(worker, now_s)
         if self._static is not None:
             group = self._static.group_at(step, worker)
             return [group] if group is not None else self._empty()
@@ -207,12 +219,16 @@ class GroupGenerator:
                 self._form(worker, partners)
         groups = self.ledger.pop(worker, 1)
         self._empty_streak[worker] = 0 if groups else self._empty_streak[worker] + 1
+        if not groups and self.mode == "smart":
+            self._computing(worker, now_s)
         return groups or self._empty()
 
     def leave(self, worker: int, now_s: float = 0.0) -> list[Group]:
+        self._now_s = now_s
         if self._static is not None:
-            self.ledger.left.add(worker)
+            self.ledger.mark_left(worker)
             return []
+        self._due_s[worker] = None
         return self.ledger.leave(worker)
 
     def not_started(self, seq: int) -> list[int]:
@@ -237,13 +253,15 @@ class GroupGenerator:
     def _form(self, worker: int, partners: list[int]) -> None:
         if partners:
             self.ledger.assign([worker, *partners])
+            for m in partners:
+                self._due_s[m] = None  # in an open group now: not a candidate
             if self.mode == "division":
                 self._groups_since_shuffle += 1
                 if self._groups_since_shuffle >= len(self._divisions):
                     self._shuffle_divisions()
 
-    def _others(self, worker: int) -> list[int]:
-        return [w for w in self.ledger.available() if w != worker]
+    def _others(self, worker: int):
+        return self.ledger.available_except(worker)
 
     def _random_partners(self, worker: int) -> list[int]:
         others = self._others(worker)
@@ -264,27 +282,67 @@ class GroupGenerator:
         division = self._divisions[self._division_of[worker]]
         return [w for w in division if w != worker and w not in busy and w not in self.ledger.left]
 
+    # -- smart mode: who is due soon ------------------------------------------------
     def _observe(self, worker: int, now_s: float) -> None:
-        last = self._last_s[worker]
-        if last is not None:
-            dt = max(0.0, now_s - last)
-            old = self._interval_s[worker]
-            self._interval_s[worker] = dt if old is None else (1 - _EMA) * old + _EMA * dt
-        self._last_s[worker] = now_s
+        """``worker`` asks at ``now_s``: learn its compute time; it is no longer computing."""
+        started = self._started_s[worker]
+        if started is not None:
+            dt = max(0.0, now_s - started)
+            old = self._compute_s[worker]
+            self._compute_s[worker] = dt if old is None else (1 - _EMA) * old + _EMA * dt
+        self._started_s[worker] = None
+        self._due_s[worker] = None
 
-    def _expected_request_s(self, worker: int, now_s: float) -> float:
-        last, interval = self._last_s[worker], self._interval_s[worker]
-        if last is None or interval is None:
-            return now_s  # nothing known yet: treat as ready
-        return last + interval
+    def _computing(self, worker: int, now_s: float) -> None:
+        """``worker`` starts computing at ``now_s``: it is due at now + its compute estimate."""
+        self._started_s[worker] = now_s
+        estimate = self._compute_s[worker]
+        if estimate is None or worker in self.ledger.left:
+            return
+        due = now_s + estimate
+        self._due_s[worker] = due
+        heapq.heappush(self._due_heap, (due, worker))
+
+    def _group_closed(self, group: Group) -> None:
+        """The last member took ``group``: the P-Reduce runs now, then its members compute again."""
+        for m in group.members:
+            if not self.ledger.is_busy(m) and m not in self.ledger.left:
+                self._computing(m, self._now_s)
 
     def _smart_partners(self, worker: int, now_s: float) -> list[int]:
-        busy = self.ledger.busy()
-        if worker in busy:
+        """Up to s-1 workers in no open group that are due soonest, within the requester's window.
+
+        The window is ``SMART_WINDOW`` of the requester's own compute time (one
+        compute time after ``SMART_PATIENCE`` empty requests in a row), so the
+        requester expects to wait at most that long for its partners (workers late
+        by more than the window are passed over: they are slower than measured,
+        e.g. a random slowdown hit them). A fast worker never
+        waits for a straggler in mid-iteration, and a straggler, when it asks, is
+        grouped with the fast workers about to ask. The soonest are taken from a
+        heap of due times kept up to date, not by scanning all workers.
+        """
+        if self.ledger.is_busy(worker):
             return []
-        own = self._interval_s[worker]
-        horizon_s = now_s + (own if own is not None else math.inf)
-        ready = [
-            w for w in self._others(worker) if w not in busy and self._expected_request_s(w, now_s) <= horizon_s
-        ]
-        return self.rng.sample(ready, min(self.group_size - 1, len(ready)))
+        own = self._compute_s[worker]
+        if own is None:
+            return []
+        window = own if self._empty_streak[worker] >= SMART_PATIENCE else SMART_WINDOW * own
+        horizon = now_s + window
+        heap, due_s, ledger = self._due_heap, self._due_s, self.ledger
+        chosen: list[int] = []
+        overdue: list[tuple[float, int]] = []
+        while heap and len(chosen) < self.group_size - 1:
+            due, w = heap[0]
+            if due_s[w] != due or ledger.is_busy(w) or w in ledger.left or w == worker:
+                heapq.heappop(heap)  # stale entry
+                continue
+            if due > horizon:
+                break
+            entry = heapq.heappop(heap)
+            if due < now_s - window:  # late by more than the window: slower than measured, skip it
+                overdue.append(entry)
+            else:
+                chosen.append(w)
+        for entry in overdue:
+            heapq.heappush(heap, entry)
+        return chosen

@@ -10,7 +10,9 @@ chain always points to a group of lower ``seq`` and can never close a cycle.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hetrain.prague.comm_lru import CommunicatorLRU
@@ -39,7 +41,13 @@ class Group:
 
 
 class GroupLedger:
-    """Global order, per-worker queues, open groups and communicator-cache models."""
+    """Global order, per-worker queues, open groups and communicator-cache models.
+
+    Who is busy (in an open group) and who is still training are kept up to
+    date on every assign, pop and leave, so a scheduler asks them in O(1)
+    instead of scanning all workers per group (the simulator runs thousands).
+    ``on_close(group)``, when set, is called as a group's last member pops it.
+    """
 
     def __init__(self, num_workers: int, cache_size: int = 60):
         self.num_workers = num_workers
@@ -50,6 +58,10 @@ class GroupLedger:
         self.left: set[int] = set()
         self._unstarted: dict[int, set[int]] = {}  # seq -> members that have not popped it yet
         self._groups: dict[int, Group] = {}
+        self._open_count = [0] * num_workers  # open groups each worker belongs to
+        self._busy: set[int] = set()  # workers whose _open_count > 0
+        self._active = list(range(num_workers))  # workers that have not left, in rank order
+        self.on_close = None
         self.groups_formed = 0
         self.members_total = 0
 
@@ -67,6 +79,8 @@ class GroupLedger:
         group = Group(seq, members, comm_id)
         for m in members:
             self.queues[m].append(group)
+            self._open_count[m] += 1
+            self._busy.add(m)
         self._unstarted[seq] = set(members)
         self._groups[seq] = group
         self.groups_formed += 1
@@ -84,25 +98,76 @@ class GroupLedger:
             if not waiting:
                 del self._unstarted[group.seq]
                 del self._groups[group.seq]
+                for m in group.members:
+                    self._open_count[m] -= 1
+                    if not self._open_count[m]:
+                        self._busy.discard(m)
+                if self.on_close is not None:
+                    self.on_close(group)
             taken.append(group)
         return taken
 
     def leave(self, worker: int) -> list[Group]:
         """``worker`` stops training: no new group will include it; return what it still owes."""
-        self.left.add(worker)
+        self.mark_left(worker)
         return self.pop(worker)
+
+    def mark_left(self, worker: int) -> None:
+        """Record that ``worker`` stopped training (no queue to drain: the static schedule)."""
+        if worker not in self.left:
+            self.left.add(worker)
+            self._active.remove(worker)
 
     def open_groups(self) -> list[Group]:
         """Groups some member has not started yet, in order."""
         return [self._groups[seq] for seq in sorted(self._unstarted)]
 
     def busy(self) -> set[int]:
-        """Workers that belong to an open group (started or not)."""
-        return {m for group in self._groups.values() for m in group.members}
+        """Workers that belong to an open group (started or not); a live set, do not modify."""
+        return self._busy
+
+    def is_busy(self, worker: int) -> bool:
+        return self._open_count[worker] > 0
+
+    def is_open(self, seq: int) -> bool:
+        return seq in self._groups
 
     def not_started(self, seq: int) -> list[int]:
         """Members that have not yet been handed group ``seq`` (empty when all have)."""
         return sorted(self._unstarted.get(seq, ()))
 
     def available(self) -> list[int]:
-        return [w for w in range(self.num_workers) if w not in self.left]
+        """Workers still training, in rank order (a copy)."""
+        return list(self._active)
+
+    def available_except(self, worker: int) -> Sequence[int]:
+        """Workers still training other than ``worker``, in rank order, as an O(1) read-only view."""
+        return _Without(self._active, worker)
+
+
+class _Without(Sequence):
+    """``[w for w in items if w != skip]`` without building it (``items`` sorted, holds ``skip`` at most once).
+
+    ``random.sample`` only indexes its population (or copies a small one), so
+    sampling from this view draws exactly what it would from the built list.
+    """
+
+    def __init__(self, items: list[int], skip: int):
+        self._items = items
+        i = bisect_left(items, skip)
+        self._cut = i if i < len(items) and items[i] == skip else None
+
+    def __len__(self) -> int:
+        return len(self._items) - (self._cut is not None)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        n = len(self)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(index)
+        if self._cut is not None and index >= self._cut:
+            index += 1
+        return self._items[index]

@@ -146,7 +146,7 @@ class ParameterServer(SyncProtocol):
 
     @classmethod
     def from_config(cls, model, ctx, config) -> ParameterServer:
-        return cls(model, ctx, staleness=config.staleness)
+        return cls(model, ctx, staleness=config.staleness or 0)
 
     # -- worker side ---------------------------------------------------------
     def _sync(self) -> None:

@@ -26,6 +26,7 @@ from hetrain.errors import UsageError, WorkerError
 from hetrain.prague.gg_service import GGServer, LocalClient, SchedulerHost, SocketClient
 from hetrain.prague.group_generator import GroupGenerator, validate_gg
 from hetrain.prague.preduce import PReduce
+from hetrain.runtime.consensus import average_models
 from hetrain.runtime.protocol import SyncProtocol, flat_parameters, load_flat_parameters
 
 _STATUS_POLL_S = 0.02
@@ -121,16 +122,13 @@ class GroupProtocol(SyncProtocol):
 
     def _consensus(self) -> None:
         """One all-reduce over the default group: every worker ends with the average model."""
-        flat = flat_parameters(self.model)
         try:
-            work = dist.all_reduce(flat, async_op=True)
-            work.wait(datetime.timedelta(seconds=self.ctx.timeout_s))
+            distance = average_models(self.model, self.ctx.world_size, self.ctx.timeout_s)
         except Exception as exc:
             raise WorkerError(
                 f"worker {self.ctx.rank} waited for the final average over all {self.ctx.world_size} workers: {exc}"
             ) from None
-        flat.div_(self.ctx.world_size)
-        load_flat_parameters(self.model, flat)
+        self.stats.extra["consensus_distance"] = distance
 
     def _update_extra(self) -> None:
         self.stats.extra.update(

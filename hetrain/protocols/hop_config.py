@@ -8,6 +8,10 @@ from hetrain.errors import UsageError
 from hetrain.topology import Topology
 
 DEFAULT_MAX_IG = 4
+# Defaults of the `hop` protocol when the user leaves a setting out (docs/decisions.md):
+HOP_DEFAULT_STALENESS = 1
+HOP_DEFAULT_MAX_IG = 8  # > a 5x straggler's lead: its neighbours are not throttled within one of its iterations
+HOP_DEFAULT_SKIP_THRESHOLD = 2
 
 
 @dataclass(frozen=True)
@@ -51,15 +55,35 @@ def validate_hop_config(config: HopConfig, topology: Topology) -> HopConfig:
     max_ig = config.max_ig
     needs_tokens = config.backup > 0 or config.staleness > 0 or config.skip_threshold is not None
     if max_ig is None and needs_tokens:
-        max_ig = max(DEFAULT_MAX_IG, config.staleness + 1, config.skip_threshold or 0)
+        max_ig = max(DEFAULT_MAX_IG, config.staleness + 1, (config.skip_threshold or 0) + 2)
     if max_ig is not None and max_ig < 1:
         raise UsageError(f"--max-ig must be >= 1 (a worker with no token can never start), got {max_ig}")
     if config.skip_threshold is not None:
         if config.skip_threshold < 1:
             raise UsageError(f"--skip-threshold must be >= 1, got {config.skip_threshold}")
-        if config.skip_threshold > max_ig:
+        if config.skip_threshold > max_ig - 2:
             raise UsageError(
-                f"--skip-threshold {config.skip_threshold} exceeds --max-ig {max_ig}: tokens stop every "
-                "neighbour before it gets that far ahead, so no worker would ever skip; use a threshold <= max-ig"
+                f"--skip-threshold {config.skip_threshold} must be at most --max-ig minus 2 ({max_ig - 2}): when "
+                "a worker finishes an iteration, tokens have kept its neighbours within max-ig - 2 iterations "
+                "of its next one, so it would never skip; raise --max-ig or lower the threshold"
             )
     return HopConfig(config.backup, config.staleness, max_ig, config.skip_threshold)
+
+
+def hop_config_for(topology: Topology, backup: int | None = None, staleness: int | None = None,
+                   max_ig: int | None = None, skip_threshold: int | None = None) -> HopConfig:
+    """Hop's settings with its defaults filled in, validated for ``topology``.
+
+    Left out (None): backup 1 where every worker has at least 2 in-neighbours (else 0),
+    staleness 1, max_ig 8, skip_threshold 2. ``skip_threshold=0`` switches skipping off.
+    """
+    min_in = min((len(n) for n in topology.in_neighbors), default=0)
+    if backup is None:
+        backup = 1 if min_in >= 2 else 0
+    if staleness is None:
+        staleness = HOP_DEFAULT_STALENESS
+    if max_ig is None:
+        max_ig = HOP_DEFAULT_MAX_IG
+    if skip_threshold is None:
+        skip_threshold = min(HOP_DEFAULT_SKIP_THRESHOLD, max_ig - 2)
+    return validate_hop_config(HopConfig(backup, staleness, max_ig, skip_threshold or None), topology)

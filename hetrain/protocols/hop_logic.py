@@ -73,7 +73,8 @@ class HopWorker:
         self.started = False
         self.queues: dict[int, deque] = {j: deque() for j in self.in_weights}  # (iteration, payload)
         self.tokens = {m: (config.max_ig or 0) for m in self.out_neighbors}
-        self.stopped_neighbors: set[int] = set()
+        self.finished_senders: set[int] = set()  # in-neighbours that will send no more updates
+        self.finished_token_sources: set[int] = set()  # out-neighbours that will return no more tokens
         self.updates_received = 0
         self.updates_used = 0
         self.updates_stale = 0
@@ -90,8 +91,13 @@ class HopWorker:
     def receive_tokens(self, src: int, count: int = 1) -> None:
         self.tokens[src] += count
 
-    def neighbor_stopped(self, src: int) -> None:
-        self.stopped_neighbors.add(src)
+    def sender_finished(self, src: int) -> None:
+        """In-neighbour ``src`` has sent its last update (its STOP came after them on that channel)."""
+        self.finished_senders.add(src)
+
+    def token_source_finished(self, src: int) -> None:
+        """Out-neighbour ``src`` will return no more tokens."""
+        self.finished_token_sources.add(src)
 
     # ----- starting an iteration -------------------------------------------
     def can_start(self) -> bool:
@@ -164,11 +170,11 @@ class HopWorker:
         """True when a wait can never end because the neighbours it needs have stopped."""
         if self.started:
             alive_missing = sum(
-                self._usable(j) is None and j not in self.stopped_neighbors for j in self.in_weights
+                self._usable(j) is None and j not in self.finished_senders for j in self.in_weights
             )
             return self.usable_count() + alive_missing < self.needed_count()
         if self.config.uses_tokens:
-            return any(t <= 0 and m in self.stopped_neighbors for m, t in self.tokens.items())
+            return any(t <= 0 and m in self.finished_token_sources for m, t in self.tokens.items())
         return False
 
     def complete(self) -> AveragePlan:

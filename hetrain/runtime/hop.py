@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 
 import torch
 from torch import nn
 
 from hetrain.errors import WorkerError
-from hetrain.protocols.hop_config import HopConfig, validate_hop_config
+from hetrain.protocols.hop_config import HopConfig, hop_config_for
 from hetrain.protocols.hop_logic import AveragePlan, HopWorker
 from hetrain.runtime.consensus import average_models
 from hetrain.runtime.context import WorkerContext
@@ -37,8 +38,10 @@ class Hop(SyncProtocol):
     name = "hop"
 
     def __init__(self, model: nn.Module, ctx: WorkerContext, topology: str | Topology = "ring",
-                 backup: int = 0, staleness: int = 0, max_ig: int | None = None,
-                 skip_threshold: int | None = None):
+                 backup: int | None = None, staleness: int | None = None, max_ig: int | None = None,
+                 skip_threshold: int | None = None, *, _config: HopConfig | None = None):
+        """Settings left as None take Hop's defaults (``hop_config_for``); ``skip_threshold=0`` turns
+        skipping off."""
         super().__init__(model, ctx)
         self.topology = topology if isinstance(topology, Topology) else make_topology(topology, ctx.world_size)
         if self.topology.num_workers != ctx.world_size:
@@ -47,7 +50,7 @@ class Hop(SyncProtocol):
             raise UsageError(
                 f"topology has {self.topology.num_workers} workers but the job has {ctx.world_size}; they must match"
             )
-        self.config = validate_hop_config(HopConfig(backup, staleness, max_ig, skip_threshold), self.topology)
+        self.config = _config or hop_config_for(self.topology, backup, staleness, max_ig, skip_threshold)
         w = self.topology.mixing_matrix
         rank = ctx.rank
         self.logic = HopWorker(rank, {j: float(w[rank, j]) for j in self.topology.in_neighbors[rank]},
@@ -71,8 +74,7 @@ class Hop(SyncProtocol):
     @classmethod
     def check_config(cls, config) -> None:
         topology = make_topology(config.topology, config.num_workers)
-        validate_hop_config(HopConfig(config.backup, config.staleness, config.max_ig, config.skip_threshold),
-                            topology)
+        hop_config_for(topology, config.backup, config.staleness, config.max_ig, config.skip_threshold)
 
     # ----- receiver threads ------------------------------------------------------
     def _on_message(self, channel, src, kind, iteration, count, payload) -> None:
@@ -81,8 +83,10 @@ class Hop(SyncProtocol):
                 self.logic.receive_update(src, iteration, payload)
             elif kind == TOKEN:
                 self.logic.receive_tokens(src, count)
+            elif kind == STOP and channel == "update":
+                self.logic.sender_finished(src)
             elif kind == STOP:
-                self.logic.neighbor_stopped(src)
+                self.logic.token_source_finished(src)
             else:
                 self._channel_errors.extend(self.channels.errors[len(self._channel_errors):])
             self._cond.notify_all()
@@ -189,7 +193,7 @@ class DPSGD(Hop):
     name = "dpsgd"
 
     def __init__(self, model: nn.Module, ctx: WorkerContext, topology: str | Topology = "ring"):
-        super().__init__(model, ctx, topology)
+        super().__init__(model, ctx, topology, _config=HopConfig())
 
     @classmethod
     def from_config(cls, model, ctx, config):
@@ -198,3 +202,7 @@ class DPSGD(Hop):
     @classmethod
     def check_config(cls, config) -> None:
         make_topology(config.topology, config.num_workers)
+        ignored = [flag for flag, value in (("--backup", config.backup), ("--staleness", config.staleness),
+                   ("--max-ig", config.max_ig), ("--skip-threshold", config.skip_threshold)) if value]
+        if ignored:
+            warnings.warn(f"dpsgd ignores {', '.join(ignored)} (Hop settings); use --protocol hop", stacklevel=2)

@@ -113,6 +113,8 @@ def run_local(
                         f"job did not finish within {job_timeout_s:.0f} s; still running: workers {missing}"
                     ) from None
                 continue
+            if kind == "error":  # a peer's death often surfaces first as a neighbour's lost connection
+                _raise_if_another_died(procs, done, rank, value)
             _raise_if_failed(rank, kind, value)
             done[rank] = value
         _drain_messages(messages, on_message)
@@ -143,6 +145,18 @@ def _dead_child(procs, done) -> int | None:
         if rank not in done and proc.exitcode is not None and proc.exitcode != 0:
             return rank
     return None
+
+
+def _raise_if_another_died(procs, done, failed_rank: int, failure: str, grace_s: float = 1.0) -> None:
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        for rank, proc in enumerate(procs):
+            if rank != failed_rank and rank not in done and proc.exitcode not in (None, 0):
+                raise WorkerError(
+                    f"worker {rank} died with exit code {proc.exitcode}; then worker {failed_rank} failed: "
+                    f"{failure.strip().splitlines()[-1]}"
+                )
+        time.sleep(_POLL_S)
 
 
 def _raise_if_failed(rank: int, kind: str, value) -> None:

@@ -6,6 +6,12 @@ followed by a payload (a flat model buffer). One receiver thread per
 asynchronous (``isend``), so communication overlaps the next computation.
 Messages between two workers on one channel arrive in the order they were sent.
 
+The channels use a process group of their own: gloo numbers collective
+operations with tags counting up from 0 on each group, so point-to-point
+messages with fixed tags on the default group would sooner or later be matched
+against a collective's messages. Creating the group is collective: every worker
+constructs its PeerChannels at the same point.
+
 Every receive waits at most ``timeout_s``; a receiver that times out or fails
 records an error naming the peer, which the protocol raises in the main thread.
 """
@@ -37,6 +43,7 @@ class PeerChannels:
         self._threads: list[threading.Thread] = []
         self._pending: list = []
         self._lock = threading.Lock()
+        self.group = dist.new_group(timeout=ctx.timeout * RECEIVER_TIMEOUT_FACTOR)
 
     def listen(self, channel: str, sources: list[int]) -> None:
         for src in sources:
@@ -67,14 +74,18 @@ class PeerChannels:
     def _recv(self, tensor: torch.Tensor, src: int, tag: int, what: str) -> None:
         # Receivers may idle while their peer waits on others; the main thread's own, more
         # informative timeout fires first, this one only catches a peer that vanished.
-        work = dist.irecv(tensor, src=src, tag=tag)
+        work = dist.irecv(tensor, src=src, tag=tag, group=self.group)
         try:
             work.wait(timeout=RECEIVER_TIMEOUT_FACTOR * self.ctx.timeout)
         except Exception as exc:
+            detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            if "imed out" in detail or "timeout" in detail.lower():
+                raise RuntimeError(
+                    f"worker {self.ctx.rank} waited more than {RECEIVER_TIMEOUT_FACTOR * self.ctx.timeout_s:.0f} s "
+                    f"for {what} from worker {src}"
+                ) from None
             raise RuntimeError(
-                f"worker {self.ctx.rank} waited more than {RECEIVER_TIMEOUT_FACTOR * self.ctx.timeout_s:.0f} s "
-                f"for {what} from worker "
-                f"{src} ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})"
+                f"worker {self.ctx.rank} lost worker {src} while waiting for {what} (did it exit?): {detail[:160]}"
             ) from None
 
     def send(self, channel: str, dsts: list[int], kind: int, iteration: int = 0, count: int = 0,
@@ -85,9 +96,9 @@ class PeerChannels:
             # keep each tensor beside its work until the send completes
             self._pending = [(w, t) for w, t in self._pending if not w.is_completed()]
             for dst in dsts:
-                self._pending.append((dist.isend(header, dst=dst, tag=tag), header))
+                self._pending.append((dist.isend(header, dst=dst, tag=tag, group=self.group), header))
                 if payload is not None:
-                    self._pending.append((dist.isend(payload, dst=dst, tag=tag), payload))
+                    self._pending.append((dist.isend(payload, dst=dst, tag=tag, group=self.group), payload))
 
     def flush(self) -> None:
         """Wait until every send has left (bounded by the timeout)."""

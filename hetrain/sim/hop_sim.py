@@ -131,7 +131,8 @@ class HopSim:
 
     def _neighbor_stopped(self, dst: int, src: int) -> None:
         w = self.workers[dst]
-        w.neighbor_stopped(src)
+        w.sender_finished(src)  # one FIFO link carries both kinds of message here
+        w.token_source_finished(src)
         if self.state[dst] in (IDLE, WAITING) and w.blocked_by_stopped_neighbors():
             self._finish(dst)
 

@@ -169,5 +169,5 @@ def make_sim(config, setup: SimSetup):
     if config.protocol == "ps":
         from hetrain.sim.ps_sim import ParameterServerSim
 
-        return ParameterServerSim(setup, staleness=config.staleness)
+        return ParameterServerSim(setup, staleness=config.staleness or 0)
     raise ValueError(config.protocol)

@@ -1,18 +1,20 @@
 """A parameter server in simulated time (the baseline Prague is compared against).
 
-The server is one extra network endpoint, so every push and pull crosses its
-single link: n gradients queue on its ingress and n models on its egress,
-which is what makes a PS scale poorly.
+As in the runtime (hetrain/prague/parameter_server.py) the server lives on
+rank 0: rank 0's own pushes and pulls are local, every other one crosses rank
+0's links, so n - 1 gradients queue on its ingress and n - 1 models on its
+egress, which is what makes a PS scale poorly.
 
 * ``staleness == 0``: synchronous. Every worker computes, pushes its gradient;
   when the server holds all n it applies their mean and sends the model back.
 * ``staleness s > 0``: asynchronous with bounded staleness. The server applies
-  each gradient as it arrives and replies with its current model, but holds the
+  each gradient as it arrives, scaled by 1/n so the step matches the synchronous
+  mean, and replies with its current model, but holds the
   reply to a worker that would start an iteration more than s ahead of the
   slowest worker's pushes.
 
-The runtime's own ``ps`` protocol was not written when this simulator was; the
-rules above are this module's own (see docs/simulator.md).
+These rules mirror the runtime's; the decisions are re-implemented here (the
+runtime's server is not written as separate pure logic).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ class ParameterServerSim:
         self.setup = setup
         self.staleness = staleness
         n = setup.num_workers
-        self.server = n
+        self.server = 0
         self.pushes = [0] * n
         self.held: list[int] = []  # workers whose reply waits for the slowest
         self.sync_arrived = 0
@@ -47,7 +49,8 @@ class ParameterServerSim:
         setup = self.setup
         self.rec.computed(i, self.compute_start[i], duration, self.pushes[i])
         grad = setup.math.worker_gradient(i) if setup.math.enabled else None
-        arrival = setup.network.send(setup.engine.now, i, self.server, setup.model_bytes)
+        now = setup.engine.now
+        arrival = now if i == self.server else setup.network.send(now, i, self.server, setup.model_bytes)
         setup.engine.at(arrival, self._push_arrives, i, grad)
 
     def _push_arrives(self, i: int, grad) -> None:
@@ -69,7 +72,7 @@ class ParameterServerSim:
                 self._reply(j)
             return
         if math.enabled:
-            self.model = self.model - math.lr * grad
+            self.model = self.model - math.lr * grad / setup.num_workers
             math.maybe_evaluate(setup.engine.now, self.rec.done)
         self.held.append(i)
         slowest = min(self.pushes)
@@ -84,7 +87,8 @@ class ParameterServerSim:
     def _reply(self, j: int) -> None:
         setup = self.setup
         model = self.model.copy() if self.model is not None else None
-        arrival = setup.network.send(setup.engine.now, self.server, j, setup.model_bytes)
+        now = setup.engine.now
+        arrival = now if j == self.server else setup.network.send(now, self.server, j, setup.model_bytes)
         setup.engine.at(arrival, self._pull_arrives, j, model)
 
     def _pull_arrives(self, j: int, model) -> None:

@@ -103,7 +103,7 @@ def simulate(config: RunConfig, options: SimOptions = SimOptions(), model_params
     else:
         math = NullMath()
     engine = Engine(trace=options.trace)
-    extra_endpoints = 1 if config.protocol in ("prague", "adpsgd", "ps") else 0  # GG or server
+    extra_endpoints = 1 if config.protocol in ("prague", "adpsgd") else 0  # the GG's endpoint
     bar, update = _progress_bar(total, options.progress, f"simulate {config.protocol} x{n}")
     setup = SimSetup(n, iterations, compute_ms / 1000.0, slowdown, 4.0 * params, engine,
                      Network(options.network, n + extra_endpoints), math, config.seed, config.time_budget_s,
@@ -171,7 +171,7 @@ def _protocol_sim(config: RunConfig, setup: SimSetup):
                 raise UsageError("dpsgd takes no --backup/--staleness/--max-ig/--skip-threshold; use --protocol hop")
             hop = HopConfig()
         else:
-            hop = HopConfig(config.backup, config.staleness, config.max_ig, config.skip_threshold)
+            hop = HopConfig(config.backup, config.staleness or 0, config.max_ig, config.skip_threshold)
         return HopSim(setup, topology, hop)
     if config.protocol in ("prague", "adpsgd", "ps"):
         try:

@@ -203,8 +203,107 @@ def test_members_agree_on_communicator_ids_when_caches_evict():
         for g in gg.request(i % 5):
             for m in g.members:
                 seen[m].append(g)
-    for w, groups in seen.items():
+    for groups in seen.values():
         lru = CommunicatorLRU(2)
         for g in sorted(set(groups), key=lambda g: g.seq):
             hit, _ = lru.use(g.members, g.comm_id)
             assert hit == (g.comm_id != g.seq)
+
+
+def _ledger_consistent(scheduler):
+    """The ledger's incrementally kept sets equal what a scan of its open groups gives."""
+    ledger = scheduler.ledger
+    assert ledger.busy() == {m for g in ledger.open_groups() for m in g.members}
+    assert ledger.available() == [w for w in range(ledger.num_workers) if w not in ledger.left]
+    for w in range(ledger.num_workers):
+        assert list(ledger.available_except(w)) == [v for v in ledger.available() if v != w]
+
+
+@pytest.mark.parametrize("mode", GG_MODES)
+@settings(max_examples=25, deadline=None)
+@given(data=st.data(), n=st.integers(2, 7), seed=st.integers(0, 99))
+def test_incremental_busy_and_available_match_a_full_scan(mode, data, n, seed):
+    gg = GroupGenerator(n, min(3, n), mode, seed=seed, cache_size=3)
+    iterations = data.draw(st.lists(st.integers(0, 6), min_size=n, max_size=n))
+    if mode == "static":
+        iterations = [max(iterations)] * n
+    _play(gg, n, iterations, lambda k: data.draw(st.integers(0, k - 1)), _ledger_consistent)
+
+
+def test_sampling_the_view_draws_what_sampling_the_list_draws():
+    import random
+
+    from hetrain.prague.ledger import GroupLedger
+
+    for n in (5, 40, 300):
+        ledger = GroupLedger(n)
+        for w in range(0, n, 7):
+            ledger.mark_left(w)
+        for worker in (1, n // 2, n - 1):
+            built = [w for w in ledger.available() if w != worker]
+            a, b = random.Random(n), random.Random(n)
+            assert a.sample(ledger.available_except(worker), 2) == b.sample(built, 2)
+
+
+def _timed_run(gg, compute_s, until_s):
+    """Drive ``gg`` in time like the simulator: compute, request, run the returned groups in order.
+
+    A group starts when its last member reaches it; every member continues from
+    then. Returns each worker's total time waiting for partners and the partners
+    of each group it ran.
+    """
+    import heapq
+
+    n = len(compute_s)
+    events = [(compute_s[w], w) for w in range(n)]  # (time of the next request, worker)
+    heapq.heapify(events)
+    arrivals: dict[int, list] = {}  # group seq -> [(member, arrival time)]
+    pending = {w: deque() for w in range(n)}
+    wait = [0.0] * n
+    partners = {w: [] for w in range(n)}
+
+    def next_group(w, now):
+        if not pending[w]:
+            heapq.heappush(events, (now + compute_s[w], w))
+            return
+        group = pending[w].popleft()
+        arrivals.setdefault(group.seq, []).append((w, now))
+        if len(arrivals[group.seq]) == len(group.members):
+            here = arrivals.pop(group.seq)
+            start = max(t for _, t in here)
+            for m, t in here:
+                wait[m] += start - t
+                partners[m].append([p for p in group.members if p != m])
+                next_group(m, start)
+
+    while events and events[0][0] < until_s:
+        now, w = heapq.heappop(events)
+        pending[w].extend(gg.request(w, now))
+        next_group(w, now)
+    return wait, partners
+
+
+def test_smart_fast_workers_barely_wait_and_the_straggler_still_averages():
+    """8 workers, worker 0 five times slower: fast workers wait under 5% of their time for partners,
+    the straggler keeps being averaged with fast workers, and everyone meets everyone's models."""
+    gg = GroupGenerator(8, 3, "smart", seed=1)
+    compute = [0.25] + [0.05 + 0.0005 * w for w in range(1, 8)]  # slightly unequal fast workers
+    wait, partners = _timed_run(gg, compute, until_s=20.0)
+    assert max(wait[1:]) < 0.05 * 20.0
+    assert len(partners[0]) > 0.5 * 20.0 / 0.25  # the straggler is in a group most of its iterations
+    mixing = {w: {p for group in partners[w] for p in group} for w in range(8)}
+    assert all(len(mixing[w]) >= 3 for w in range(8))
+
+
+def test_smart_partners_are_due_within_the_window_and_late_workers_are_passed_over():
+    def warmed_up():
+        gg = GroupGenerator(3, 3, "smart", seed=0)
+        for w in range(3):  # first requests: nothing measured yet, so no groups
+            assert gg.request(w, 0.0) == []
+        gg.request(0, 0.1), gg.request(1, 0.1), gg.request(2, 0.13)  # due again at 0.2, 0.2 and 0.26
+        return gg
+
+    gg = warmed_up()  # window: SMART_WINDOW (5%) of worker 0's 0.1 s; worker 2 is due 60 ms later
+    assert [g.members for g in gg.request(0, 0.2)] == [(0, 1)]
+    gg = warmed_up()  # at 0.5 workers 1 and 2 are 0.3 s late: slower than measured, passed over
+    assert gg.request(0, 0.5) == []

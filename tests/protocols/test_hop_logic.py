@@ -110,7 +110,7 @@ def test_hop_never_deadlocks_and_counts_updates(name, n, backup, staleness, max_
     topology = make_topology(name, n)
     backup = min(backup, min(len(x) for x in topology.in_neighbors) - 1)
     config = validate_hop_config(
-        HopConfig(backup, staleness, max_ig, min(skip, max_ig) if skip else None), topology
+        HopConfig(backup, staleness, max_ig, max(0, min(skip, max_ig - 2)) or None), topology
     )
     workers, averages = run_random_schedule(topology, config, iterations=12, seed=seed, slow=0)
     for who, plan in averages:
@@ -167,8 +167,8 @@ def test_deadlock_prone_or_useless_settings_are_rejected():
     ring = make_topology("ring", 8)
     with pytest.raises(UsageError, match="fewer than every worker's in-neighbours"):
         validate_hop_config(HopConfig(backup=2), ring)
-    with pytest.raises(UsageError, match="threshold <= max-ig"):
-        validate_hop_config(HopConfig(backup=1, max_ig=2, skip_threshold=3), ring)
+    with pytest.raises(UsageError, match="at most --max-ig minus 2"):
+        validate_hop_config(HopConfig(backup=1, max_ig=3, skip_threshold=2), ring)
     with pytest.raises(UsageError, match="max-ig must be >= 1"):
         validate_hop_config(HopConfig(max_ig=0), ring)
     assert validate_hop_config(HopConfig(backup=1), ring).max_ig is not None

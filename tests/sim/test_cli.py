@@ -11,7 +11,7 @@ from hetrain.metrics import build_metrics
 @pytest.mark.parametrize("argv, words", [
     (["--protocol", "nope", "--iterations", "5"], "unknown protocol"),
     (["--iterations", "5", "--slowdown", "9:5x", "--workers", "4"], "names worker 9"),
-    (["--iterations", "5", "--slowdown", "every:0:5x"], "every:N:Kx"),
+    (["--iterations", "5", "--slowdown", "every:0:5x"], "need N >= 1"),
     (["--iterations", "5", "--math", "mnist"], "unknown --math"),
     (["--workers", "4"], "--iterations"),
     (["--iterations", "5", "--bandwidth-gbps", "0"], "--bandwidth-gbps"),

@@ -1,0 +1,50 @@
+"""`hetrain compare`: run several protocols with identical settings, one after another.
+
+With no arguments it is hetrain's main job: 8 workers on digits, worker 0 five
+times slower, 50 ms of emulated compute per iteration, a fixed time budget per
+protocol. Writes DIR/summary.json, DIR/summary.md and DIR/accuracy_vs_time.png,
+plus each run's metrics.json under DIR/<protocol>/.
+"""
+
+from __future__ import annotations
+
+from hetrain.commands.run_options import add_protocol_options, add_workload_options, config_from_args
+from hetrain.config import PROTOCOLS, RunConfig
+from hetrain.errors import UsageError
+
+HELP = "run several protocols side by side with identical settings (the main job)"
+DEFAULT_PROTOCOLS = "allreduce,dpsgd,hop,prague"
+COMPARE_DEFAULTS = RunConfig(num_workers=8, slowdown="0:5x", compute_ms=50.0, time_budget_s=15.0)
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--protocols", default=DEFAULT_PROTOCOLS,
+                        help=f"comma-separated, from {', '.join(PROTOCOLS)} (default {DEFAULT_PROTOCOLS})")
+    add_workload_options(parser, COMPARE_DEFAULTS)
+    add_protocol_options(parser, COMPARE_DEFAULTS)
+    parser.add_argument("--out", default="runs/compare", help="output directory (default runs/compare)")
+    parser.add_argument("--no-progress", action="store_true", help="do not show progress bars")
+
+
+def parse_protocols(text: str) -> list[str]:
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    unknown = [p for p in names if p not in PROTOCOLS]
+    if unknown or not names:
+        raise UsageError(f"unknown protocol {unknown[0] if unknown else '(none)'!r} in --protocols; "
+                         f"choose from {', '.join(PROTOCOLS)}")
+    if len(set(names)) != len(names):
+        raise UsageError("--protocols lists a protocol twice; list each once")
+    return names
+
+
+def run(args) -> int:
+    from hetrain.comparison import run_comparison
+
+    protocols = parse_protocols(args.protocols)
+    if args.iterations is None and args.time_budget_s is None:
+        args.time_budget_s = COMPARE_DEFAULTS.time_budget_s
+    configs = [config_from_args(args, protocol=p) for p in protocols]
+    summary = run_comparison(configs, args.out, progress=not args.no_progress)
+    print(summary["table_markdown"])
+    print(f"wrote {args.out}/summary.json, summary.md, accuracy_vs_time.png")
+    return 0

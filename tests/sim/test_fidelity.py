@@ -1,0 +1,32 @@
+"""Fidelity: `hetrain simulate` against `hetrain train` on the same settings (4 workers, 5x straggler).
+
+Real runs take seconds of wall time per protocol, so only Prague runs by default;
+`pytest -m slow tests/sim` runs every protocol. docs/simulator.md records the
+full 4- and 8-worker comparison (benchmarks/sim_bench.py fidelity).
+"""
+
+import json
+
+import pytest
+
+from hetrain.cli import main
+
+FLAGS = {"allreduce": [], "dpsgd": [], "hop": ["--backup", "1", "--topology", "complete"],
+         "prague": ["--gg", "smart"], "adpsgd": [], "ps": []}
+TOLERANCE = 0.15
+
+
+def _run(command, protocol, out):
+    argv = [command, "--protocol", protocol, "--workers", "4", "--compute-ms", "50", "--slowdown", "0:5x",
+            "--time-budget", "3", *FLAGS[protocol], "--out", str(out), "--no-progress"]
+    assert main(argv) == 0
+    return json.loads((out / "metrics.json").read_text())
+
+
+@pytest.mark.parametrize("protocol", [
+    "prague", *(pytest.param(p, marks=pytest.mark.slow) for p in FLAGS if p != "prague")])
+def test_simulated_rates_within_15_percent_of_a_real_run(protocol, tmp_path):
+    real = _run("train", protocol, tmp_path / "train")
+    sim = _run("simulate", protocol, tmp_path / "sim")
+    assert sim["samples_per_s"] == pytest.approx(real["samples_per_s"], rel=TOLERANCE)
+    assert sim["heterogeneity_efficiency"] == pytest.approx(real["heterogeneity_efficiency"], rel=TOLERANCE)

@@ -1,0 +1,79 @@
+import math
+
+import numpy as np
+import pytest
+
+from hetrain.cli import main
+from hetrain.errors import UsageError
+from hetrain.topology import TOPOLOGIES, make_topology
+
+
+@pytest.mark.parametrize("name", TOPOLOGIES)
+@pytest.mark.parametrize("n", [4, 8, 16])
+def test_named_topologies_are_valid_and_mix(name, n):
+    t = make_topology(name, n)
+    w = t.mixing_matrix
+    assert t.is_strongly_connected()
+    assert np.allclose(w.sum(axis=1), 1.0)
+    assert (w >= 0).all()
+    if t.is_symmetric:
+        assert np.allclose(w.sum(axis=0), 1.0)  # doubly stochastic: the average is preserved
+    assert 0 < t.spectral_gap <= 1
+
+
+def test_ring_spectral_gap_closed_form():
+    n = 8  # weights 1/3: eigenvalues 1/3 + 2/3 cos(2 pi k / n)
+    assert make_topology("ring", n).spectral_gap == pytest.approx(1 - (1 / 3 + 2 / 3 * math.cos(2 * math.pi / n)))
+
+
+def test_degrees_and_neighbours():
+    assert make_topology("ring", 5).in_neighbors[0] == [1, 4]
+    assert make_topology("double_ring", 8).in_neighbors[0] == [1, 2, 6, 7]
+    assert make_topology("hypercube", 8).in_neighbors[5] == [1, 4, 7]
+    assert make_topology("exponential", 8).in_neighbors[0] == [4, 6, 7]
+    assert len(make_topology("complete", 6).edges) == 30
+    assert make_topology("torus", 9).in_neighbors[4] == [1, 3, 5, 7]
+
+
+def test_distances_bound_the_gap():
+    t = make_topology("ring", 8)
+    assert t.distances_from(0) == [0, 1, 2, 3, 4, 3, 2, 1]
+
+
+def test_edge_list_file(tmp_path):
+    path = tmp_path / "edges.txt"
+    path.write_text("# a directed 3-cycle\n0 1\n1 2\n2 0\n")
+    t = make_topology(str(path), 3)
+    assert not t.is_symmetric and t.out_neighbors[0] == [1]
+
+
+@pytest.mark.parametrize("text, n, message", [
+    ("0 1\n1 0\n2 3\n3 2\n", 4, "not strongly connected"),
+    ("0 1\n1 5\n", 4, "outside 0..3"),
+    ("0 one\n", 2, "expected 'SRC DST'"),
+])
+def test_bad_edge_lists(tmp_path, text, n, message):
+    path = tmp_path / "edges.txt"
+    path.write_text(text)
+    with pytest.raises(UsageError, match=message):
+        make_topology(str(path), n)
+
+
+@pytest.mark.parametrize("name, n, message", [
+    ("hypercube", 6, "power-of-two"),
+    ("torus", 7, "rows x cols"),
+    ("moebius", 4, "unknown topology"),
+    ("ring", 0, "positive"),
+])
+def test_bad_named_topologies(name, n, message):
+    with pytest.raises(UsageError, match=message):
+        make_topology(name, n)
+
+
+def test_topology_command(capsys):
+    assert main(["topology", "ring", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "spectral gap 0.6667" in out and "worker   0  self 0.333" in out
+    assert main(["topology", "hypercube", "6"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "power-of-two" in err[0]
