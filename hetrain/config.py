@@ -83,7 +83,7 @@ class RunConfig:
             raise UsageError(f"--skip-threshold must be >= 1 (or 0 to switch skipping off), got {self.skip_threshold}")
         if self.gg not in GG_MODES:
             raise UsageError(f"unknown --gg mode {self.gg!r}; choose one of {', '.join(GG_MODES)}")
-        if not 1 <= self.group_size <= self.num_workers:
+        if self.protocol == "prague" and not 1 <= self.group_size <= self.num_workers:
             raise UsageError(
                 f"--group-size must be between 1 and the number of workers ({self.num_workers}), got {self.group_size}"
             )

@@ -5,6 +5,7 @@ simulator (the compute time is multiplied). Specs:
 
 * ``none`` -- every worker at full speed;
 * ``I:Kx[,J:Lx...]`` -- worker I is K times slower at every iteration (the ``x`` is optional);
+* ``every:N:Kx`` -- workers 0, N, 2N, ... are K times slower (one in N);
 * ``random:p=P,factor=K`` -- each iteration of each worker is K times slower with probability P
   (deterministic for a seed, so a simulator and a real run see the same draws);
 * ``trace:PATH`` -- a CSV file with the header ``worker,iteration,factor``; rows not listed are 1.0.
@@ -35,6 +36,7 @@ class Slowdown:
 
     spec: str = "none"
     fixed: dict = field(default_factory=dict)  # worker -> factor at every iteration
+    every: tuple = ()  # (N, K): workers 0, N, 2N, ... are K times slower
     random_p: float = 0.0
     random_factor: float = 1.0
     trace: dict = field(default_factory=dict)  # (worker, iteration) -> factor
@@ -45,6 +47,8 @@ class Slowdown:
             return self.trace.get((worker, iteration), 1.0)
         if self.random_p > 0.0:
             return self.random_factor if _uniform(self.seed, worker, iteration) < self.random_p else 1.0
+        if self.every:
+            return self.every[1] if worker % self.every[0] == 0 else 1.0
         return self.fixed.get(worker, 1.0)
 
     def expected_factor(self, worker: int, iterations: int = 1000) -> float:
@@ -53,7 +57,7 @@ class Slowdown:
             return sum(self.factor(worker, it) for it in range(iterations)) / iterations
         if self.random_p > 0.0:
             return 1.0 + self.random_p * (self.random_factor - 1.0)
-        return self.fixed.get(worker, 1.0)
+        return self.factor(worker, 0)
 
     def is_deterministic(self) -> bool:
         """True when each worker's factor does not change from iteration to iteration."""
@@ -78,6 +82,8 @@ def parse_slowdown(spec: str, seed: int = 0) -> Slowdown:
         return Slowdown("none", seed=seed)
     if text.startswith("random:"):
         return _parse_random(text, seed)
+    if text.startswith("every:"):
+        return _parse_every(text, seed)
     if text.startswith("trace:"):
         return Slowdown(text, trace=_read_trace(text[len("trace:") :]), seed=seed)
     fixed = {}
@@ -90,7 +96,7 @@ def parse_slowdown(spec: str, seed: int = 0) -> Slowdown:
             factor = float(factor_text.strip().rstrip("xX"))
         except ValueError:
             raise UsageError(
-                f"malformed slowdown {spec!r}: expected none, I:Kx[,J:Lx], random:p=P,factor=K or trace:FILE"
+                f"malformed slowdown {spec!r}: expected none, I:Kx[,J:Lx], every:N:Kx, random:p=P,factor=K or trace:FILE"
             ) from None
         if worker < 0 or factor < 1.0:
             raise UsageError(
@@ -98,6 +104,19 @@ def parse_slowdown(spec: str, seed: int = 0) -> Slowdown:
             )
         fixed[worker] = factor
     return Slowdown(text, fixed=fixed, seed=seed)
+
+
+def _parse_every(text: str, seed: int) -> Slowdown:
+    parts = text.split(":")
+    try:
+        if len(parts) != 3:
+            raise ValueError
+        stride, factor = int(parts[1]), float(parts[2].rstrip("xX"))
+    except ValueError:
+        raise UsageError(f"malformed slowdown {text!r}: expected every:N:Kx (e.g. every:8:5x)") from None
+    if stride < 1 or factor < 1.0:
+        raise UsageError(f"slowdown {text!r}: need N >= 1 and K >= 1 (e.g. every:8:5x)")
+    return Slowdown(text, every=(stride, factor), seed=seed)
 
 
 def _parse_random(text: str, seed: int) -> Slowdown:

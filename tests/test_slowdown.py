@@ -11,6 +11,13 @@ def test_none_and_fixed():
     assert s.is_deterministic() and s.expected_factor(2) == 5.0
 
 
+def test_every_nth_worker():
+    s = parse_slowdown("every:4:3x")
+    assert [s.factor(w, 7) for w in range(9)] == [3.0, 1, 1, 1, 3.0, 1, 1, 1, 3.0]
+    with pytest.raises(UsageError, match="every:N:Kx"):
+        parse_slowdown("every:4")
+
+
 def test_random_is_deterministic_and_has_the_right_rate():
     s = parse_slowdown("random:p=0.1,factor=6", seed=3)
     draws = [s.factor(w, it) for w in range(8) for it in range(2000)]

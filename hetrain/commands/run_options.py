@@ -19,7 +19,7 @@ def add_workload_options(parser: argparse.ArgumentParser, defaults: RunConfig) -
     g.add_argument("--momentum", type=float, default=defaults.momentum)
     g.add_argument("--seed", type=int, default=defaults.seed)
     g.add_argument("--slowdown", default=defaults.slowdown,
-                   help="none | I:Kx[,J:Lx] | random:p=P,factor=K | trace:FILE.csv")
+                   help="none | I:Kx[,J:Lx] | every:N:Kx | random:p=P,factor=K | trace:FILE.csv")
     g.add_argument("--compute-ms", type=float, default=defaults.compute_ms,
                    help="emulated compute time per iteration in ms (the math still runs)")
     stop = g.add_mutually_exclusive_group()

@@ -180,6 +180,11 @@ class Prague(GroupProtocol):
             seed=config.seed,
         )
 
+    @classmethod
+    def check_config(cls, config) -> None:
+        validate_gg(config.num_workers, config.group_size, config.gg, config.communicator_cache,
+                    config.workers_per_node)
+
     def should_stop(self, local_done: bool) -> bool:
         """GG modes: each worker stops on its own (``finish`` drains). Static: agree at period boundaries.
 

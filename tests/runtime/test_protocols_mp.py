@@ -87,15 +87,19 @@ def _ddp_gradient(ctx):
     sync.module(x).sum().backward()  # d/dw (w * rank) = rank, averaged by DDP
     grad = model.weight.grad.item()
     sync.step()
-    stop = sync.should_stop(local_done=ctx.rank == 2)  # one worker's wish stops all (they must agree)
+    while not sync.should_stop(local_done=ctx.rank == 2):  # one worker's wish stops all, together
+        sync.module(x).sum().backward()
+        sync.step()
     sync.finish()
-    return grad, stop
+    return grad, sync.stats.iterations
 
 
 def test_allreduce_is_ddp_and_workers_agree_to_stop():
+    from hetrain.runtime.allreduce import STOP_CHECK_EVERY
+
     results = run_local(_ddp_gradient, 4, timeout_s=30)
     assert all(grad == pytest.approx(1.5) for grad, _ in results)
-    assert all(stop for _, stop in results)
+    assert [iterations for _, iterations in results] == [STOP_CHECK_EVERY] * 4
 
 
 def _stall(ctx):

@@ -1,0 +1,113 @@
+"""`hetrain train` / `compare`: bad input is a one-line error with exit code 2 and nothing written;
+good input runs end to end and records every field the issue lists."""
+
+import json
+import os
+
+import pytest
+
+from hetrain.cli import main
+
+REQUIRED_FIELDS = (
+    "protocol", "num_workers", "wall_time_s", "samples_per_s", "heterogeneity_efficiency",
+    "final_accuracy_avg_model", "final_accuracy_worst_worker", "time_to_target_s", "consensus_distance",
+    "max_iteration_gap", "updates_stale", "updates_dropped", "workers",
+)
+
+
+def _bad(capsys, tmp_path, *args):
+    out = tmp_path / "out"
+    code = main(["train", "--out", str(out), "--iterations", "3", *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("hetrain: error:")
+    assert not out.exists(), "bad input must not create the output directory"
+    return err[0]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--protocol", "gossip"], "unknown protocol 'gossip'"),
+    (["--workers", "0"], "--workers must be a positive integer"),
+    (["--protocol", "hop", "--workers", "4", "--backup", "2"], "fewer than every worker's in-neighbours"),
+    (["--protocol", "hop", "--staleness", "-1"], "--staleness must be >= 0"),
+    (["--protocol", "hop", "--max-ig", "0"], "--max-ig must be >= 1"),
+    (["--protocol", "hop", "--max-ig", "3", "--skip-threshold", "2"], "at most --max-ig minus 2"),
+    (["--slowdown", "2:fast"], "malformed slowdown"),
+    (["--slowdown", "random:p=0.1"], "random takes exactly p=P and factor=K"),
+    (["--slowdown", "9:5x", "--workers", "4"], "names worker 9"),
+    (["--protocol", "dpsgd", "--topology", "hypercube", "--workers", "6"], "power-of-two"),
+    (["--compute-ms", "-5"], "--compute-ms must be >= 0"),
+    (["--protocol", "prague", "--workers", "4", "--group-size", "5"], "--group-size must be between 1"),
+    (["--iterations", "x"], "invalid int value"),
+])
+def test_bad_input(capsys, tmp_path, args, message):
+    assert message in _bad(capsys, tmp_path, *args)
+
+
+def test_disconnected_and_missized_edge_lists(capsys, tmp_path):
+    edges = tmp_path / "edges.txt"
+    edges.write_text("0 1\n1 0\n2 3\n3 2\n")
+    assert "not strongly connected" in _bad(capsys, tmp_path, "--protocol", "dpsgd", "--workers", "4",
+                                            "--topology", str(edges))
+    edges.write_text("0 1\n1 2\n2 0\n")
+    assert "not strongly connected" in _bad(capsys, tmp_path, "--protocol", "dpsgd", "--workers", "4",
+                                            "--topology", str(edges))
+    edges.write_text("0 1\n1 4\n")
+    assert "outside 0..2" in _bad(capsys, tmp_path, "--protocol", "hop", "--workers", "3",
+                                  "--topology", str(edges))
+
+
+def test_malformed_trace_file(capsys, tmp_path):
+    trace = tmp_path / "trace.csv"
+    trace.write_text("who,when\n1,2\n")
+    assert "worker,iteration,factor" in _bad(capsys, tmp_path, "--slowdown", f"trace:{trace}")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
+def test_unwritable_out_dir(capsys, tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    assert main(["train", "--iterations", "2", "--out", str(locked / "x")]) == 2
+
+
+def test_out_dir_that_is_a_file(capsys, tmp_path):
+    target = tmp_path / "file"
+    target.write_text("")
+    assert main(["train", "--workers", "2", "--iterations", "2", "--out", str(target)]) == 2
+    assert "not a directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("protocol", ["allreduce", "dpsgd", "hop"])
+def test_train_end_to_end_reaches_the_digits_target(tmp_path, protocol):
+    out = tmp_path / protocol
+    code = main(["train", "--protocol", protocol, "--workers", "4", "--iterations", "150",
+                 "--target-accuracy", "0.93", "--eval-interval", "0.2", "--no-progress", "--out", str(out)])
+    assert code == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    for field in REQUIRED_FIELDS:
+        assert field in metrics, field
+    assert metrics["protocol"] == protocol and metrics["num_workers"] == 4
+    assert metrics["final_accuracy_avg_model"] >= 0.93
+    assert metrics["time_to_target_s"] is not None
+    assert 0 < metrics["heterogeneity_efficiency"] <= 1.2
+    for worker in metrics["workers"]:
+        assert {"iterations", "compute_s", "wait_s"} <= set(worker)
+    assert (out / "summary.txt").exists()
+
+
+def test_compare_writes_table_json_and_plot(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    code = main(["compare", "--protocols", "allreduce,hop", "--workers", "3", "--iterations", "20",
+                 "--slowdown", "0:3x", "--compute-ms", "10", "--no-progress", "--out", str(out)])
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert [r["protocol"] for r in summary["runs"]] == ["allreduce", "hop"]
+    assert "| hop |" in (out / "summary.md").read_text()
+    assert (out / "accuracy_vs_time.png").stat().st_size > 1000
+    assert (out / "hop" / "metrics.json").exists()
+
+
+def test_compare_rejects_unknown_protocol_before_running(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    assert main(["compare", "--protocols", "allreduce,nope", "--out", str(out)]) == 2
+    assert not out.exists()
