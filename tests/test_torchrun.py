@@ -20,7 +20,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_all(commands, timeout_s=150):
+# PyTorch 2.13 sometimes aborts a gloo worker during interpreter finalization, after all
+# work is done (reproduced with a plain DDP script; docs/decisions.md). hetrain's own
+# torchrun entry leaves without finalization; a user's script (the example) may still hit it.
+KNOWN_TEARDOWN_ABORT = "terminate called without an active exception"
+
+
+def _run_all(commands, timeout_s=150, tolerate_teardown_abort=False):
     """Start every command, wait for all; on failure or timeout kill every process group."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     procs = [subprocess.Popen(c, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -36,6 +42,8 @@ def _run_all(commands, timeout_s=150):
                 p.wait()
     assert outputs is not None, "torchrun job timed out"
     for p, out in zip(procs, outputs):
+        if tolerate_teardown_abort and p.returncode != 0 and KNOWN_TEARDOWN_ABORT in out:
+            continue  # the results are checked by the caller
         assert p.returncode == 0, out[-3000:]
     return outputs
 
@@ -43,7 +51,7 @@ def _run_all(commands, timeout_s=150):
 def test_example_user_loop_under_torchrun(tmp_path):
     report = tmp_path / "report.json"
     _run_all([TORCHRUN + ["--standalone", "--nproc-per-node", "3", "examples/train_custom.py",
-                          "--steps", "80", "--out", str(report)]])
+                          "--steps", "80", "--out", str(report)]], tolerate_teardown_abort=True)
     ranks = json.loads(report.read_text())
     assert [r["rank"] for r in ranks] == [0, 1, 2]
     assert len({r["digest"] for r in ranks}) == 1  # finish() left every rank with the same model

@@ -31,4 +31,8 @@ def run(args) -> int:
     if metrics is not None:
         print(format_summary(metrics))
         print(f"wrote {args.out}/metrics.json")
+    if under_torchrun():
+        from hetrain.runtime.local_job import exit_without_teardown
+
+        exit_without_teardown(0)
     return 0

@@ -48,6 +48,7 @@ from hetrain.prague.ledger import Group, GroupLedger
 GG_MODES = ("random", "buffer", "division", "static", "smart")
 _EMA = 0.3  # weight of the newest compute time in the smart mode's speed estimate
 SMART_WINDOW = 0.05  # smart: partners must be due within this fraction of the requester's compute time
+SMART_MIN_WINDOW_S = 0.002  # smart: never narrower than this (GG round-trip jitter; very short iterations)
 SMART_PATIENCE = 3  # smart: after this many empty requests in a row, wait up to one own compute time
 
 
@@ -327,6 +328,7 @@ class GroupGenerator:
         if own is None:
             return []
         window = own if self._empty_streak[worker] >= SMART_PATIENCE else SMART_WINDOW * own
+        window = max(window, SMART_MIN_WINDOW_S)
         horizon = now_s + window
         heap, due_s, ledger = self._due_heap, self._due_s, self.ledger
         chosen: list[int] = []

@@ -9,6 +9,7 @@ loop at the same iteration (an unmatched collective would abort the job).
 
 from __future__ import annotations
 
+import gc
 import time
 
 import torch
@@ -71,7 +72,7 @@ class AllReduce(SyncProtocol):
 
     @property
     def module(self):
-        return self.ddp
+        return self.ddp if self.ddp is not None else self.model
 
     def _sync(self) -> None:
         # DDP already averaged the gradients inside backward(); move that wait from compute to wait.
@@ -97,3 +98,7 @@ class AllReduce(SyncProtocol):
             return
         self._finished = True
         self.stats.extra["consensus_distance"] = average_models(self.model, self.ctx.world_size, self.ctx.timeout_s)
+        # Release DDP's reducer now: one left to be destroyed during interpreter finalization,
+        # after the process group is gone, aborted the process ("terminate called ...").
+        self.ddp = None
+        gc.collect()  # DDP sits in reference cycles: collect it while the process group still exists

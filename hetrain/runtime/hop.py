@@ -168,6 +168,7 @@ class Hop(SyncProtocol):
         try:
             self.channels.join()
             self.channels.flush()
+            self.channels.close()
         except RuntimeError as exc:
             raise WorkerError(str(exc)) from None
         if self._channel_errors:

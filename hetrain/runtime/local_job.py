@@ -13,6 +13,7 @@ import multiprocessing as mp
 import os
 import queue
 import shutil
+import sys
 import tempfile
 import time
 import traceback
@@ -47,12 +48,32 @@ def _child(fn, rank, world_size, store_path, backend, timeout_s, args, results, 
         ctx.report = lambda message: messages.put((rank, message))
         result = fn(ctx, *args)
         results.put((rank, "ok", result))
-        dist.destroy_process_group()
+        dist.barrier()  # nobody leaves while another rank may still talk to it
     except BaseException as exc:  # report every failure to the parent, then die
         kind = "usage" if isinstance(exc, UsageError) else "error"
         text = str(exc) if isinstance(exc, HetrainError) else traceback.format_exc(limit=6)
         results.put((rank, kind, text))
-        raise SystemExit(1) from None
+        _exit_now(1, results, messages)
+    _exit_now(0, results, messages)
+
+
+def exit_without_teardown(code: int) -> None:
+    """Flush stdio and leave without interpreter finalization.
+
+    PyTorch 2.13's gloo/DDP objects destroyed during finalization sometimes abort
+    the process ("terminate called without an active exception") after all work is
+    done -- reproduced with a plain DDP script under torchrun (docs/decisions.md).
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _exit_now(code: int, *queues) -> None:
+    for q in queues:  # let the queues' feeder threads deliver what was put
+        q.close()
+        q.join_thread()
+    exit_without_teardown(code)
 
 
 def run_local(

@@ -116,3 +116,10 @@ class PeerChannels:
                     f"worker {self.ctx.rank}: {thread.name} still waiting after {self.ctx.timeout_s:.0f} s "
                     "for its peer to stop"
                 )
+
+    def close(self) -> None:
+        """Destroy the channels' process group now (after join and flush), not at interpreter exit:
+        a gloo group left to be destroyed during finalization can abort the process."""
+        if self.group is not None:
+            dist.destroy_process_group(self.group)
+            self.group = None

@@ -71,7 +71,7 @@ def run_training_torchrun(config: RunConfig, out_dir: str | None) -> dict | None
     result = train_worker(ctx, config)
     gathered = [None] * ctx.world_size if ctx.rank == 0 else None
     dist.gather_object(result, gathered, dst=0)
-    dist.destroy_process_group()
+    dist.barrier()
     if ctx.rank != 0:
         return None
     return finalize_run(config, gathered, out)

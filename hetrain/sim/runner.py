@@ -31,26 +31,6 @@ class SimOptions:
     trace: bool = False
 
 
-def expand_slowdown(spec: str, num_workers: int) -> str:
-    """Expand ``every:N:Kx`` (workers 0, N, 2N, ... are K times slower) into an ``I:Kx,...`` list.
-
-    Any other spec is returned unchanged for :func:`hetrain.slowdown.parse_slowdown`.
-    """
-    text = (spec or "none").strip()
-    if not text.startswith("every:"):
-        return text
-    parts = text.split(":")
-    try:
-        if len(parts) != 3:
-            raise ValueError
-        stride, factor = int(parts[1]), float(parts[2].rstrip("xX"))
-    except ValueError:
-        raise UsageError(f"malformed slowdown {spec!r}: expected every:N:Kx (e.g. every:8:5x)") from None
-    if stride < 1 or factor < 1.0:
-        raise UsageError(f"slowdown {spec!r}: need N >= 1 and K >= 1 (e.g. every:8:5x)")
-    return ",".join(f"{i}:{factor:g}x" for i in range(0, num_workers, stride))
-
-
 def model_params_for(config: RunConfig, math: str, given: int | None) -> int:
     """Parameters per model message: the digits MLP unless the synthetic workload or --model-params says."""
     if math == "digits":
@@ -88,8 +68,7 @@ def simulate(config: RunConfig, options: SimOptions = SimOptions(), model_params
     if options.network.latency_us < 0 or options.network.bandwidth_gbps <= 0:
         raise UsageError("--latency-us must be >= 0 and --bandwidth-gbps > 0")
     n = config.num_workers
-    spec = expand_slowdown(config.slowdown, n)
-    slowdown = parse_slowdown(spec, config.seed).check_workers(n)
+    slowdown = parse_slowdown(config.slowdown, config.seed).check_workers(n)
     compute_ms = DEFAULT_COMPUTE_MS if config.compute_ms is None else config.compute_ms
     if compute_ms <= 0 and config.iterations is None:
         raise UsageError("a --time-budget run needs --compute-ms > 0 (zero-time iterations never end)")
@@ -120,7 +99,7 @@ def simulate(config: RunConfig, options: SimOptions = SimOptions(), model_params
     accuracy = math.final()
     extra = {
         "simulated": True,
-        "slowdown": spec,
+        "slowdown": config.slowdown,
         "compute_ms": compute_ms,
         "model_params": params,
         "batch_size": config.batch_size,

@@ -4,7 +4,7 @@ import pytest
 
 from hetrain.config import RunConfig
 from hetrain.sim import simulate
-from hetrain.sim.runner import expand_slowdown
+from hetrain.slowdown import parse_slowdown
 
 CASES = [
     ("allreduce", {}), ("dpsgd", {}), ("hop", {"backup": 1, "topology": "double_ring", "skip_threshold": 2}),
@@ -36,6 +36,6 @@ def test_prague_smart_beats_allreduce_under_a_straggler():
     assert prague > 2 * allreduce
 
 
-def test_every_slowdown_helper_expands_to_a_worker_list():
-    assert expand_slowdown("every:8:5x", 20) == "0:5x,8:5x,16:5x"
-    assert expand_slowdown("2:3x", 20) == "2:3x"
+def test_every_slowdown_spec_slows_one_worker_in_n():
+    slowdown = parse_slowdown("every:8:5x")
+    assert [w for w in range(20) if slowdown.factor(w, 0) == 5.0] == [0, 8, 16]
