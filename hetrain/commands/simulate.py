@@ -35,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"per-message latency in microseconds (default {DEFAULT_LATENCY_US:g}: loopback gloo)")
     parser.add_argument("--topology", default="ring", help="dpsgd/hop graph: ring, double_ring, torus, hypercube, "
                         "exponential, complete, or an edge-list file (default ring)")
-    parser.add_argument("--backup", type=int, default=0, help="hop: backup workers b (default 0)")
+    parser.add_argument("--backup", type=int, default=None,
+                        help="hop: backup workers b (default as in train: 1 where every worker has 2+ in-neighbours)")
     parser.add_argument("--staleness", type=int, default=None,
                         help="hop: bounded staleness s; ps: asynchronous with staleness s (default 0: synchronous)")
     parser.add_argument("--max-ig", type=int, default=None, help="hop: tokens per edge (max iteration gap)")

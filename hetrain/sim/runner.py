@@ -140,17 +140,18 @@ def _protocol_sim(config: RunConfig, setup: SimSetup):
 
         return AllReduceSim(setup)
     if config.protocol in ("hop", "dpsgd"):
-        from hetrain.protocols.hop_config import HopConfig
+        from hetrain.protocols.hop_config import HopConfig, hop_config_for
         from hetrain.sim.hop_sim import HopSim
         from hetrain.topology import make_topology
 
         topology = make_topology(config.topology, config.num_workers)
         if config.protocol == "dpsgd":
-            if config.backup or config.staleness or config.max_ig is not None or config.skip_threshold is not None:
+            if config.backup or config.staleness or config.max_ig is not None or config.skip_threshold:
                 raise UsageError("dpsgd takes no --backup/--staleness/--max-ig/--skip-threshold; use --protocol hop")
             hop = HopConfig()
         else:
-            hop = HopConfig(config.backup, config.staleness or 0, config.max_ig, config.skip_threshold)
+            # the same defaults as `hetrain train --protocol hop`
+            hop = hop_config_for(topology, config.backup, config.staleness, config.max_ig, config.skip_threshold)
         return HopSim(setup, topology, hop)
     if config.protocol in ("prague", "adpsgd", "ps"):
         try:
