@@ -22,7 +22,7 @@ import warnings
 import torch
 from torch import nn
 
-from hetrain.errors import WorkerError
+from hetrain.errors import UsageError, WorkerError
 from hetrain.protocols.hop_config import HopConfig, hop_config_for
 from hetrain.protocols.hop_logic import AveragePlan, HopWorker
 from hetrain.runtime.consensus import average_models
@@ -45,8 +45,6 @@ class Hop(SyncProtocol):
         super().__init__(model, ctx)
         self.topology = topology if isinstance(topology, Topology) else make_topology(topology, ctx.world_size)
         if self.topology.num_workers != ctx.world_size:
-            from hetrain.errors import UsageError
-
             raise UsageError(
                 f"topology has {self.topology.num_workers} workers but the job has {ctx.world_size}; they must match"
             )
@@ -128,11 +126,11 @@ class Hop(SyncProtocol):
                     self.channels.send("update", self.logic.out_neighbors, UPDATE, self.logic.iteration - 1, 0,
                                        flat_parameters(self.model))
                     continue
+                if self.logic.can_start():
+                    self.logic.start()
+                    return
                 if not self._wait(lambda: self.logic.can_start() or self.logic.plan_skip() is not None):
                     self._neighbors_stopped = True
-                    return
-                if self.logic.can_start() and self.logic.plan_skip() is None:
-                    self.logic.start()
                     return
 
     def start(self) -> None:
