@@ -39,7 +39,7 @@ class Topology:
             result[src].append(dst)
         return result
 
-    @property
+    @cached_property
     def is_symmetric(self) -> bool:
         return all((dst, src) in self.edges for src, dst in self.edges)
 
@@ -54,9 +54,10 @@ class Topology:
         n = self.num_workers
         w = np.zeros((n, n))
         degree = [len(self.in_neighbors[i]) for i in range(n)]
+        symmetric = self.is_symmetric
         for i in range(n):
             for j in self.in_neighbors[i]:
-                w[i, j] = 1.0 / (1 + max(degree[i], degree[j])) if self.is_symmetric else 1.0 / (1 + degree[i])
+                w[i, j] = 1.0 / (1 + max(degree[i], degree[j])) if symmetric else 1.0 / (1 + degree[i])
             w[i, i] = 1.0 - w[i].sum()
         return w
 

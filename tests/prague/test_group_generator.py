@@ -99,6 +99,26 @@ def test_adpsgd_pairing_never_deadlocks(data, n, seed):
             assert pairing.is_active(g.members[0]) != pairing.is_active(g.members[1])
 
 
+def test_adpsgd_pairs_only_with_passives_still_training_and_every_pair_is_owed_to_both():
+    """Passives never wait, so one may leave before any active asks: it is never paired, nobody waits for it."""
+    pairing = ActivePassivePairing(4, seed=0)
+    for _ in range(60):  # passive 1 runs all its iterations before any active asks
+        assert pairing.request(1) == []
+    assert pairing.leave(1) == []
+    for _ in range(5):
+        for active in (0, 2):
+            (pair,) = pairing.request(active)
+            assert pair.members == (active, 3)  # the only passive still training
+    owed = pairing.request(3)  # passive 3 serves, in order, every pair queued for it
+    assert [g.members for g in owed] == [(0, 3), (2, 3)] * 5
+    assert [g.seq for g in owed] == sorted(g.seq for g in owed)
+    (pair,) = pairing.request(0)
+    assert pairing.leave(3) == [pair]  # a pair queued for a leaving passive is still run by it
+    assert pairing.request(2) == []  # no passive left: an empty sync, no wait
+    assert pairing.ledger.open_groups() == []
+    assert pairing.stats()["gg_groups_formed"] == 11
+
+
 @pytest.mark.parametrize("mode", ["random", "buffer", "division", "smart"])
 def test_every_new_group_contains_its_requester(mode):
     gg = GroupGenerator(6, 3, mode, seed=1)
