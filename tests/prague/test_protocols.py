@@ -34,8 +34,9 @@ def _train(ctx, config: RunConfig, iterations: list[int], slow_s: float, start_a
     sync = protocol_class(config.protocol).from_config(model, ctx, config)
     gen = torch.Generator().manual_seed(ctx.rank)
     it = 0
-    while ctx.rank not in start_after_left and not set(start_after_left) <= set(sync.gg.status()["left"]):
-        time.sleep(0.01)  # hold this worker back until the named workers have left the GG
+    if start_after_left and ctx.rank not in start_after_left:
+        while not set(start_after_left) <= set(sync.gg.status()["left"]):
+            time.sleep(0.01)  # hold this worker back until the named workers have left the GG
     while not sync.should_stop(local_done=it >= iterations[ctx.rank]):
         idx = shard[torch.randint(len(shard), (config.batch_size,), generator=gen)]
         loss = nn.functional.cross_entropy(sync.module(x_train[idx]), y_train[idx])
@@ -83,8 +84,9 @@ def test_four_workers_leave_at_different_iterations_and_end_in_consensus(protoco
         # every pair handed out was run by both its members, one active and one passive.
         _assert_pairs_accounted(results)
     elif protocol != "ps":
-        # Prague's groups couple the workers (a requester waits for its partners), so
-        # nobody can finish its 40+ iterations alone while the others keep grouping.
+        # Not observed to flake under load (3 runs per mode, 2 busy loops). Note that
+        # `division` can come close: a worker whose division partner is busy gets an
+        # empty sync and carries on (seen: a worker with 1 group in 50 iterations).
         assert sum(m["groups_formed"] for _, _, m in results) > 0
         assert all(m["cache_misses"] >= 1 for _, _, m in results)
         assert options.get("gg") == "static" or "gg_groups_formed" in results[0][2]
