@@ -102,7 +102,7 @@ def bench_scale() -> None:
 
 
 PROTOCOL_FLAGS = {
-    "allreduce": [], "dpsgd": [], "hop": ["--backup", "1", "--topology", "complete"],
+    "allreduce": [], "dpsgd": [], "hop": [],  # Hop's defaults on a ring, as in train
     "prague": ["--gg", "smart"], "adpsgd": [], "ps": [],
 }
 

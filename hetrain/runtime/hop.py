@@ -60,6 +60,10 @@ class Hop(SyncProtocol):
         numel = sum(p.numel() for p in model.parameters())
         dtype = next(model.parameters()).dtype
         self.channels = PeerChannels(ctx, numel, dtype, self._on_message)
+        try:
+            self.channels.handshake(self.topology.out_neighbors[rank], self.topology.in_neighbors[rank])
+        except RuntimeError as exc:
+            raise WorkerError(str(exc)) from None
         self.channels.listen("update", self.topology.in_neighbors[rank])
         self.channels.listen("token", self.topology.out_neighbors[rank] if self.config.uses_tokens else [])
         self._token_sources = self.topology.out_neighbors[rank] if self.config.uses_tokens else []

@@ -28,6 +28,7 @@ from hetrain.runtime.context import WorkerContext
 
 UPDATE, TOKEN, STOP = 0, 1, 2
 CHANNEL_TAGS = {"update": 11, "token": 12}
+HANDSHAKE_TAG = 13
 RECEIVER_TIMEOUT_FACTOR = 3
 
 
@@ -44,6 +45,27 @@ class PeerChannels:
         self._pending: list = []
         self._lock = threading.Lock()
         self.group = dist.new_group(timeout=ctx.timeout * RECEIVER_TIMEOUT_FACTOR)
+
+    def handshake(self, out_neighbors: list[int], in_neighbors: list[int]) -> None:
+        """Exchange one small message with every neighbour before training starts.
+
+        gloo connects a pair of workers on its first message; doing that here keeps
+        connection set-up (about a second for 8 workers on 2 cores) out of the
+        measured training time, as DDP's constructor does for All-Reduce.
+        """
+        token = torch.zeros(1, dtype=torch.int64, device=self.ctx.device)
+        works = [dist.isend(token, dst=dst, tag=HANDSHAKE_TAG, group=self.group) for dst in out_neighbors]
+        inbox = [torch.empty(1, dtype=torch.int64, device=self.ctx.device) for _ in in_neighbors]
+        works += [dist.irecv(buf, src=src, tag=HANDSHAKE_TAG, group=self.group)
+                  for buf, src in zip(inbox, in_neighbors)]
+        try:
+            for work in works:
+                work.wait(timeout=self.ctx.timeout)
+        except Exception as exc:
+            raise RuntimeError(
+                f"worker {self.ctx.rank} could not reach its neighbours {sorted(set(out_neighbors + in_neighbors))} "
+                f"within {self.ctx.timeout_s:.0f} s: {str(exc).splitlines()[0][:160]}"
+            ) from None
 
     def listen(self, channel: str, sources: list[int]) -> None:
         for src in sources:

@@ -11,7 +11,7 @@ import pytest
 
 from hetrain.cli import main
 
-FLAGS = {"allreduce": [], "dpsgd": [], "hop": ["--backup", "1", "--topology", "complete"],
+FLAGS = {"allreduce": [], "dpsgd": [], "hop": [],
          "prague": ["--gg", "smart"], "adpsgd": [], "ps": []}
 TOLERANCE = 0.15
 
