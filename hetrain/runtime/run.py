@@ -138,6 +138,7 @@ class _ProgressBar:
         self.state: dict[int, dict] = {}
         self.bar = tqdm(total=total, desc=label, unit="s" if self.by_time else "it", file=sys.stderr,
                         disable=not enabled, leave=False, dynamic_ncols=True,
+                        mininterval=0.1 if sys.stderr.isatty() else 5.0,
                         bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total} {unit} {postfix}")
 
     def update(self, rank: int, message: dict) -> None:
