@@ -146,7 +146,8 @@ class _ProgressBar:
         values = [m["t_s"] if self.by_time else m["iteration"] for m in self.state.values()]
         self.bar.n = min(max(values) if self.by_time else min(values), self.bar.total)
         computed = sum(m["computed"] for m in self.state.values())
-        self.bar.set_postfix_str(f"{computed} gradients, {len(self.state)} workers reporting")
+        self.bar.set_postfix_str(f"{computed} gradients, {len(self.state)} workers reporting", refresh=False)
+        self.bar.update(0)  # redraws at most every mininterval
 
     def close(self) -> None:
         self.bar.close()
