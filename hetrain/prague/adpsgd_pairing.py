@@ -51,10 +51,4 @@ class ActivePassivePairing:
         return self.ledger.not_started(seq)
 
     def stats(self) -> dict:
-        formed = self.ledger.groups_formed
-        return {
-            "gg_mode": self.mode,
-            "gg_groups_formed": formed,
-            "gg_mean_group_size": self.ledger.members_total / formed if formed else 0.0,
-            "gg_requests": sum(self.requests),
-        }
+        return self.ledger.stats(self.mode, sum(self.requests))

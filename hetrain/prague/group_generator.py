@@ -237,14 +237,7 @@ class GroupGenerator:
         return self.ledger.not_started(seq)
 
     def stats(self) -> dict:
-        formed = self.ledger.groups_formed
-        return {
-            "gg_mode": self.mode,
-            "gg_groups_formed": formed,
-            "gg_mean_group_size": self.ledger.members_total / formed if formed else 0.0,
-            "gg_requests": sum(self.requests),
-            "gg_empty_requests": self.empty_requests,
-        }
+        return {**self.ledger.stats(self.mode, sum(self.requests)), "gg_empty_requests": self.empty_requests}
 
     # -- helpers ---------------------------------------------------------------
     def _empty(self) -> list[Group]:

@@ -136,6 +136,16 @@ class GroupLedger:
         """Members that have not yet been handed group ``seq`` (empty when all have)."""
         return sorted(self._unstarted.get(seq, ()))
 
+    def stats(self, mode: str, requests: int) -> dict:
+        """The counters every scheduler reports (groups formed, mean size, requests)."""
+        formed = self.groups_formed
+        return {
+            "gg_mode": mode,
+            "gg_groups_formed": formed,
+            "gg_mean_group_size": self.members_total / formed if formed else 0.0,
+            "gg_requests": requests,
+        }
+
     def available(self) -> list[int]:
         """Workers still training, in rank order (a copy)."""
         return list(self._active)
