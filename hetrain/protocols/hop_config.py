@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from hetrain.errors import UsageError
 from hetrain.topology import Topology
 
-DEFAULT_MAX_IG = 4
 # Defaults of the `hop` protocol when the user leaves a setting out (docs/decisions.md):
 HOP_DEFAULT_STALENESS = 1
 HOP_DEFAULT_MAX_IG = 8  # > a 5x straggler's lead: its neighbours are not throttled within one of its iterations
@@ -40,7 +39,7 @@ class HopConfig:
 def validate_hop_config(config: HopConfig, topology: Topology) -> HopConfig:
     """Return a complete, deadlock-free config for ``topology`` or raise UsageError saying why.
 
-    Token queues are switched on (max_ig = DEFAULT_MAX_IG) whenever backup workers,
+    Token queues are switched on (max_ig = HOP_DEFAULT_MAX_IG) whenever backup workers,
     staleness or skipping are used, since then the graph no longer bounds the gap.
     """
     min_in = min(len(n) for n in topology.in_neighbors) if topology.num_workers > 1 else 0
@@ -55,7 +54,7 @@ def validate_hop_config(config: HopConfig, topology: Topology) -> HopConfig:
     max_ig = config.max_ig
     needs_tokens = config.backup > 0 or config.staleness > 0 or config.skip_threshold is not None
     if max_ig is None and needs_tokens:
-        max_ig = max(DEFAULT_MAX_IG, config.staleness + 1, (config.skip_threshold or 0) + 2)
+        max_ig = max(HOP_DEFAULT_MAX_IG, config.staleness + 1, (config.skip_threshold or 0) + 2)
     if max_ig is not None and max_ig < 1:
         raise UsageError(f"--max-ig must be >= 1 (a worker with no token can never start), got {max_ig}")
     if config.skip_threshold is not None:

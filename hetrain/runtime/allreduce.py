@@ -98,7 +98,8 @@ class AllReduce(SyncProtocol):
             return
         self._finished = True
         self.stats.extra["consensus_distance"] = average_models(self.model, self.ctx.world_size, self.ctx.timeout_s)
-        # Release DDP's reducer now: one left to be destroyed during interpreter finalization,
-        # after the process group is gone, aborted the process ("terminate called ...").
+        # Release DDP's reducer while the process group still exists: with a plain DDP script,
+        # deleting the module before destroy_process_group avoided PyTorch 2.13's abort at exit
+        # (docs/decisions.md). References the user still holds can keep it alive regardless.
         self.ddp = None
-        gc.collect()  # DDP sits in reference cycles: collect it while the process group still exists
+        gc.collect()  # DDP sits in reference cycles

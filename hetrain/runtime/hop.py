@@ -66,7 +66,6 @@ class Hop(SyncProtocol):
             raise WorkerError(str(exc)) from None
         self.channels.listen("update", self.topology.in_neighbors[rank])
         self.channels.listen("token", self.topology.out_neighbors[rank] if self.config.uses_tokens else [])
-        self._token_sources = self.topology.out_neighbors[rank] if self.config.uses_tokens else []
 
     @classmethod
     def from_config(cls, model, ctx, config):
