@@ -2,11 +2,23 @@
 
     .venv/bin/python benchmarks/preduce_bench.py --workers 8 --sizes-mb 1 40 --groups 2 4 8
 
-For each group size g (members 0..g-1) and buffer size, after warm-up (so the
-P-Reduce communicator is cached), members alternate timed P-Reduce calls and
-timed ``dist.all_reduce`` + divide on a group made beforehand with
-``dist.new_group``; rank 0 prints the median of each and their ratio.
-A measurement, not a test: figures depend on the machine's load.
+For each group size g (members 0..g-1) and buffer size, members time calls of
+P-Reduce (communicator cached after warm-up) and of ``dist.all_reduce`` +
+divide on groups made beforehand with ``dist.new_group``, each call after a
+barrier of the members so arrival skew is not timed. Rank 0 prints the median
+of each kind and their ratio.
+
+Why several communicators of each kind (``--communicators``, default 4): on
+loopback TCP, identically built gloo communicators of the same members differ
+by up to 3x at 1 MB (0.74-2.2 ms for 2 workers, 2026-11-30), fixed per
+connection for its life. One communicator per side compares two draws of
+that, not P-Reduce with all_reduce; so each kind gets K communicators (K
+P-Reduce namespaces, K new_groups), calls rotate over all of them in
+alternating order, and the medians pool each kind's calls; the lowest and
+highest per-communicator medians follow in brackets. Two P-Reduce kinds: the
+default (a direct exchange for buffers up to 512 KiB, see
+:mod:`hetrain.prague.preduce`) and ring only (``direct_max_bytes=0``, the
+same gloo all-reduce as the baseline). A measurement, not a test: figures depend on the machine's load.
 """
 
 from __future__ import annotations
@@ -22,32 +34,51 @@ from hetrain.prague.preduce import PReduce
 from hetrain.runtime.local_job import run_local
 
 
-def _bench(ctx, group_sizes, sizes_mb, repeats):
-    preduce = PReduce.for_context(ctx)
-    premade = {g: dist.new_group(list(range(g))) for g in group_sizes}  # every rank calls new_group
+def _bench(ctx, group_sizes, sizes_mb, repeats, communicators):
+    preduces = [PReduce.for_context(ctx, namespace=f"bench{k}") for k in range(communicators)]
+    rings = [PReduce.for_context(ctx, namespace=f"ring{k}") for k in range(communicators)]
+    for ring in rings:
+        ring.direct_max_bytes = 0  # always gloo's ring all-reduce
+    premade = {g: [dist.new_group(list(range(g))) for _ in range(communicators)] for g in group_sizes}
+    barrier_group = {g: dist.new_group(list(range(g))) for g in group_sizes}
     rows = []
     for size_mb in sizes_mb:
-        numel = int(size_mb * 2**20 / 4)
-        buf = torch.randn(numel)
+        buf = torch.randn(int(size_mb * 2**20 / 4))
         for g in group_sizes:
             members = tuple(range(g))
-            times = {"preduce": [], "all_reduce": []}
+            calls = [(kind, k) for kind in ("preduce", "ring", "all_reduce") for k in range(communicators)]
+            times = {call: [] for call in calls}
             if ctx.rank in members:
                 for i in range(repeats + 2):
-                    for name in ("preduce", "all_reduce") if i % 2 else ("all_reduce", "preduce"):
+                    for kind, k in calls if i % 2 else calls[::-1]:
+                        dist.barrier(group=barrier_group[g])
                         start = time.perf_counter()
-                        if name == "preduce":
-                            preduce(buf, members)
+                        if kind == "preduce":
+                            preduces[k](buf, members)
+                        elif kind == "ring":
+                            rings[k](buf, members)
                         else:
-                            dist.all_reduce(buf, group=premade[g])
+                            dist.all_reduce(buf, group=premade[g][k])
                             buf.div_(g)
                         if i >= 2:
-                            times[name].append(time.perf_counter() - start)
+                            times[(kind, k)].append(time.perf_counter() - start)
             dist.barrier()
             if ctx.rank == 0:
-                p, a = statistics.median(times["preduce"]), statistics.median(times["all_reduce"])
-                rows.append((g, size_mb, p * 1e3, a * 1e3, p / a))
-    return rows, preduce.stats()
+                rows.append((g, size_mb, *(_summary(times, kind) for kind in ("preduce", "ring", "all_reduce"))))
+    stats = [p.stats() for p in preduces]
+    return rows, {key: sum(s[key] for s in stats) for key in stats[0]}
+
+
+def _summary(times, kind):
+    """Pooled median (ms) of one kind, and the lowest and highest per-communicator median."""
+    per_comm = [statistics.median(v) * 1e3 for (name, _), v in times.items() if name == kind]
+    pooled = statistics.median([t for (name, _), v in times.items() if name == kind for t in v]) * 1e3
+    return pooled, min(per_comm), max(per_comm)
+
+
+def _cell(summary) -> str:
+    pooled, low, high = summary
+    return f"{pooled:.2f} ({low:.2f}-{high:.2f})"
 
 
 def main() -> None:
@@ -55,13 +86,18 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--groups", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--sizes-mb", type=float, nargs="+", default=[1, 40])
-    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=15, help="timed calls per communicator")
+    parser.add_argument("--communicators", type=int, default=4, help="communicators of each kind")
     args = parser.parse_args()
-    rows, stats = run_local(_bench, args.workers, (args.groups, args.sizes_mb, args.repeats), timeout_s=300)[0]
-    print(f"{'group':>5} {'MB':>5} {'P-Reduce ms':>12} {'all_reduce ms':>14} {'ratio':>6}")
-    for g, mb, p, a, ratio in rows:
-        print(f"{g:>5} {mb:>5g} {p:>12.2f} {a:>14.2f} {ratio:>6.2f}")
-    print(f"rank 0 communicator cache: {stats}")
+    job_args = (args.groups, args.sizes_mb, args.repeats, args.communicators)
+    rows, stats = run_local(_bench, args.workers, job_args, timeout_s=600)[0]
+    print("| group | buffer | P-Reduce ms | P-Reduce, ring only, ms | all_reduce ms | ratio | ratio, ring only |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for g, mb, p, r, a in rows:
+        print(
+            f"| {g} | {mb:g} MB | {_cell(p)} | {_cell(r)} | {_cell(a)} | {p[0] / a[0]:.2f} | {r[0] / a[0]:.2f} |"
+        )
+    print(f"rank 0 communicator caches (all {args.communicators} P-Reduce namespaces): {stats}")
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ class RunConfig:
     skip_threshold: int | None = None  # 0 switches skipping off
     # prague
     gg: str = "smart"
-    group_size: int = 3
+    group_size: int = 2  # Prague: see docs/decisions.md "Prague default group size"
     communicator_cache: int = 60
     workers_per_node: int | None = None
 

@@ -42,7 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-ig", type=int, default=None, help="hop: tokens per edge (max iteration gap)")
     parser.add_argument("--skip-threshold", type=int, default=None, help="hop: skip when neighbours are this far ahead")
     parser.add_argument("--gg", default="smart", help=f"prague group generator: {', '.join(GG_MODES)} (default smart)")
-    parser.add_argument("--group-size", type=int, default=3, help="prague: P-Reduce group size (default 3)")
+    parser.add_argument("--group-size", type=int, default=RunConfig.group_size,
+                        help=f"prague: P-Reduce group size (default {RunConfig.group_size})")
     parser.add_argument("--workers-per-node", type=int, default=None, help="prague static schedule: workers per node")
     parser.add_argument("--batch-size", type=int, default=32, help="samples per iteration per worker (default 32)")
     parser.add_argument("--lr", type=float, default=0.1, help="learning rate with --math digits (default 0.1)")

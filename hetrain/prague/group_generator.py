@@ -161,7 +161,7 @@ class GroupGenerator:
     can run them before it exits. An empty list means: no sync this iteration.
     """
 
-    def __init__(self, num_workers, group_size=3, mode="smart", *, seed=0, workers_per_node=None, cache_size=60):
+    def __init__(self, num_workers, group_size=2, mode="smart", *, seed=0, workers_per_node=None, cache_size=60):
         validate_gg(num_workers, group_size, mode, cache_size, workers_per_node)
         self.num_workers = num_workers
         self.group_size = group_size

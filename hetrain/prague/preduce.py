@@ -21,6 +21,16 @@ group's name, so members holding different numbers of cached groups would
 rendezvous under different names and hang. One collective per call (the
 buffer is flat), a group of one is a no-op.
 
+How a CPU (gloo) group averages: small buffers by a *direct exchange*, every
+member sends its buffer to every other member at once and sums the group's
+buffers in member order (one message latency; gloo's ring needs 2(s-1)
+latencies in sequence), larger ones by gloo's ring all-reduce. Direct when the
+buffer is at most ``direct_max_bytes`` (default 512 KiB) and the bytes
+received, (s-1) x buffer, at most 8 x that (the rule and its measurements:
+:mod:`hetrain.prague.exchange_rule`); both give every member bit-identical
+results.
+NCCL (CUDA) groups always use the all-reduce.
+
 Eviction must happen at the same point on every member. Inside Prague the
 Group Generator passes ``comm_id`` (it replays each worker's cache, see
 :mod:`hetrain.prague.comm_lru`). Standalone callers that omit ``comm_id`` must
@@ -38,8 +48,10 @@ import torch.distributed as dist
 
 from hetrain.errors import UsageError, WorkerError
 from hetrain.prague.comm_lru import CommunicatorLRU
+from hetrain.prague.exchange_rule import DIRECT_MAX_BYTES, uses_direct_exchange
 
 _DIAGNOSE_GRACE_S = 2.0  # how long a timed-out member waits for the others' arrival marks
+_EXCHANGE_TAG = 0
 
 
 class PReduce:
@@ -47,10 +59,24 @@ class PReduce:
 
     ``store`` is the job's c10d store (default: the default group's store),
     ``rank`` this worker's global rank (default: ``dist.get_rank()``).
+    ``namespace`` prefixes the store keys of its communicators: two PReduce
+    objects in one job need different namespaces (the same on every member).
+    ``direct_max_bytes`` is the largest buffer averaged by a direct exchange
+    instead of the ring all-reduce (0: always the all-reduce); every member
+    must use the same value.
     Counters: ``hits``, ``misses``, ``evictions``, ``calls``.
     """
 
-    def __init__(self, store=None, rank: int | None = None, *, cache_size: int = 60, timeout_s: float = 60.0):
+    def __init__(
+        self,
+        store=None,
+        rank: int | None = None,
+        *,
+        cache_size: int = 60,
+        timeout_s: float = 60.0,
+        namespace: str = "preduce",
+        direct_max_bytes: int = DIRECT_MAX_BYTES,
+    ):
         if cache_size < 1:
             raise UsageError(f"--communicator-cache must be >= 1, got {cache_size}")
         if store is None:
@@ -62,6 +88,8 @@ class PReduce:
         self.store = store
         self.rank = dist.get_rank() if rank is None else rank
         self.timeout_s = timeout_s
+        self.namespace = namespace
+        self.direct_max_bytes = direct_max_bytes
         self.cache = CommunicatorLRU(cache_size)
         self._comms: dict[tuple, object] = {}
         self._uses: dict[tuple, int] = {}
@@ -69,8 +97,8 @@ class PReduce:
         self.hits = self.misses = self.evictions = self.calls = 0
 
     @classmethod
-    def for_context(cls, ctx, cache_size: int = 60) -> PReduce:
-        return cls(ctx.store, ctx.rank, cache_size=cache_size, timeout_s=ctx.timeout_s)
+    def for_context(cls, ctx, cache_size: int = 60, namespace: str = "preduce") -> PReduce:
+        return cls(ctx.store, ctx.rank, cache_size=cache_size, timeout_s=ctx.timeout_s, namespace=namespace)
 
     def __call__(self, buf: torch.Tensor, members, comm_id: int | None = None) -> torch.Tensor:
         """Replace ``buf`` (a flat tensor) by its average over ``members``; return it."""
@@ -86,8 +114,11 @@ class PReduce:
         try:
             if comm_key not in self._comms:
                 self._comms[comm_key] = self._create(members, comm_key, buf)
-            work = self._comms[comm_key].allreduce([buf])
-            work.wait(datetime.timedelta(seconds=self.timeout_s))
+            comm, timeout = self._comms[comm_key], datetime.timedelta(seconds=self.timeout_s)
+            if self._direct(buf, len(members)):
+                self._exchange(comm, buf, members.index(self.rank), len(members), timeout)
+                return buf
+            comm.allreduce([buf]).wait(timeout)
         except Exception as exc:  # gloo/NCCL raise RuntimeError on timeouts and lost peers
             missing = self._diagnose(members, comm_key, uses)
             raise WorkerError(
@@ -96,6 +127,24 @@ class PReduce:
             ) from None
         buf.div_(len(members))
         return buf
+
+    def _direct(self, buf: torch.Tensor, size: int) -> bool:
+        return not buf.is_cuda and uses_direct_exchange(buf.numel() * buf.element_size(), size, self.direct_max_bytes)
+
+    @staticmethod
+    def _exchange(comm, buf: torch.Tensor, index: int, size: int, timeout) -> None:
+        """Send ``buf`` to every other member, receive theirs, average in member order (same bits everywhere)."""
+        gathered = buf.new_empty((size, buf.numel()))
+        gathered[index].copy_(buf.reshape(-1))
+        peers = [p for p in range(size) if p != index]
+        works = [comm.send([buf], p, _EXCHANGE_TAG) for p in peers]
+        works += [comm.recv([gathered[p]], p, _EXCHANGE_TAG) for p in peers]
+        for work in works:
+            work.wait(timeout)
+        total = gathered[0]
+        for row in gathered[1:]:
+            total.add_(row)
+        buf.copy_(total.reshape(buf.shape)).div_(size)
 
     def _lookup(self, members: tuple, comm_id: int | None, buf: torch.Tensor) -> tuple:
         if comm_id is None:  # standalone: the set's current communicator, or a new generation (ids < 0)
@@ -133,10 +182,9 @@ class PReduce:
             return comm
         return dist.ProcessGroupGloo(prefix, index, size, timeout)
 
-    @staticmethod
-    def _prefix(key: tuple) -> str:
+    def _prefix(self, key: tuple) -> str:
         members, comm_id = key
-        return f"preduce/{'-'.join(map(str, members))}/{comm_id}/"
+        return f"{self.namespace}/{'-'.join(map(str, members))}/{comm_id}/"
 
     def _diagnose(self, members: tuple, key: tuple, uses: int) -> list[int]:
         """Mark this member's arrival, give the others a moment to do the same, name the absent."""

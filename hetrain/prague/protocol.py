@@ -2,7 +2,7 @@
 
 Usage inside a training loop (see :mod:`hetrain.runtime.protocol`)::
 
-    sync = Prague(model, ctx, gg="smart", group_size=3)
+    sync = Prague(model, ctx, gg="smart", group_size=2)
     while not sync.should_stop(local_done=...):
         ...forward, backward, optimizer step...
         sync.step()          # ask the GG, run the groups it returns, in order
@@ -152,7 +152,7 @@ class Prague(GroupProtocol):
         ctx,
         *,
         gg: str = "smart",
-        group_size: int = 3,
+        group_size: int = 2,
         communicator_cache: int = 60,
         workers_per_node: int | None = None,
         seed: int = 0,

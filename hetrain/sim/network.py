@@ -15,14 +15,19 @@ protocols assume.
 
 Collectives are costed from their message patterns: a ring all-reduce of ``b``
 bytes over ``n`` members is ``2 (n - 1)`` steps, each sending ``b / n`` bytes to
-the ring successor, so ``2 (n - 1) (L + b / (n B))``; a P-Reduce is a ring
-all-reduce over its group. A collective starts when every member's links are
-free and holds them until it ends (members cannot send anything else meanwhile).
+the ring successor, so ``2 (n - 1) (L + b / (n B))``. A P-Reduce is what the
+runtime does (:mod:`hetrain.prague.exchange_rule`): for small buffers a direct
+exchange, every member sends ``b`` to each of the ``n - 1`` others at once, so
+``L + (n - 1) b / B``; otherwise a ring all-reduce over its group. A
+collective starts when every member's links are free and holds them until it
+ends (members cannot send anything else meanwhile).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from hetrain.prague.exchange_rule import uses_direct_exchange
 
 # Loopback gloo on the 2-core development machine (benchmarks/sim_bench.py measure-network):
 # one-way send/recv of 8 bytes took 46 us between 2 processes and 150-180 us with 8 processes
@@ -61,6 +66,15 @@ def ring_allreduce_s(num_members: int, nbytes: float, params: NetworkParams) -> 
     return 2 * (n - 1) * (params.latency_s + nbytes / (n * params.bytes_per_s))
 
 
+def preduce_s(num_members: int, nbytes: float, params: NetworkParams) -> float:
+    """Seconds for a P-Reduce of ``nbytes`` over ``num_members`` uncontended workers (as the runtime runs it)."""
+    if num_members <= 1:
+        return 0.0
+    if uses_direct_exchange(nbytes, num_members):
+        return params.latency_s + (num_members - 1) * nbytes / params.bytes_per_s
+    return ring_allreduce_s(num_members, nbytes, params)
+
+
 class Network:
     """Link state of ``num_workers`` workers (plus any extra endpoints, e.g. a server)."""
 
@@ -89,16 +103,17 @@ class Network:
         self.bytes_sent += nbytes
         return arrival
 
-    def collective(self, now: float, members, nbytes: float) -> tuple[float, float]:
-        """Book a ring all-reduce over ``members``; return (start_s, end_s)."""
+    def collective(self, now: float, members, nbytes: float, preduce: bool = False) -> tuple[float, float]:
+        """Book a ring all-reduce (or, ``preduce``, a P-Reduce) over ``members``; return (start_s, end_s)."""
         start = now
         for m in members:
             start = max(start, self.egress_free[m], self.ingress_free[m])
-        end = start + ring_allreduce_s(len(members), nbytes, self.params)
+        n = len(members)
+        direct = preduce and uses_direct_exchange(nbytes, n)
+        end = start + (preduce_s if preduce else ring_allreduce_s)(n, nbytes, self.params)
         for m in members:
             self.egress_free[m] = end
             self.ingress_free[m] = end
-        n = len(members)
-        self.messages += 2 * (n - 1) * n
-        self.bytes_sent += 2 * (n - 1) * nbytes
+        self.messages += (n - 1) * n if direct else 2 * (n - 1) * n
+        self.bytes_sent += (n - 1) * n * nbytes if direct else 2 * (n - 1) * nbytes
         return start, end

@@ -12,7 +12,8 @@ This module supplies time and messages only:
   one at a time (``GG_SERVICE_S`` each), and a reply back; ``--gg static`` computes
   its schedule locally (no messages);
 * a P-Reduce starts when its last member arrives and every member's links are free;
-  it costs a ring all-reduce of the model over the group (network.collective),
+  it costs a P-Reduce of the model over the group (network.collective; a direct
+  exchange for small models, a ring all-reduce otherwise, as the runtime does),
   plus ``new_group_ms`` when the group's communicator is created (``comm_id == seq``:
   a cache miss on the members);
 * a worker that reaches its last iteration ``leave``\\ s and runs the groups it still owes.
@@ -113,7 +114,7 @@ class GroupSim:
         if group.comm_id == group.seq:  # first use of this communicator: members create it
             now += setup.network.params.new_group_ms / 1000.0
             self.communicators_created += 1
-        start, end = setup.network.collective(now, group.members, setup.model_bytes)
+        start, end = setup.network.collective(now, group.members, setup.model_bytes, preduce=True)
         self.preduce_s += end - start
         engine.log("preduce", -1, (group.seq, group.members))
         engine.at(end, self._group_done, group)

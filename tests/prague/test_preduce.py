@@ -31,25 +31,30 @@ def _expected(num_workers, rounds):
     return values
 
 
-def _known_answer(ctx, cache_size, repeats):
+def _known_answer(ctx, cache_size, repeats, direct_max_bytes=None):
     preduce = PReduce.for_context(ctx, cache_size=cache_size)
-    buf = torch.full((1000,), float(ctx.rank) * 10)
+    if direct_max_bytes is not None:
+        preduce.direct_max_bytes = direct_max_bytes
+    buf = torch.full((1000,), float(ctx.rank) * 10) + torch.linspace(0, 1, 1000) / 3
     for _ in range(repeats):
         for groups in ROUNDS:
             for members in groups:
                 if ctx.rank in members:
                     preduce(buf, members)
-    return buf[0].item(), float(buf.std()), preduce.stats()
+    return buf[0].item(), buf.tolist(), preduce.stats()  # a list: a tensor would travel by a shared fd
 
 
-def test_known_answers_with_overlapping_and_disjoint_groups():
-    results = run_local(_known_answer, 4, (60, 2), timeout_s=30)
+@pytest.mark.parametrize("direct_max_bytes", [None, 0], ids=["direct-exchange", "ring-all-reduce"])
+def test_known_answers_with_overlapping_and_disjoint_groups(direct_max_bytes):
+    results = run_local(_known_answer, 4, (60, 2, direct_max_bytes), timeout_s=30)
     expected = _expected(4, ROUNDS * 2)
-    for rank, (value, spread, stats) in enumerate(results):
+    for rank, (value, buf, stats) in enumerate(results):
         assert value == pytest.approx(expected[rank])
-        assert spread == 0.0
+        assert buf[-1] - buf[0] == pytest.approx(1 / 3, abs=1e-5)
         assert stats["cache_evictions"] == 0
         assert stats["cache_hits"] > stats["cache_misses"] > 0
+    # the last round is (0, 3) and (1, 2): members of a group end with the same bits
+    assert results[0][1] == results[3][1] and results[1][1] == results[2][1]
 
 
 def test_eviction_with_a_cache_of_one_recreates_communicators_and_stays_correct():

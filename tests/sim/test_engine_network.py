@@ -3,7 +3,7 @@
 import pytest
 
 from hetrain.sim.engine import Engine
-from hetrain.sim.network import Network, NetworkParams, ring_allreduce_s
+from hetrain.sim.network import Network, NetworkParams, preduce_s, ring_allreduce_s
 
 PARAMS = NetworkParams(latency_us=100.0, bandwidth_gbps=8.0)  # 100 us, 1e9 bytes/s
 
@@ -63,3 +63,16 @@ def test_ring_allreduce_cost_and_collective_booking():
     assert start == pytest.approx(1e-3)
     assert end == pytest.approx(1e-3 + 2 * (100e-6 + 1e-3))
     assert net.send(start, 2, 3, 8) > end  # members are busy during the collective
+
+
+def test_preduce_cost_follows_the_runtimes_exchange_rule():
+    assert preduce_s(1, 1e3, PARAMS) == 0.0
+    # 20 KB among 3: a direct exchange, one latency plus two buffers through the link
+    assert preduce_s(3, 2e4, PARAMS) == pytest.approx(100e-6 + 2 * 2e4 / PARAMS.bytes_per_s)
+    assert preduce_s(3, 2e4, PARAMS) < ring_allreduce_s(3, 2e4, PARAMS)
+    # 40 MB: the ring, as gloo runs it
+    assert preduce_s(4, 4e7, PARAMS) == ring_allreduce_s(4, 4e7, PARAMS)
+    net = Network(PARAMS, 3)
+    start, end = net.collective(0.0, [0, 1, 2], 2e4, preduce=True)
+    assert end - start == pytest.approx(preduce_s(3, 2e4, PARAMS))
+    assert net.messages == 6
