@@ -40,7 +40,7 @@ class RunConfig:
     skip_threshold: int | None = None  # 0 switches skipping off
     # prague
     gg: str = "smart"
-    group_size: int = 2  # Prague: see docs/decisions.md "Prague default group size"
+    group_size: int = 2  # Prague; why 2: docs/prague.md, "Default group size 2"
     communicator_cache: int = 60
     workers_per_node: int | None = None
 

@@ -29,8 +29,10 @@ Modes (``--gg``), for group size s among n workers:
     within the requester's own iteration time (it learns each worker's time
     between requests), so a fast worker is not grouped with a straggler that is
     mid-iteration, while the straggler, when it asks, is grouped with workers
-    that will soon be ready. A worker that got no group on n requests in a row
-    is given a random group (busy members allowed), so nobody drifts alone.
+    that will soon be ready. Among the workers due in the window it passes over
+    its last group's members unless nobody else is due (so pairs that finish
+    together do not re-form forever). A worker that got no group on n requests
+    in a row is given a random group (busy members allowed), so nobody drifts alone.
 
 Every group gets a place in one global order (:class:`~hetrain.prague.ledger.Group`
 ``seq``); workers run their groups in that order, which rules out deadlock.
@@ -179,6 +181,7 @@ class GroupGenerator:
         self._started_s: list[float | None] = [None] * num_workers  # first request: nothing measured
         self._due_s: list[float | None] = [None] * num_workers
         self._due_heap: list[tuple[float, int]] = []
+        self._last_group: list[tuple[int, ...]] = [()] * num_workers  # smart: prefer new partners (mixing)
         if mode == "smart":
             self.ledger.on_close = self._group_closed
         self._static = (
@@ -246,7 +249,9 @@ class GroupGenerator:
 
     def _form(self, worker: int, partners: list[int]) -> None:
         if partners:
-            self.ledger.assign([worker, *partners])
+            group = self.ledger.assign([worker, *partners])
+            for m in group.members:
+                self._last_group[m] = group.members
             for m in partners:
                 self._due_s[m] = None  # in an open group now: not a candidate
             if self.mode == "division":
@@ -325,7 +330,9 @@ class GroupGenerator:
         horizon = now_s + window
         heap, due_s, ledger = self._due_heap, self._due_s, self.ledger
         chosen: list[int] = []
-        overdue: list[tuple[float, int]] = []
+        passed: list[tuple[float, int]] = []  # entries looked at and not taken: back on the heap after
+        repeats: list[tuple[float, int]] = []  # the requester's last partners: only if nobody else is due
+        last = self._last_group[worker]
         while heap and len(chosen) < self.group_size - 1:
             due, w = heap[0]
             if due_s[w] != due or ledger.is_busy(w) or w in ledger.left or w == worker:
@@ -335,9 +342,13 @@ class GroupGenerator:
                 break
             entry = heapq.heappop(heap)
             if due < now_s - window:  # late by more than the window: slower than measured, skip it
-                overdue.append(entry)
+                passed.append(entry)
+            elif w in last:
+                repeats.append(entry)
             else:
                 chosen.append(w)
-        for entry in overdue:
+        while repeats and len(chosen) < self.group_size - 1:
+            chosen.append(repeats.pop(0)[1])
+        for entry in passed + repeats:
             heapq.heappush(heap, entry)
         return chosen

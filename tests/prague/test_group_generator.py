@@ -327,3 +327,19 @@ def test_smart_partners_are_due_within_the_window_and_late_workers_are_passed_ov
     assert [g.members for g in gg.request(0, 0.2)] == [(0, 1)]
     gg = warmed_up()  # at 0.5 workers 1 and 2 are 0.3 s late: slower than measured, passed over
     assert gg.request(0, 0.5) == []
+
+
+def test_smart_prefers_a_partner_it_did_not_just_average_with():
+    gg = GroupGenerator(4, 2, "smart", seed=0)
+    for w in range(4):  # first requests: nothing measured yet, so no groups
+        assert gg.request(w, 0.0) == []
+    for w in range(4):  # every worker due again at 0.2
+        assert gg.request(w, 0.1) == []
+    assert [g.members for g in gg.request(0, 0.2)] == [(0, 1)]  # 1 is due soonest (lowest rank on a tie)
+    for w in (0, 1):
+        gg.ledger.pop(w)
+    assert [g.members for g in gg.request(2, 0.2)] == [(2, 3)]
+    assert [g.members for g in gg.request(3, 0.201)] == [(2, 3)]  # 2 and 3 compute again from 0.201:
+    # due at 0.301, inside worker 0's 5 ms window at 0.3
+    # 1 is due soonest (0.3), but 0 just averaged with it: it takes 2 instead
+    assert [g.members for g in gg.request(0, 0.3)] == [(0, 2)]
