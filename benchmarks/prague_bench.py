@@ -110,7 +110,7 @@ def main(argv=None) -> str:
         waits = [_fast_wait_ms(m) for m in ms]
         label = name if name == "allreduce" or "s=" in name else f"{name} (s={default_size})"
         lines.append(f"| {label} | {_spread([m['heterogeneity_efficiency'] for m in ms], '.3f')} | "
-                     f"{_spread(t95, '.2f')} | {_spread(speedups, '.1f', 'x') if len(speedups) == len(ms) else '-'} | "
+                     f"{_spread(t95, '.2f')} | {_spread(speedups, '.2f', 'x') if len(speedups) == len(ms) else '-'} | "
                      f"{_fmt(_median([m['final_accuracy_avg_model'] for m in ms]), '.4f')} | "
                      f"{_fmt(_median(waits), '.1f')} |")
     table = "\n".join(lines)
