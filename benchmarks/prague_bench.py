@@ -89,9 +89,9 @@ def main(argv=None) -> str:
 
     lines += ["", f"## (b) worker 0 five times slower, {args.budget_straggler:g} s budget, "
               f"median of {args.repeats} runs (range)", "",
-              "| run | efficiency | time to 95% (s) | speed-up vs allreduce | final accuracy | "
+              "| run | runs | efficiency | time to 95% (s) | speed-up vs allreduce | final accuracy | "
               "fast worker wait / iteration (ms) |",
-              "| --- | ---: | ---: | ---: | ---: | ---: |"]
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     default_size = RunConfig.group_size
     runs = {"allreduce": dict(protocol="allreduce")}
     runs.update({f"prague {mode}": dict(protocol="prague", gg=mode) for mode in args.modes})
@@ -109,7 +109,7 @@ def main(argv=None) -> str:
         speedups = [t_ar / t for t in t95 if t_ar and t]
         waits = [_fast_wait_ms(m) for m in ms]
         label = name if name == "allreduce" or "s=" in name else f"{name} (s={default_size})"
-        lines.append(f"| {label} | {_spread([m['heterogeneity_efficiency'] for m in ms], '.3f')} | "
+        lines.append(f"| {label} | {len(ms)} | {_spread([m['heterogeneity_efficiency'] for m in ms], '.3f')} | "
                      f"{_spread(t95, '.2f')} | {_spread(speedups, '.2f', 'x') if len(speedups) == len(ms) else '-'} | "
                      f"{_fmt(_median([m['final_accuracy_avg_model'] for m in ms]), '.4f')} | "
                      f"{_fmt(_median(waits), '.1f')} |")

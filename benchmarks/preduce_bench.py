@@ -1,6 +1,6 @@
 """P-Reduce latency against dist.all_reduce on a pre-made group of the same members (gloo, CPU).
 
-    .venv/bin/python benchmarks/preduce_bench.py --workers 8 --sizes-mb 1 40 --groups 2 4 8
+    .venv/bin/python benchmarks/preduce_bench.py --workers 8 --sizes-mb 0.02 1 40 --groups 2 4 8
 
 For each group size g (members 0..g-1) and buffer size, members time calls of
 P-Reduce (communicator cached after warm-up) and of ``dist.all_reduce`` +
@@ -15,10 +15,11 @@ connection for its life. One communicator per side compares two draws of
 that, not P-Reduce with all_reduce; so each kind gets K communicators (K
 P-Reduce namespaces, K new_groups), calls rotate over all of them in
 alternating order, and the medians pool each kind's calls; the lowest and
-highest per-communicator medians follow in brackets. Two P-Reduce kinds: the
-default (a direct exchange for buffers up to 512 KiB, see
-:mod:`hetrain.prague.preduce`) and ring only (``direct_max_bytes=0``, the
-same gloo all-reduce as the baseline). A measurement, not a test: figures depend on the machine's load.
+highest per-communicator medians follow in brackets. Three P-Reduce kinds: as
+shipped (a direct exchange for buffers up to 512 KiB, see
+:mod:`hetrain.prague.exchange_rule`), ring only (``direct_max_bytes=0``, the
+same gloo all-reduce as the baseline) and direct only (the exchange at every
+size). Sizes are MiB (2**20 bytes). A measurement, not a test: figures depend on the machine's load.
 """
 
 from __future__ import annotations
@@ -36,9 +37,9 @@ from hetrain.runtime.local_job import run_local
 
 def _bench(ctx, group_sizes, sizes_mb, repeats, communicators):
     preduces = [PReduce.for_context(ctx, namespace=f"bench{k}") for k in range(communicators)]
-    rings = [PReduce.for_context(ctx, namespace=f"ring{k}") for k in range(communicators)]
-    for ring in rings:
-        ring.direct_max_bytes = 0  # always gloo's ring all-reduce
+    rings = [PReduce.for_context(ctx, namespace=f"ring{k}", direct_max_bytes=0) for k in range(communicators)]
+    directs = [PReduce.for_context(ctx, namespace=f"direct{k}", direct_max_bytes=1 << 40) for k in range(communicators)]
+    variants = {"preduce": preduces, "ring": rings, "direct": directs}
     premade = {g: [dist.new_group(list(range(g))) for _ in range(communicators)] for g in group_sizes}
     barrier_group = {g: dist.new_group(list(range(g))) for g in group_sizes}
     rows = []
@@ -46,17 +47,15 @@ def _bench(ctx, group_sizes, sizes_mb, repeats, communicators):
         buf = torch.randn(int(size_mb * 2**20 / 4))
         for g in group_sizes:
             members = tuple(range(g))
-            calls = [(kind, k) for kind in ("preduce", "ring", "all_reduce") for k in range(communicators)]
+            calls = [(kind, k) for kind in (*variants, "all_reduce") for k in range(communicators)]
             times = {call: [] for call in calls}
             if ctx.rank in members:
                 for i in range(repeats + 2):
                     for kind, k in calls if i % 2 else calls[::-1]:
                         dist.barrier(group=barrier_group[g])
                         start = time.perf_counter()
-                        if kind == "preduce":
-                            preduces[k](buf, members)
-                        elif kind == "ring":
-                            rings[k](buf, members)
+                        if kind in variants:
+                            variants[kind][k](buf, members)
                         else:
                             dist.all_reduce(buf, group=premade[g][k])
                             buf.div_(g)
@@ -64,8 +63,8 @@ def _bench(ctx, group_sizes, sizes_mb, repeats, communicators):
                             times[(kind, k)].append(time.perf_counter() - start)
             dist.barrier()
             if ctx.rank == 0:
-                rows.append((g, size_mb, *(_summary(times, kind) for kind in ("preduce", "ring", "all_reduce"))))
-    stats = [p.stats() for p in preduces]
+                rows.append((g, size_mb, *(_summary(times, kind) for kind in (*variants, "all_reduce"))))
+    stats = [p.stats() for group in variants.values() for p in group]
     return rows, {key: sum(s[key] for s in stats) for key in stats[0]}
 
 
@@ -85,19 +84,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--groups", type=int, nargs="+", default=[2, 4, 8])
-    parser.add_argument("--sizes-mb", type=float, nargs="+", default=[1, 40])
+    parser.add_argument("--sizes-mb", type=float, nargs="+", default=[0.02, 1, 40], help="buffer sizes in MiB")
     parser.add_argument("--repeats", type=int, default=15, help="timed calls per communicator")
     parser.add_argument("--communicators", type=int, default=4, help="communicators of each kind")
     args = parser.parse_args()
     job_args = (args.groups, args.sizes_mb, args.repeats, args.communicators)
     rows, stats = run_local(_bench, args.workers, job_args, timeout_s=600)[0]
-    print("| group | buffer | P-Reduce ms | P-Reduce, ring only, ms | all_reduce ms | ratio | ratio, ring only |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for g, mb, p, r, a in rows:
-        print(
-            f"| {g} | {mb:g} MB | {_cell(p)} | {_cell(r)} | {_cell(a)} | {p[0] / a[0]:.2f} | {r[0] / a[0]:.2f} |"
-        )
-    print(f"rank 0 communicator caches (all {args.communicators} P-Reduce namespaces): {stats}")
+    print("| group | buffer | P-Reduce ms | ring only ms | direct only ms | all_reduce ms "
+          "| ratio | ratio, ring only | ratio, direct only |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for g, mb, p, r, d, a in rows:
+        print(f"| {g} | {mb:g} MiB | {_cell(p)} | {_cell(r)} | {_cell(d)} | {_cell(a)} "
+              f"| {p[0] / a[0]:.2f} | {r[0] / a[0]:.2f} | {d[0] / a[0]:.2f} |")
+    print(f"rank 0 communicator caches (all {3 * args.communicators} P-Reduce namespaces): {stats}")
 
 
 if __name__ == "__main__":

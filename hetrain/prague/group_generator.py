@@ -29,9 +29,9 @@ Modes (``--gg``), for group size s among n workers:
     within the requester's own iteration time (it learns each worker's time
     between requests), so a fast worker is not grouped with a straggler that is
     mid-iteration, while the straggler, when it asks, is grouped with workers
-    that will soon be ready. Among the workers due in the window it passes over
-    its last group's members unless nobody else is due (so pairs that finish
-    together do not re-form forever). A worker that got no group on n requests
+    that will soon be ready. Among the workers due in the window it takes its
+    last group's members only to fill places nobody else due can take (so
+    pairs that finish together do not re-form forever). A worker that got no group on n requests
     in a row is given a random group (busy members allowed), so nobody drifts alone.
 
 Every group gets a place in one global order (:class:`~hetrain.prague.ledger.Group`
@@ -310,6 +310,9 @@ class GroupGenerator:
 
     def _smart_partners(self, worker: int, now_s: float) -> list[int]:
         """Up to s-1 workers in no open group that are due soonest, within the requester's window.
+
+        Members of the requester's last group count only after everyone else
+        due in the window (mixing: workers that averaged together finish together).
 
         The window is ``SMART_WINDOW`` of the requester's own compute time (one
         compute time after ``SMART_PATIENCE`` empty requests in a row), so the

@@ -18,8 +18,8 @@ under a prefix that names the member set and the creation), not with
 ``dist.new_group``: with ``use_local_synchronization=True`` new_group hashes
 the ranks *and the number of groups this process already holds* into the
 group's name, so members holding different numbers of cached groups would
-rendezvous under different names and hang. One collective per call (the
-buffer is flat), a group of one is a no-op.
+rendezvous under different names and hang. One operation per call (the
+buffer is flat: one collective, or one exchange, below), a group of one is a no-op.
 
 How a CPU (gloo) group averages: small buffers by a *direct exchange*, every
 member sends its buffer to every other member at once and sums the group's
@@ -97,8 +97,11 @@ class PReduce:
         self.hits = self.misses = self.evictions = self.calls = 0
 
     @classmethod
-    def for_context(cls, ctx, cache_size: int = 60, namespace: str = "preduce") -> PReduce:
-        return cls(ctx.store, ctx.rank, cache_size=cache_size, timeout_s=ctx.timeout_s, namespace=namespace)
+    def for_context(
+        cls, ctx, cache_size: int = 60, namespace: str = "preduce", direct_max_bytes: int = DIRECT_MAX_BYTES
+    ) -> PReduce:
+        return cls(ctx.store, ctx.rank, cache_size=cache_size, timeout_s=ctx.timeout_s, namespace=namespace,
+                   direct_max_bytes=direct_max_bytes)
 
     def __call__(self, buf: torch.Tensor, members, comm_id: int | None = None) -> torch.Tensor:
         """Replace ``buf`` (a flat tensor) by its average over ``members``; return it."""
@@ -135,9 +138,10 @@ class PReduce:
     def _exchange(comm, buf: torch.Tensor, index: int, size: int, timeout) -> None:
         """Send ``buf`` to every other member, receive theirs, average in member order (same bits everywhere)."""
         gathered = buf.new_empty((size, buf.numel()))
-        gathered[index].copy_(buf.reshape(-1))
+        mine = gathered[index]
+        mine.copy_(buf.reshape(-1))  # a contiguous copy: gloo sends only contiguous tensors
         peers = [p for p in range(size) if p != index]
-        works = [comm.send([buf], p, _EXCHANGE_TAG) for p in peers]
+        works = [comm.send([mine], p, _EXCHANGE_TAG) for p in peers]
         works += [comm.recv([gathered[p]], p, _EXCHANGE_TAG) for p in peers]
         for work in works:
             work.wait(timeout)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from hetrain.errors import UsageError, WorkerError
+from hetrain.prague.exchange_rule import DIRECT_MAX_BYTES
 from hetrain.prague.preduce import PReduce
 from hetrain.runtime.local_job import run_local
 
@@ -31,10 +32,8 @@ def _expected(num_workers, rounds):
     return values
 
 
-def _known_answer(ctx, cache_size, repeats, direct_max_bytes=None):
-    preduce = PReduce.for_context(ctx, cache_size=cache_size)
-    if direct_max_bytes is not None:
-        preduce.direct_max_bytes = direct_max_bytes
+def _known_answer(ctx, cache_size, repeats, direct_max_bytes=DIRECT_MAX_BYTES):
+    preduce = PReduce.for_context(ctx, cache_size=cache_size, direct_max_bytes=direct_max_bytes)
     buf = torch.full((1000,), float(ctx.rank) * 10) + torch.linspace(0, 1, 1000) / 3
     for _ in range(repeats):
         for groups in ROUNDS:
@@ -44,7 +43,7 @@ def _known_answer(ctx, cache_size, repeats, direct_max_bytes=None):
     return buf[0].item(), buf.tolist(), preduce.stats()  # a list: a tensor would travel by a shared fd
 
 
-@pytest.mark.parametrize("direct_max_bytes", [None, 0], ids=["direct-exchange", "ring-all-reduce"])
+@pytest.mark.parametrize("direct_max_bytes", [DIRECT_MAX_BYTES, 0], ids=["direct-exchange", "ring-all-reduce"])
 def test_known_answers_with_overlapping_and_disjoint_groups(direct_max_bytes):
     results = run_local(_known_answer, 4, (60, 2, direct_max_bytes), timeout_s=30)
     expected = _expected(4, ROUNDS * 2)

@@ -67,8 +67,8 @@ def test_ring_allreduce_cost_and_collective_booking():
 
 def test_preduce_cost_follows_the_runtimes_exchange_rule():
     assert preduce_s(1, 1e3, PARAMS) == 0.0
-    # 20 KB among 3: a direct exchange, one latency plus two buffers through the link
-    assert preduce_s(3, 2e4, PARAMS) == pytest.approx(100e-6 + 2 * 2e4 / PARAMS.bytes_per_s)
+    # 20 KB among 3: a direct exchange, one latency and one buffer per peer
+    assert preduce_s(3, 2e4, PARAMS) == pytest.approx(2 * (100e-6 + 2e4 / PARAMS.bytes_per_s))
     assert preduce_s(3, 2e4, PARAMS) < ring_allreduce_s(3, 2e4, PARAMS)
     # 40 MB: the ring, as gloo runs it
     assert preduce_s(4, 4e7, PARAMS) == ring_allreduce_s(4, 4e7, PARAMS)
