@@ -59,7 +59,7 @@ def test_example_user_loop_under_torchrun(tmp_path):
     assert all(r["iterations"] >= 1 and "wait_s" in r for r in ranks)
 
 
-@pytest.mark.parametrize("protocol", ["hop"])
+@pytest.mark.parametrize("protocol", ["hop", "prague"])
 def test_hetrain_train_on_two_nodes_of_localhost(tmp_path, protocol):
     port = _free_port()
     out = tmp_path / "run"

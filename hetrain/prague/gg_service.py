@@ -1,9 +1,9 @@
 """Serving a group scheduler (the Group Generator, AD-PSGD's pairing) to a real job.
 
-One :class:`GGServer` per job runs as threads beside rank 0: a TCP socket bound
-to 127.0.0.1 on a port the OS picks (``HETRAIN_GG_HOST`` binds elsewhere, e.g.
-for a multi-machine torchrun job); its address is published through the job's
-c10d store, so no port is fixed. Messages are one JSON object per line. A lock
+One :class:`GGServer` per job runs as threads beside rank 0: a TCP socket on a
+port the OS picks, its address published through the job's c10d store, so no
+port is fixed. It binds 127.0.0.1 unless the job spans machines (see
+:func:`gg_bind_address`; ``HETRAIN_GG_HOST`` overrides). Messages are one JSON object per line. A lock
 serialises requests, so the pure scheduler sees them one at a time, stamped
 with the server's clock. Rank 0 talks to the scheduler in-process.
 """
@@ -11,6 +11,7 @@ with the server's clock. Rank 0 talks to the scheduler in-process.
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import json
 import os
 import socket
@@ -21,6 +22,40 @@ from hetrain.errors import WorkerError
 from hetrain.prague.ledger import Group
 
 ADDRESS_KEY = "prague/gg_address"
+
+
+def gg_bind_address(multi_node: bool, env=None) -> tuple[str, str]:
+    """(address to bind, address to publish) for the GG service.
+
+    ``HETRAIN_GG_HOST`` wins (``0.0.0.0`` publishes this machine's address
+    toward the job's master). Otherwise a job that spans machines (``multi_node``:
+    fewer ranks per node than in the job, and torchrun's ``MASTER_ADDR`` not a
+    loopback address) binds all interfaces and publishes the address other
+    machines reach this one by; everything else stays on 127.0.0.1.
+    """
+    env = os.environ if env is None else env
+    master = env.get("MASTER_ADDR", "")
+    host = env.get("HETRAIN_GG_HOST")
+    if host is None:
+        host = "0.0.0.0" if multi_node and master and not _is_loopback(master) else "127.0.0.1"
+    return host, (_address_toward(master) if host == "0.0.0.0" else host)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError):
+        return False
+
+
+def _address_toward(peer: str) -> str:
+    """This machine's IP on the route to ``peer`` (or the default route; a UDP connect sends nothing)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((peer or "8.8.8.8", 9))
+            return probe.getsockname()[0]
+    except OSError:
+        return socket.gethostname()
 
 
 class SchedulerHost:
@@ -62,14 +97,13 @@ class SchedulerHost:
 class GGServer(SchedulerHost):
     """A :class:`SchedulerHost` reachable over TCP (threads beside rank 0)."""
 
-    def __init__(self, scheduler, host: str | None = None):
+    def __init__(self, scheduler, host: str | None = None, multi_node: bool = False):
         super().__init__(scheduler)
         self._closed = False
-        host = host or os.environ.get("HETRAIN_GG_HOST", "127.0.0.1")
+        bind, self.host = (host, host) if host else gg_bind_address(multi_node)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.bind((host, 0))
+        self._sock.bind((bind, 0))
         self._sock.listen(256)
-        self.host = socket.gethostname() if host == "0.0.0.0" else host
         self.port = self._sock.getsockname()[1]
         threading.Thread(target=self._accept_loop, name="hetrain-gg", daemon=True).start()
 

@@ -48,7 +48,7 @@ class GroupProtocol(SyncProtocol):
         if self._local:
             self.gg = LocalClient(ctx.rank, SchedulerHost(scheduler))
         elif ctx.rank == 0:
-            self._server = GGServer(scheduler)
+            self._server = GGServer(scheduler, multi_node=ctx.local_world_size < ctx.world_size)
             self._server.publish(ctx.store, key)
             self.gg = LocalClient(0, self._server)
         else:
