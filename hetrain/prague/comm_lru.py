@@ -52,5 +52,18 @@ class CommunicatorLRU:
     def __len__(self) -> int:
         return len(self._entries)
 
+
+def agree_comm_id(caches: list[CommunicatorLRU], members: Members, seq: int) -> int:
+    """The communicator id a new group ``seq`` of ``members`` uses, recorded in each member's cache model.
+
+    The set's cached id when every member still holds the same one (a hit
+    everywhere), else ``seq``: a fresh communicator every member creates.
+    """
+    ids = {caches[m].lookup(members) for m in members}
+    comm_id = ids.pop() if len(ids) == 1 and None not in ids else seq
+    for m in members:
+        caches[m].use(members, comm_id)
+    return comm_id
+
     def __contains__(self, members: Members) -> bool:
         return members in self._entries

@@ -44,7 +44,7 @@ import heapq
 import random
 
 from hetrain.errors import UsageError
-from hetrain.prague.comm_lru import CommunicatorLRU
+from hetrain.prague.comm_lru import CommunicatorLRU, agree_comm_id
 from hetrain.prague.ledger import Group, GroupLedger
 
 GG_MODES = ("random", "buffer", "division", "static", "smart")
@@ -146,11 +146,9 @@ class StaticSchedule:
         for members in self.steps[step % len(self.steps)]:
             seq = self._next_seq
             self._next_seq += 1
-            ids = {self.caches[m].lookup(members) for m in members}
-            comm_id = ids.pop() if len(ids) == 1 and None not in ids else seq
+            group = Group(seq, members, agree_comm_id(self.caches, members, seq))
             for m in members:
-                self.caches[m].use(members, comm_id)
-                assigned[m] = Group(seq, members, comm_id)
+                assigned[m] = group
         self._done[step] = assigned
         self._done.pop(step - 4 * len(self.steps) - 64, None)
 

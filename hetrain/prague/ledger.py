@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hetrain.prague.comm_lru import CommunicatorLRU
+from hetrain.prague.comm_lru import CommunicatorLRU, agree_comm_id
 
 
 @dataclass(frozen=True)
@@ -72,11 +72,7 @@ class GroupLedger:
             raise ValueError(f"a group needs at least two members, got {members}")
         seq = self.next_seq
         self.next_seq += 1
-        ids = {self.caches[m].lookup(members) for m in members}
-        comm_id = ids.pop() if len(ids) == 1 and None not in ids else seq
-        for m in members:
-            self.caches[m].use(members, comm_id)
-        group = Group(seq, members, comm_id)
+        group = Group(seq, members, agree_comm_id(self.caches, members, seq))
         for m in members:
             self.queues[m].append(group)
             self._open_count[m] += 1
