@@ -52,6 +52,9 @@ class CommunicatorLRU:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def __contains__(self, members: Members) -> bool:
+        return members in self._entries
+
 
 def agree_comm_id(caches: list[CommunicatorLRU], members: Members, seq: int) -> int:
     """The communicator id a new group ``seq`` of ``members`` uses, recorded in each member's cache model.
@@ -64,6 +67,3 @@ def agree_comm_id(caches: list[CommunicatorLRU], members: Members, seq: int) -> 
     for m in members:
         caches[m].use(members, comm_id)
     return comm_id
-
-    def __contains__(self, members: Members) -> bool:
-        return members in self._entries

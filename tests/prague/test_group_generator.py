@@ -213,6 +213,7 @@ def test_lru_evicts_least_recently_used_and_replaces_stale_ids():
     assert lru.use((0, 1), 0) == (True, [])
     assert lru.use((0, 3), 2) == (False, [((0, 2), 1)])
     assert lru.use((0, 1), 5) == (False, [((0, 1), 0)])
+    assert (0, 1) in lru and (0, 2) not in lru and len(lru) == 2
 
 
 def test_members_agree_on_communicator_ids_when_caches_evict():
