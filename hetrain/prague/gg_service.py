@@ -3,8 +3,8 @@
 One :class:`GGServer` per job runs as threads beside rank 0: a TCP socket on a
 port the OS picks, its address published through the job's c10d store, so no
 port is fixed. It binds 127.0.0.1 unless the job spans machines (see
-:func:`gg_bind_address`; ``HETRAIN_GG_HOST`` overrides). Messages are one JSON object per line. A lock
-serialises requests, so the pure scheduler sees them one at a time, stamped
+:func:`gg_bind_address`; ``HETRAIN_GG_HOST`` overrides). Messages are one JSON
+object per line. A lock serialises requests, so the pure scheduler sees them one at a time, stamped
 with the server's clock. Rank 0 talks to the scheduler in-process.
 """
 

@@ -31,8 +31,9 @@ Modes (``--gg``), for group size s among n workers:
     mid-iteration, while the straggler, when it asks, is grouped with workers
     that will soon be ready. Among the workers due in the window it takes its
     last group's members only to fill places nobody else due can take (so
-    pairs that finish together do not re-form forever). A worker that got no group on n requests
-    in a row is given a random group (busy members allowed), so nobody drifts alone.
+    pairs that finish together do not re-form forever). A worker that got no
+    group on n requests in a row is given a random group (busy members
+    allowed), so nobody drifts alone.
 
 Every group gets a place in one global order (:class:`~hetrain.prague.ledger.Group`
 ``seq``); workers run their groups in that order, which rules out deadlock.

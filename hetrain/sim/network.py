@@ -21,9 +21,9 @@ exchange, every member sends ``b`` to each of the ``n - 1`` others, charged
 ``(n - 1) (L + b / B)`` (one latency per peer: on the hosts measured, posting
 and receiving each message costs CPU time, and a flat single latency made 20 KB
 among 8 members 10x cheaper than the ring where 3.5x was measured); otherwise a
-ring all-reduce over its group. A
-collective starts when every member's links are free and holds them until it
-ends (members cannot send anything else meanwhile).
+ring all-reduce over its group. A collective starts when every member's links
+are free and holds them until it ends (members cannot send anything else
+meanwhile).
 """
 
 from __future__ import annotations
