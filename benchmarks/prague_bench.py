@@ -1,6 +1,6 @@
 """Prague end to end on 8 local workers (digits MLP, 50 ms emulated compute): a measurement, not a test.
 
-    .venv/bin/python benchmarks/prague_bench.py [--budget-even 10] [--budget-straggler 20] [--repeats 3]
+    .venv/bin/python benchmarks/prague_bench.py [--budget-even 120] [--budget-straggler 120] [--repeats 3]
                                                 [--smart-group-sizes 3] [--out DIR]
 
 (a) no slowdown: samples/s of prague (smart GG), allreduce and adpsgd;
@@ -65,8 +65,8 @@ def _fast_wait_ms(metrics: dict) -> float:
 
 def main(argv=None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--budget-even", type=float, default=10.0, help="time budget of the no-slowdown runs (s)")
-    parser.add_argument("--budget-straggler", type=float, default=20.0, help="time budget of the straggler runs (s)")
+    parser.add_argument("--budget-even", type=float, default=120.0, help="time budget of the no-slowdown runs (s)")
+    parser.add_argument("--budget-straggler", type=float, default=120.0, help="time budget of the straggler runs (s)")
     parser.add_argument("--modes", nargs="+", default=list(GG_MODES), help="GG modes for the straggler runs")
     parser.add_argument("--smart-group-sizes", type=int, nargs="*", default=[3],
                         help="extra straggler runs of the smart GG at these group sizes")

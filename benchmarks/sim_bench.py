@@ -131,7 +131,7 @@ def main() -> None:
     parser.add_argument("what", choices=("engine", "scale", "fidelity"))
     parser.add_argument("--protocols", nargs="+", default=list(PROTOCOL_FLAGS))
     parser.add_argument("--workers", nargs="+", type=int, default=[4, 8])
-    parser.add_argument("--budget", type=float, default=6.0)
+    parser.add_argument("--budget", type=float, default=120.0, help="fidelity: seconds per real and simulated run")
     parser.add_argument("--compute-ms", type=float, default=50.0)
     args = parser.parse_args()
     if args.what == "engine":

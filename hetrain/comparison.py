@@ -1,4 +1,10 @@
-"""Run protocols side by side and write the comparison (JSON, a markdown table, a plot)."""
+"""Run protocols side by side and write the comparison (JSON, a markdown table, a plot).
+
+The plot, ``over_time.png``, has two panels side by side: the averaged model's
+test accuracy (validation loss for ``lm``) against wall time, and the job's
+throughput (samples/s per 5 s window) against wall time, one line per protocol.
+A Ctrl-C during one protocol ends the comparison after that protocol's record.
+"""
 
 from __future__ import annotations
 
@@ -14,11 +20,14 @@ TABLE_COLUMNS = (
     ("vs allreduce (samples/s)", "speedup_samples_per_s", "{:.2f}x"),
     ("acc. avg model", "final_accuracy_avg_model", "{:.4f}"),
     ("acc. worst worker", "final_accuracy_worst_worker", "{:.4f}"),
+    ("loss avg model", "final_loss_avg_model", "{:.3f}"),
     ("time to target (s)", "time_to_target_s", "{:.2f}"),
     ("vs allreduce (time to target)", "speedup_time_to_target", "{:.2f}x"),
     ("consensus dist.", "consensus_distance", "{:.3g}"),
     ("max gap", "max_iteration_gap", "{}"),
     ("stale / dropped", "stale_dropped", "{}"),
+    ("last/first quarter samples/s", "rate_drift", "{:.3f}"),
+    ("peak RSS/worker MB", "peak_rss_mb_max_worker", "{:.0f}"),
 )
 
 
@@ -33,10 +42,12 @@ def run_comparison(configs: list[RunConfig], out_dir: str, progress: bool = True
     for index, config in enumerate(configs):
         label = f"[{index + 1}/{len(configs)}] {config.protocol}"
         runs.append(run_training(config, str(out / config.protocol), progress=progress, label=label))
+        if runs[-1].get("interrupted"):
+            break
     summary = summarize(runs)
     write_json_atomic(out / "summary.json", summary)
     write_text_atomic(out / "summary.md", summary["table_markdown"] + "\n")
-    plot_accuracy_vs_time(runs, out / "accuracy_vs_time.png", configs[0].target_accuracy)
+    plot_over_time(runs, out / "over_time.png")
     return summary
 
 
@@ -44,8 +55,10 @@ def summarize(runs: list[dict]) -> dict:
     base = next((r for r in runs if r["protocol"] == "allreduce"), None)
     rows = []
     for r in runs:
-        row = {k: v for k, v in r.items() if k not in ("workers", "accuracy_curve")}
+        row = {k: v for k, v in r.items() if k not in ("workers", "accuracy_curve", "throughput_series")}
         row["stale_dropped"] = f"{r.get('updates_stale', 0)} / {r.get('updates_dropped', 0)}"
+        first, last = r.get("samples_per_s_first_quarter"), r.get("samples_per_s_last_quarter")
+        row["rate_drift"] = last / first if first and last is not None else None
         row["speedup_samples_per_s"] = r["samples_per_s"] / base["samples_per_s"] if base else None
         row["speedup_time_to_target"] = (
             base["time_to_target_s"] / r["time_to_target_s"]
@@ -67,25 +80,39 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot_accuracy_vs_time(runs: list[dict], path: Path, target: float) -> None:
+def plot_over_time(runs: list[dict], path: Path) -> None:
+    """Accuracy (or validation loss) and throughput against wall time, side by side."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    by_loss = runs[0].get("target_loss") is not None
+    fig, (quality, speed) = plt.subplots(1, 2, figsize=(12, 4.5))
     for r in runs:
         curve = r.get("accuracy_curve") or []
         if curve:
-            ax.plot([p["t_s"] for p in curve], [p["accuracy_avg_model"] for p in curve], label=r["protocol"])
-    ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:.2f}")
-    ax.set_xlabel("wall time (s)")
-    ax.set_ylabel("test accuracy of the averaged model")
-    ax.set_ylim(0, 1)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+            key = "loss_avg_model" if by_loss else "accuracy_avg_model"
+            quality.plot([p["t_s"] for p in curve], [p[key] for p in curve], label=r["protocol"])
+        series = r.get("throughput_series") or []
+        if series:
+            speed.plot([p["t_s"] for p in series], [p["samples_per_s"] for p in series], label=r["protocol"],
+                       drawstyle="steps-pre")
+    target = runs[0].get("target_loss") if by_loss else runs[0].get("target_accuracy")
+    if target is not None:
+        quality.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:g}")
+    quality.set_ylabel("validation loss of the averaged model (nats/byte)" if by_loss
+                       else "test accuracy of the averaged model")
+    if not by_loss:
+        quality.set_ylim(0, 1)
+    speed.set_ylabel("samples/s (all workers, 5 s windows)")
+    speed.set_ylim(bottom=0)
+    for ax in (quality, speed):
+        ax.set_xlabel("wall time (s)")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="best")
     slow = runs[0].get("config", {}).get("slowdown", "")
-    ax.set_title(f"{runs[0]['num_workers']} workers, slowdown {slow}")
+    fig.suptitle(f"{runs[0]['num_workers']} workers, slowdown {slow}")
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp.png")
     fig.savefig(tmp, dpi=110)

@@ -9,7 +9,17 @@ from hetrain.errors import UsageError
 
 PROTOCOLS = ("allreduce", "dpsgd", "hop", "prague", "adpsgd", "ps")
 GG_MODES = ("random", "buffer", "division", "static", "smart")
-WORKLOADS = ("mlp", "cnn", "synthetic")
+WORKLOADS = ("mlp", "cnn", "synthetic", "lm")
+OPTIMIZERS = ("sgd", "adamw")
+# What a workload uses when the run does not say: optimizer, its learning rate, seconds between
+# model snapshots (accuracy/loss over time), and for lm the validation loss time_to_target_s aims at.
+WORKLOAD_DEFAULTS = {
+    "mlp": {"optimizer": "sgd", "eval_interval_s": 0.5},
+    "cnn": {"optimizer": "sgd", "eval_interval_s": 0.5},
+    "synthetic": {"optimizer": "sgd", "eval_interval_s": 0.5},
+    "lm": {"optimizer": "adamw", "eval_interval_s": 5.0, "target_loss": 2.5},
+}
+DEFAULT_LR = {"sgd": 0.1, "adamw": 1e-3}
 
 
 @dataclass(frozen=True)
@@ -18,18 +28,20 @@ class RunConfig:
 
     protocol: str = "hop"
     num_workers: int = 8
-    workload: str = "mlp"  # mlp | cnn on digits, or synthetic (model size = model_params)
+    workload: str = "mlp"  # mlp | cnn on digits, synthetic (model size = model_params), lm (byte-level GPT)
     model_params: int = 1_000_000  # synthetic workload only
     batch_size: int = 32
-    lr: float = 0.1
-    momentum: float = 0.9
+    optimizer: str | None = None  # None: the workload's (sgd; adamw for lm)
+    lr: float | None = None  # None: the optimizer's default (sgd 0.1, adamw 1e-3)
+    momentum: float = 0.9  # sgd only
     seed: int = 0
     slowdown: str = "none"
     compute_ms: float | None = None
     iterations: int | None = None
     time_budget_s: float | None = None
     target_accuracy: float = 0.95
-    eval_interval_s: float = 0.5
+    target_loss: float | None = None  # lm: time_to_target_s is to this validation loss (None: 2.5 for lm)
+    eval_interval_s: float | None = None  # None: the workload's (0.5 s; 5 s for lm)
     device: str = "cpu"
     timeout_s: float = 60.0
     # decentralized (dpsgd, hop)
@@ -46,6 +58,19 @@ class RunConfig:
 
     def replace(self, **changes) -> RunConfig:
         return dataclasses.replace(self, **changes)
+
+    def resolved_optimizer(self) -> str:
+        return self.optimizer or WORKLOAD_DEFAULTS[self.workload]["optimizer"]
+
+    def resolved_lr(self) -> float:
+        return self.lr if self.lr is not None else DEFAULT_LR[self.resolved_optimizer()]
+
+    def resolved_eval_interval_s(self) -> float:
+        return self.eval_interval_s or WORKLOAD_DEFAULTS[self.workload]["eval_interval_s"]
+
+    def resolved_target_loss(self) -> float | None:
+        """The validation loss time_to_target_s aims at; None means the run aims at target_accuracy."""
+        return self.target_loss if self.target_loss is not None else WORKLOAD_DEFAULTS[self.workload].get("target_loss")
 
     def validate(self) -> RunConfig:
         """Check the fields that do not need a topology; raise UsageError naming the fix."""
@@ -67,6 +92,14 @@ class RunConfig:
             raise UsageError(f"--time-budget must be positive seconds, got {self.time_budget_s}")
         if self.iterations is None and self.time_budget_s is None:
             raise UsageError("give --iterations K or --time-budget SECONDS to say when to stop")
+        if self.optimizer is not None and self.optimizer not in OPTIMIZERS:
+            raise UsageError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+        if self.lr is not None and not self.lr > 0:
+            raise UsageError(f"--lr must be positive, got {self.lr}")
+        if self.target_loss is not None and not self.target_loss > 0:
+            raise UsageError(f"--target-loss must be positive, got {self.target_loss}")
+        if self.eval_interval_s is not None and not self.eval_interval_s > 0:
+            raise UsageError(f"--eval-interval must be positive seconds, got {self.eval_interval_s}")
         if not 0 < self.target_accuracy <= 1:
             raise UsageError(f"--target-accuracy must be in (0, 1], got {self.target_accuracy}")
         if self.timeout_s <= 0:

@@ -1,11 +1,14 @@
-"""Built-in workloads that need no download: scikit-learn's digits and a synthetic task.
+"""Built-in workloads that need no download: scikit-learn's digits, a synthetic task, a small LM.
 
 * ``mlp`` / ``cnn`` on digits (1,797 8x8 images, 10 classes; 80/20 stratified split);
 * ``synthetic``: Gaussian inputs labelled by a random linear teacher, learned by a
   two-layer MLP whose hidden width is chosen so the model has about ``model_params``
-  parameters -- to set the communication volume to realistic sizes.
+  parameters -- to set the communication volume to realistic sizes;
+* ``lm``: a byte-level GPT on Python's documentation text (:mod:`hetrain.lm`).
 
 Each worker trains on its own shard of the training set with its own seed.
+One loss for all (cross-entropy over the last dimension of the logits) and one
+evaluation, :func:`evaluate`: (accuracy, loss) on the test/validation set.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 NUM_CLASSES = 10
@@ -32,6 +36,12 @@ class Dataset:
 def load_dataset(workload: str, seed: int = 0) -> Dataset:
     if workload == "synthetic":
         return _synthetic(seed)
+    if workload == "lm":
+        from hetrain.lm import load_text, validation_windows
+
+        train, val = load_text()
+        x_val, y_val = validation_windows(val)
+        return Dataset(train, train, x_val, y_val, image_shape=())
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -55,6 +65,10 @@ def _synthetic(seed: int, train: int = 4096, test: int = 1024) -> Dataset:
 def build_model(workload: str, model_params: int = 1_000_000, seed: int = 0) -> nn.Module:
     """The same initial model on every worker (seeded), so averaging starts from consensus."""
     torch.manual_seed(seed)
+    if workload == "lm":
+        from hetrain.lm import GPT
+
+        return GPT()
     if workload == "mlp":
         return nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, NUM_CLASSES))
     if workload == "cnn":
@@ -66,6 +80,26 @@ def build_model(workload: str, model_params: int = 1_000_000, seed: int = 0) -> 
         )
     hidden = max(1, round((model_params - NUM_CLASSES) / (SYNTHETIC_FEATURES + 1 + NUM_CLASSES)))
     return nn.Sequential(nn.Linear(SYNTHETIC_FEATURES, hidden), nn.ReLU(), nn.Linear(hidden, NUM_CLASSES))
+
+
+def make_sampler(workload: str, data: Dataset, rank: int, world_size: int, batch_size: int, seed: int):
+    """Worker ``rank``'s endless batches: ``sampler.next() -> (x, y)``."""
+    if workload == "lm":
+        from hetrain.lm import TextSampler
+
+        return TextSampler(data.x_train, rank, world_size, batch_size, seed)
+    return ShardSampler(data, rank, world_size, batch_size, seed)
+
+
+def loss_fn(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over every prediction: (B, C) logits for classes, (B, T, 256) for bytes."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
+def make_optimizer(name: str, params, lr: float, momentum: float) -> torch.optim.Optimizer:
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr)
+    return torch.optim.SGD(params, lr=lr, momentum=momentum)
 
 
 class ShardSampler:
@@ -89,9 +123,15 @@ class ShardSampler:
 
 
 @torch.no_grad()
-def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    """(accuracy, mean cross-entropy loss) of ``model`` on ``x``, ``y`` (every prediction counts)."""
     was_training = model.training
     model.eval()
-    correct = (model(x).argmax(dim=1) == y).sum().item()
+    logits = model(x)
     model.train(was_training)
-    return correct / len(y)
+    correct = (logits.argmax(dim=-1) == y).sum().item()
+    return correct / y.numel(), float(loss_fn(logits, y).item())
+
+
+def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    return evaluate(model, x, y)[0]

@@ -21,8 +21,10 @@ def build_metrics(
     standalone_iteration_s: list[float],
     accuracy_curve: list[dict] | None = None,
     target_accuracy: float | None = None,
+    target_loss: float | None = None,
     final_accuracy_avg_model: float | None = None,
     final_accuracy_worst_worker: float | None = None,
+    final_loss_avg_model: float | None = None,
     consensus_distance: float | None = None,
     extra: dict | None = None,
 ) -> dict:
@@ -34,16 +36,17 @@ def build_metrics(
     ``standalone_iteration_s[i]``: worker i's own seconds per iteration when it
     never waits (emulated compute time times its slowdown). Heterogeneity
     efficiency = achieved samples/s divided by the sum of standalone speeds.
+    ``time_to_target_s``: the first curve point whose averaged model reaches
+    ``target_loss`` (validation loss at or below it) when given, else
+    ``target_accuracy``. Workers that report ``throughput_series`` (windows of
+    samples/s and RSS) give the job's series (their sum per window) and the
+    rates of the run's first and last quarter.
     """
     total_iterations = sum(w["iterations"] for w in workers)
     samples_per_s = total_iterations * batch_size / wall_time_s if wall_time_s > 0 else 0.0
     ideal = sum(batch_size / t for t in standalone_iteration_s if t > 0)
-    time_to_target = None
-    if accuracy_curve and target_accuracy is not None:
-        for point in accuracy_curve:
-            if point.get("accuracy_avg_model") is not None and point["accuracy_avg_model"] >= target_accuracy:
-                time_to_target = point["t_s"]
-                break
+    time_to_target = _time_to_target(accuracy_curve or [], target_accuracy, target_loss)
+    series = job_series([w["throughput_series"] for w in workers if w.get("throughput_series")])
     record = {
         "protocol": protocol,
         "num_workers": len(workers),
@@ -55,6 +58,9 @@ def build_metrics(
         "final_accuracy_avg_model": final_accuracy_avg_model,
         "final_accuracy_worst_worker": final_accuracy_worst_worker,
         "target_accuracy": target_accuracy,
+        "target_loss": target_loss,
+        "final_loss_avg_model": final_loss_avg_model,
+        "final_train_loss": _final_train_loss(workers),
         "time_to_target_s": time_to_target,
         "consensus_distance": consensus_distance,
         "max_iteration_gap": max((w.get("max_iteration_gap", 0) for w in workers), default=0),
@@ -62,11 +68,79 @@ def build_metrics(
     for key in SUMMED_COUNTERS:
         if key in ("updates_stale", "updates_dropped") or any(key in w for w in workers):
             record[key] = sum(w.get(key, 0) for w in workers)
+    if any("peak_rss_mb" in w for w in workers):
+        record["peak_rss_mb_max_worker"] = max(w.get("peak_rss_mb", 0.0) for w in workers)
+    if len(series) >= 4:  # a quarter of fewer windows would compare a window with itself
+        record["samples_per_s_first_quarter"], record["samples_per_s_last_quarter"] = quarter_rates(series)
+        record["rss_mb_all_workers_at_1min"] = rss_at(series, 60.0)
+        record["rss_mb_all_workers_at_end"] = series[-1]["rss_mb"]
     if extra:
         record.update(extra)
     record["workers"] = [dict(w, rank=w.get("rank", i)) for i, w in enumerate(workers)]
     record["accuracy_curve"] = accuracy_curve or []
+    record["throughput_series"] = series
     return record
+
+
+def _time_to_target(curve: list[dict], target_accuracy: float | None, target_loss: float | None) -> float | None:
+    for point in curve:
+        if target_loss is not None:
+            if point.get("loss_avg_model") is not None and point["loss_avg_model"] <= target_loss:
+                return point["t_s"]
+        elif target_accuracy is not None:
+            if point.get("accuracy_avg_model") is not None and point["accuracy_avg_model"] >= target_accuracy:
+                return point["t_s"]
+    return None
+
+
+def _final_train_loss(workers: list[dict]) -> float | None:
+    """Mean over workers of their last window's mean training loss."""
+    losses = []
+    for w in workers:
+        last = [p["train_loss"] for p in w.get("throughput_series") or [] if p.get("train_loss") is not None]
+        if last:
+            losses.append(last[-1])
+    return sum(losses) / len(losses) if losses else None
+
+
+def job_series(per_worker: list[list[dict]]) -> list[dict]:
+    """The job's windows: samples/s and RSS summed over workers, window by window."""
+    if not per_worker:
+        return []
+    series = []
+    for index in range(max(len(s) for s in per_worker)):
+        points = [s[index] for s in per_worker if index < len(s)]
+        series.append({
+            "t_s": max(p["t_s"] for p in points),
+            "samples_per_s": sum(p["samples_per_s"] for p in points),
+            "rss_mb": round(sum(p["rss_mb"] for p in points), 1),
+        })
+    return series
+
+
+def quarter_rates(series: list[dict]) -> tuple[float | None, float | None]:
+    """Mean samples/s over the first and the last quarter of the run's time (windows weighted by overlap)."""
+    if not series:
+        return None, None
+    end = series[-1]["t_s"]
+
+    def mean_rate(lo: float, hi: float) -> float | None:
+        samples, start = 0.0, 0.0
+        for point in series:
+            overlap = max(0.0, min(point["t_s"], hi) - max(start, lo))
+            samples += point["samples_per_s"] * overlap
+            start = point["t_s"]
+        return samples / (hi - lo) if hi > lo else None
+
+    return mean_rate(0.0, end / 4), mean_rate(3 * end / 4, end)
+
+
+def rss_at(series: list[dict], t_s: float) -> float | None:
+    """The job's RSS at the first window ending at or after ``t_s`` (None if the run is shorter)."""
+    for point in series:
+        if point["t_s"] >= t_s:
+            return point["rss_mb"]
+    return None
 
 
 def _fmt(value, spec: str = ".3f") -> str:
@@ -85,11 +159,25 @@ def format_summary(m: dict) -> str:
         f"  -> heterogeneity efficiency {_fmt(m['heterogeneity_efficiency'])}",
         f"  accuracy: averaged model {_fmt(m['final_accuracy_avg_model'], '.4f')}"
         f"  worst worker {_fmt(m['final_accuracy_worst_worker'], '.4f')}"
-        f"  time to {_fmt(m['target_accuracy'], '.2f')}: {_fmt(m['time_to_target_s'], '.2f')} s",
+        + (f"  time to loss {_fmt(m.get('target_loss'), '.2f')}: " if m.get("target_loss") is not None
+           else f"  time to {_fmt(m['target_accuracy'], '.2f')}: ")
+        + f"{_fmt(m['time_to_target_s'], '.2f')} s",
         f"  consensus distance {_fmt(m['consensus_distance'], '.3g')}  max iteration gap {m['max_iteration_gap']}"
         f"  updates stale {m.get('updates_stale', 0)} dropped {m.get('updates_dropped', 0)}",
-        "  worker  iterations  compute_s  wait_s",
     ]
+    if m.get("final_loss_avg_model") is not None:
+        lines.append(f"  loss: validation (averaged model) {_fmt(m['final_loss_avg_model'], '.4f')}"
+                     f"  training (last window) {_fmt(m.get('final_train_loss'), '.4f')}")
+    if m.get("samples_per_s_first_quarter") is not None:
+        first, last = m["samples_per_s_first_quarter"], m["samples_per_s_last_quarter"]
+        lines.append(f"  samples/s first quarter {_fmt(first, '.1f')}  last quarter {_fmt(last, '.1f')}"
+                     f"  ({_fmt(last / first if first else None, '.3f')}x)"
+                     f"  RSS all workers at 1 min {_fmt(m['rss_mb_all_workers_at_1min'], '.0f')} MB"
+                     f"  at end {_fmt(m['rss_mb_all_workers_at_end'], '.0f')} MB")
+    if m.get("interrupted"):
+        lines.append("  interrupted (Ctrl-C): figures cover the run up to the stop")
+    lines.append("  worker  iterations  compute_s  wait_s  peak_rss_mb")
     for w in m["workers"]:
-        lines.append(f"  {w['rank']:>6}  {w['iterations']:>10}  {w['compute_s']:>9.2f}  {w['wait_s']:>6.2f}")
+        lines.append(f"  {w['rank']:>6}  {w['iterations']:>10}  {w['compute_s']:>9.2f}  {w['wait_s']:>6.2f}"
+                     f"  {_fmt(w.get('peak_rss_mb'), '>11.0f')}")
     return "\n".join(lines)

@@ -103,7 +103,7 @@ def test_compare_writes_table_json_and_plot(tmp_path, capsys):
     summary = json.loads((out / "summary.json").read_text())
     assert [r["protocol"] for r in summary["runs"]] == ["allreduce", "hop"]
     assert "| hop |" in (out / "summary.md").read_text()
-    assert (out / "accuracy_vs_time.png").stat().st_size > 1000
+    assert (out / "over_time.png").stat().st_size > 1000
     assert (out / "hop" / "metrics.json").exists()
 
 

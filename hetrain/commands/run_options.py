@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import argparse
 
-from hetrain.config import GG_MODES, WORKLOADS, RunConfig
+from hetrain.config import GG_MODES, OPTIMIZERS, WORKLOADS, RunConfig
 
 
 def add_workload_options(parser: argparse.ArgumentParser, defaults: RunConfig) -> None:
     g = parser.add_argument_group("workload")
     g.add_argument("--workers", type=int, default=defaults.num_workers, help="number of worker processes")
     g.add_argument("--workload", choices=WORKLOADS, default=defaults.workload,
-                   help="mlp or cnn on scikit-learn's digits, or synthetic (size set by --model-params)")
+                   help="mlp or cnn on scikit-learn's digits, synthetic (size set by --model-params), "
+                        "or lm: a byte-level GPT (3.2M parameters) on Python's own documentation text")
     g.add_argument("--model-params", type=int, default=defaults.model_params,
                    help="parameters of the synthetic model (communication volume)")
     g.add_argument("--batch-size", type=int, default=defaults.batch_size)
-    g.add_argument("--lr", type=float, default=defaults.lr)
-    g.add_argument("--momentum", type=float, default=defaults.momentum)
+    g.add_argument("--optimizer", choices=OPTIMIZERS, default=defaults.optimizer,
+                   help="default: sgd (momentum 0.9), adamw for lm")
+    g.add_argument("--lr", type=float, default=defaults.lr, help="default: 0.1 for sgd, 0.001 for adamw")
+    g.add_argument("--momentum", type=float, default=defaults.momentum, help="sgd momentum (default 0.9)")
     g.add_argument("--seed", type=int, default=defaults.seed)
     g.add_argument("--slowdown", default=defaults.slowdown,
                    help="none | I:Kx[,J:Lx] | every:N:Kx | random:p=P,factor=K | trace:FILE.csv")
@@ -26,9 +29,12 @@ def add_workload_options(parser: argparse.ArgumentParser, defaults: RunConfig) -
     stop.add_argument("--iterations", type=int, default=None, help="stop after K iterations")
     stop.add_argument("--time-budget", type=float, default=None, dest="time_budget_s",
                       help="stop after SECONDS of training")
-    g.add_argument("--target-accuracy", type=float, default=defaults.target_accuracy)
+    g.add_argument("--target-accuracy", type=float, default=defaults.target_accuracy,
+                   help="time_to_target_s is to this test accuracy of the averaged model (default 0.95)")
+    g.add_argument("--target-loss", type=float, default=defaults.target_loss,
+                   help="lm: time_to_target_s is to this validation loss in nats/byte (default 2.5)")
     g.add_argument("--eval-interval", type=float, default=defaults.eval_interval_s, dest="eval_interval_s",
-                   help="seconds between model snapshots for accuracy-over-time")
+                   help="seconds between model snapshots for accuracy/loss over time (default 0.5; lm 5)")
     g.add_argument("--device", choices=("cpu", "cuda"), default=defaults.device,
                    help="cpu (gloo) or cuda (NCCL)")
     g.add_argument("--timeout", type=float, default=defaults.timeout_s, dest="timeout_s",
@@ -57,7 +63,8 @@ def add_protocol_options(parser: argparse.ArgumentParser, defaults: RunConfig) -
 def config_from_args(args: argparse.Namespace, **overrides) -> RunConfig:
     fields = dict(
         protocol=getattr(args, "protocol", "hop"), num_workers=args.workers, workload=args.workload,
-        model_params=args.model_params, batch_size=args.batch_size, lr=args.lr, momentum=args.momentum,
+        model_params=args.model_params, batch_size=args.batch_size, optimizer=args.optimizer, lr=args.lr,
+        momentum=args.momentum, target_loss=args.target_loss,
         seed=args.seed, slowdown=args.slowdown, compute_ms=args.compute_ms, iterations=args.iterations,
         time_budget_s=args.time_budget_s, target_accuracy=args.target_accuracy,
         eval_interval_s=args.eval_interval_s, device=args.device, timeout_s=args.timeout_s,

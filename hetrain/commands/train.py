@@ -7,6 +7,7 @@ from hetrain.config import PROTOCOLS, RunConfig
 from hetrain.errors import UsageError
 
 HELP = "train with one protocol on local worker processes (or as a rank under torchrun)"
+INTERRUPTED_EXIT_CODE = 130  # Ctrl-C: what the run had is written, and the shell learns it was cut short
 
 
 def add_arguments(parser) -> None:
@@ -35,4 +36,4 @@ def run(args) -> int:
         from hetrain.runtime.local_job import exit_without_teardown
 
         exit_without_teardown(0)
-    return 0
+    return INTERRUPTED_EXIT_CODE if metrics is not None and metrics.get("interrupted") else 0

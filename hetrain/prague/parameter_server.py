@@ -29,10 +29,14 @@ import torch.distributed as dist
 
 from hetrain.errors import UsageError, WorkerError
 from hetrain.runtime.protocol import SyncProtocol, flat_parameters, load_flat_parameters
+from hetrain.runtime.send_window import SendWindow
 
 _PUSH, _LEAVE = 0, 1
 _TAG_HEADER, _TAG_DELTA, _TAG_REPLY = 1, 2, 3
 _POLL_S = 0.02
+# A worker waits for its answer before it pushes again, so at most one answer per worker is in
+# flight: a window of 2 never blocks a healthy job and bounds the memory of a broken one.
+_ANSWERS_IN_FLIGHT = 2
 
 
 class _ServerState:
@@ -52,7 +56,7 @@ class _ServerState:
         self.local_reply: torch.Tensor | None = None
         self.messages = 0
         self.error: str | None = None
-        self._sends: list = []
+        self._windows: dict[int, SendWindow] = {}  # answers in flight, per worker
 
     def push(self, worker: int, delta: torch.Tensor) -> None:
         with self.cond:
@@ -105,13 +109,20 @@ class _ServerState:
             self.local_reply = reply
             self.cond.notify_all()
             return
-        self._sends = [(w, t) for w, t in self._sends if not w.is_completed()]
-        self._sends.append((self.down.send([reply], worker, _TAG_REPLY), reply))
+        window = self._windows.get(worker)
+        if window is None:
+            window = self._windows[worker] = SendWindow("the parameter server (rank 0)", worker,
+                                                        max_in_flight=_ANSWERS_IN_FLIGHT, timeout_s=self.timeout_s)
+        window.post(lambda: [self.down.send([reply], worker, _TAG_REPLY)], reply)
+
+    def answers_in_flight_max(self) -> int:
+        """The most answers ever outstanding to one worker."""
+        return max((w.max_seen_in_flight for w in self._windows.values()), default=0)
 
     def wait_sends(self) -> None:
-        for work, _ in self._sends:
-            work.wait(datetime.timedelta(seconds=self.timeout_s))
-        self._sends.clear()
+        for window in self._windows.values():
+            window.drain()
+            window.close()
 
 
 class ParameterServer(SyncProtocol):
@@ -231,6 +242,8 @@ class ParameterServer(SyncProtocol):
             self._collective(dist.broadcast(final, src=0, async_op=True), "the final model from rank 0")
         load_flat_parameters(self.model, final)
         self.stats.extra.update(pushes=self.stats.iterations)
+        if self._state is not None:
+            self.stats.extra.update(answers_in_flight_max=self._state.answers_in_flight_max())
 
     def _join_server(self) -> None:
         state, seen, deadline = self._state, -1, time.monotonic() + self.ctx.timeout_s

@@ -32,6 +32,7 @@ class WorkerContext:
     local_rank: int = 0
     local_world_size: int = 1
     report: Callable[[object], None] | None = None  # send a message to the launcher (local jobs only)
+    stop_requested: Callable[[], bool] | None = None  # True once the launcher asks to stop (Ctrl-C)
 
     @property
     def timeout(self) -> datetime.timedelta:

@@ -118,23 +118,27 @@ class Hop(SyncProtocol):
             self.channels.send("token", plan.tokens_to, TOKEN, plan.iteration, plan.token_count)
 
     def _begin_iteration(self) -> None:
-        """Skip iterations if far behind, then take the tokens to start one."""
-        with self._cond:
-            while True:
+        """Skip iterations if far behind, then take the tokens to start one.
+
+        Sends happen outside the lock: a send may wait for room in a peer's window,
+        and that peer's receiver thread may need this worker's lock to make room.
+        """
+        while True:
+            with self._cond:
                 skip = self.logic.plan_skip()
-                if skip is not None:
-                    plan = self.logic.apply_skip(skip)
-                    self._apply(plan, flat_parameters(self.model))
-                    # out-neighbours may be waiting for a skipped iteration's model: send this one
-                    self.channels.send("update", self.logic.out_neighbors, UPDATE, self.logic.iteration - 1, 0,
-                                       flat_parameters(self.model))
+                if skip is None:
+                    if self.logic.can_start():
+                        self.logic.start()
+                        return
+                    if not self._wait(lambda: self.logic.can_start() or self.logic.plan_skip() is not None):
+                        self._neighbors_stopped = True
+                        return
                     continue
-                if self.logic.can_start():
-                    self.logic.start()
-                    return
-                if not self._wait(lambda: self.logic.can_start() or self.logic.plan_skip() is not None):
-                    self._neighbors_stopped = True
-                    return
+                plan = self.logic.apply_skip(skip)
+            self._apply(plan, flat_parameters(self.model))
+            # out-neighbours may be waiting for a skipped iteration's model: send this one
+            self.channels.send("update", self.logic.out_neighbors, UPDATE, self.logic.iteration - 1, 0,
+                               flat_parameters(self.model))
 
     def start(self) -> None:
         if self._last_step_end is None:
@@ -183,7 +187,7 @@ class Hop(SyncProtocol):
         self.stats.max_iteration_gap = counters.pop("max_iteration_gap")
         self.stats.skipped_iterations = counters.pop("skipped_iterations")
         self.stats.iteration = self.logic.iteration
-        self.stats.extra.update(counters)
+        self.stats.extra.update(counters, sends_in_flight_max=self.channels.max_in_flight_seen())
         return super().metrics()
 
 

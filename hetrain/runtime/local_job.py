@@ -2,8 +2,18 @@
 
 Used by ``hetrain train`` and by the tests. Rendezvous goes through a
 ``FileStore`` in a fresh temporary directory (no ports to pick). The parent
-watches the children: the first one to fail, or a job that outlives its
-deadline, kills every rank and raises :class:`WorkerError` naming the worker.
+watches the children:
+
+- the first failure (an error a worker reports, or a worker that dies) kills
+  every rank and raises :class:`WorkerError` with one line naming the worker
+  that failed first and how (``worker 1 was killed by SIGKILL ...``), not a
+  survivor's complaint about the connection it lost; every worker's full
+  traceback goes to ``log_path`` when one is given;
+- workers die with the parent (:mod:`hetrain.runtime.process_guard`), so a
+  killed launcher leaves no orphans;
+- Ctrl-C (SIGINT) asks the workers to stop at their next iteration
+  (``ctx.stop_requested()``) and returns what they have, marked
+  ``interrupted``; a second Ctrl-C kills them.
 """
 
 from __future__ import annotations
@@ -13,20 +23,32 @@ import multiprocessing as mp
 import os
 import queue
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
 from typing import Any
 
 from hetrain.errors import HetrainError, UsageError, WorkerError
+from hetrain.runtime.process_guard import describe_exit, die_with_parent
 
 _POLL_S = 0.05
+_FAILURE_GRACE_S = 1.5  # after a first failure: time to hear from the rest (who died, who merely lost a peer)
 
 
-def _child(fn, rank, world_size, store_path, backend, timeout_s, args, results, messages):
+class JobResults(list):
+    """Results by rank; ``interrupted`` is True when Ctrl-C stopped the job early."""
+
+    interrupted: bool = False
+
+
+def _child(fn, rank, world_size, store_path, backend, timeout_s, args, results, messages, parent_pid, stop):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    die_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher handles Ctrl-C and asks us to stop
     try:
         import torch
         import torch.distributed as dist
@@ -46,15 +68,22 @@ def _child(fn, rank, world_size, store_path, backend, timeout_s, args, results, 
             rank, world_size, device, timeout_s, dist.PrefixStore("hetrain/", store), rank, world_size
         )
         ctx.report = lambda message: messages.put((rank, message))
+        ctx.stop_requested = stop.is_set
         result = fn(ctx, *args)
-        results.put((rank, "ok", result))
+        results.put((rank, "ok", result, None))
         dist.barrier()  # nobody leaves while another rank may still talk to it
     except BaseException as exc:  # report every failure to the parent, then die
         kind = "usage" if isinstance(exc, UsageError) else "error"
-        text = str(exc) if isinstance(exc, HetrainError) else traceback.format_exc(limit=6)
-        results.put((rank, kind, text))
+        detail = traceback.format_exc()
+        summary = str(exc) if isinstance(exc, HetrainError) else _last_line(detail)
+        results.put((rank, kind, summary, detail))
         _exit_now(1, results, messages)
     _exit_now(0, results, messages)
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "unknown error"
 
 
 def exit_without_teardown(code: int) -> None:
@@ -85,103 +114,168 @@ def run_local(
     timeout_s: float = 60.0,
     job_timeout_s: float | None = None,
     on_message: Callable[[int, Any], None] | None = None,
-) -> list[Any]:
+    log_path: str | os.PathLike | None = None,
+) -> JobResults:
     """Run ``fn(ctx, *args)`` on ``num_workers`` processes; return their results by rank.
 
     ``ctx`` is a :class:`hetrain.runtime.context.WorkerContext` with a
     ``report(message)`` method that sends a picklable message to the parent,
-    where ``on_message(rank, message)`` receives it (e.g. for a progress bar).
+    where ``on_message(rank, message)`` receives it (e.g. for a progress bar),
+    and ``stop_requested()``, which turns True after Ctrl-C.
     ``timeout_s`` bounds each blocking wait inside the job; ``job_timeout_s``
     bounds the whole job (default: no bound beyond the per-wait timeouts).
+    ``log_path``: where a failed job writes every worker's full traceback.
     """
-    ctx_mp = mp.get_context("spawn")
-    results, messages = ctx_mp.Queue(), ctx_mp.Queue()
-    tmp = tempfile.mkdtemp(prefix="hetrain-job-")
-    store_path = os.path.join(tmp, "store")
-    procs = [
-        ctx_mp.Process(
-            target=_child,
-            args=(fn, rank, num_workers, store_path, backend, timeout_s, args, results, messages),
-            daemon=True,
-        )
-        for rank in range(num_workers)
-    ]
-    deadline = None if job_timeout_s is None else time.monotonic() + job_timeout_s
-    done: dict[int, Any] = {}
-    try:
-        for proc in procs:
-            proc.start()
-        while len(done) < num_workers:
-            _drain_messages(messages, on_message)
-            try:
-                rank, kind, value = results.get(timeout=_POLL_S)
-            except queue.Empty:
-                dead = _dead_child(procs, done)
-                if dead is not None:
-                    try:  # its own error report usually arrives just after it dies
-                        rank, kind, value = results.get(timeout=1.0)
-                    except queue.Empty:
-                        code = procs[dead].exitcode
-                        raise WorkerError(
-                            f"worker {dead} died with exit code {code} before reporting a result"
-                        ) from None
-                    _raise_if_failed(rank, kind, value)
-                    done[rank] = value
-                    continue
-                if deadline is not None and time.monotonic() > deadline:
-                    missing = sorted(set(range(num_workers)) - set(done))
-                    raise WorkerError(
-                        f"job did not finish within {job_timeout_s:.0f} s; still running: workers {missing}"
-                    ) from None
-                continue
-            if kind == "error":  # a peer's death often surfaces first as a neighbour's lost connection
-                _raise_if_another_died(procs, done, rank, value)
-            _raise_if_failed(rank, kind, value)
-            done[rank] = value
-        _drain_messages(messages, on_message)
-        for proc in procs:
-            proc.join(timeout=timeout_s)
-        return [done[rank] for rank in range(num_workers)]
-    finally:
-        for proc in procs:
-            if proc.is_alive():
-                proc.kill()
-        for proc in procs:
-            proc.join(timeout=5)
-        shutil.rmtree(tmp, ignore_errors=True)
+    return _LocalJob(fn, num_workers, args, backend, timeout_s, job_timeout_s, on_message, log_path).run()
 
 
-def _drain_messages(messages, on_message) -> None:
-    while True:
+class _LocalJob:
+    def __init__(self, fn, num_workers, args, backend, timeout_s, job_timeout_s, on_message, log_path):
+        self.n = num_workers
+        self.timeout_s = timeout_s
+        self.job_timeout_s = job_timeout_s
+        self.on_message = on_message
+        self.log_path = log_path
+        ctx_mp = mp.get_context("spawn")
+        self.results, self.messages = ctx_mp.Queue(), ctx_mp.Queue()
+        self.stop = ctx_mp.Event()
+        self.tmp = tempfile.mkdtemp(prefix="hetrain-job-")
+        store_path = os.path.join(self.tmp, "store")
+        self.procs = [
+            ctx_mp.Process(
+                target=_child, name=f"hetrain-worker-{rank}",
+                args=(fn, rank, num_workers, store_path, backend, timeout_s, args, self.results, self.messages,
+                      os.getpid(), self.stop),
+                daemon=True,
+            )
+            for rank in range(num_workers)
+        ]
+        self.done: dict[int, Any] = {}
+        self.failures: dict[int, tuple[str, str, str | None]] = {}  # rank -> (kind, summary, detail)
+        self.interrupts = 0
+        self.stop_deadline: float | None = None
+
+    # -- the watch loop ------------------------------------------------------------
+    def run(self) -> JobResults:
+        deadline = None if self.job_timeout_s is None else time.monotonic() + self.job_timeout_s
+        previous = self._install_interrupt_handler()
         try:
-            rank, message = messages.get_nowait()
+            for proc in self.procs:
+                proc.start()
+            while len(self.done) < self.n:
+                self._drain_messages()
+                self._collect(_POLL_S)
+                if self.failures or self._dead_without_result():
+                    self._fail()
+                now = time.monotonic()
+                if deadline is not None and now > deadline:
+                    raise WorkerError(f"job did not finish within {self.job_timeout_s:.0f} s; still running: "
+                                      f"workers {self._missing()}")
+                if self.stop_deadline is not None and now > self.stop_deadline:
+                    raise WorkerError(f"interrupted: workers {self._missing()} did not stop within "
+                                      f"{self.timeout_s:.0f} s of Ctrl-C")
+            self._drain_messages()
+            for proc in self.procs:
+                proc.join(timeout=self.timeout_s)
+            results = JobResults(self.done[rank] for rank in range(self.n))
+            results.interrupted = self.interrupts > 0
+            return results
+        finally:
+            self._restore_interrupt_handler(previous)
+            for proc in self.procs:
+                if proc.is_alive():
+                    proc.kill()
+            for proc in self.procs:
+                if proc.pid is not None:
+                    proc.join(timeout=5)
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def _collect(self, wait_s: float) -> None:
+        try:
+            rank, kind, value, detail = self.results.get(timeout=wait_s)
         except queue.Empty:
             return
-        if on_message is not None:
-            on_message(rank, message)
+        if kind == "ok":
+            self.done[rank] = value
+        else:
+            self.failures.setdefault(rank, (kind, value, detail))
+
+    def _drain_messages(self) -> None:
+        while True:
+            try:
+                rank, message = self.messages.get_nowait()
+            except queue.Empty:
+                return
+            if self.on_message is not None:
+                self.on_message(rank, message)
+
+    def _dead_without_result(self) -> list[int]:
+        return [rank for rank, proc in enumerate(self.procs)
+                if proc.exitcode not in (None, 0) and rank not in self.done and rank not in self.failures]
+
+    def _missing(self) -> list[int]:
+        return sorted(set(range(self.n)) - set(self.done))
+
+    # -- failure -----------------------------------------------------------------------
+    def _fail(self) -> None:
+        """Listen a little longer (who died, who only lost a peer), then raise one line naming the cause."""
+        grace_end = time.monotonic() + _FAILURE_GRACE_S
+        while time.monotonic() < grace_end:
+            self._collect(_POLL_S)
+            self._drain_messages()
+            if all(p.exitcode is not None for r, p in enumerate(self.procs) if r not in self.done):
+                break
+        dead = self._dead_without_result()
+        for rank in dead:  # an error report may still be in the queue just behind the death
+            self._collect(0.2 if self.procs[rank].exitcode > 0 else 0.0)
+        dead = self._dead_without_result()
+        self._write_log(dead)
+        see_log = f" (tracebacks: {self.log_path})" if self.log_path and self.failures else ""
+        usage = [r for r, (kind, _, _) in self.failures.items() if kind == "usage"]
+        if usage:
+            raise UsageError(self.failures[usage[0]][1])
+        if dead:
+            first = dead[0]
+            others = [r for r in self.failures if r != first]
+            after = f"; then worker {others[0]} failed: {_first_line(self.failures[others[0]][1])}" if others else ""
+            raise WorkerError(f"worker {first} {describe_exit(self.procs[first].exitcode)}{after}{see_log}")
+        rank = next(iter(self.failures))
+        raise WorkerError(f"worker {rank} failed: {_first_line(self.failures[rank][1])}{see_log}")
+
+    def _write_log(self, dead: list[int]) -> None:
+        if not self.log_path:
+            return
+        lines = [f"hetrain job failed at {time.strftime('%Y-%m-%d %H:%M:%S')}"]
+        for rank in dead:
+            lines.append(f"\n== worker {rank} {describe_exit(self.procs[rank].exitcode)} (no report)")
+        for rank, (_, summary, detail) in self.failures.items():
+            lines.append(f"\n== worker {rank} failed: {summary}\n{detail or ''}")
+        try:
+            with open(self.log_path, "w") as handle:
+                handle.write("\n".join(lines) + "\n")
+        except OSError:
+            self.log_path = None
+
+    # -- Ctrl-C -----------------------------------------------------------------------
+    def _install_interrupt_handler(self):
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        return signal.signal(signal.SIGINT, self._on_interrupt)
+
+    def _restore_interrupt_handler(self, previous) -> None:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+    def _on_interrupt(self, signum, frame) -> None:
+        self.interrupts += 1
+        if self.interrupts > 1:
+            raise KeyboardInterrupt
+        self.stop.set()
+        self.stop_deadline = time.monotonic() + self.timeout_s
+        print("\nhetrain: stopping the workers at their next iteration (Ctrl-C again to kill them)",
+              file=sys.stderr, flush=True)
 
 
-def _dead_child(procs, done) -> int | None:
-    for rank, proc in enumerate(procs):
-        if rank not in done and proc.exitcode is not None and proc.exitcode != 0:
-            return rank
-    return None
-
-
-def _raise_if_another_died(procs, done, failed_rank: int, failure: str, grace_s: float = 1.0) -> None:
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        for rank, proc in enumerate(procs):
-            if rank != failed_rank and rank not in done and proc.exitcode not in (None, 0):
-                raise WorkerError(
-                    f"worker {rank} died with exit code {proc.exitcode}; then worker {failed_rank} failed: "
-                    f"{failure.strip().splitlines()[-1]}"
-                )
-        time.sleep(_POLL_S)
-
-
-def _raise_if_failed(rank: int, kind: str, value) -> None:
-    if kind == "usage":
-        raise UsageError(value)
-    if kind == "error":
-        raise WorkerError(f"worker {rank} failed: {value.strip()}")
+def _first_line(text: str) -> str:
+    text = (text or "").strip()
+    return text.splitlines()[0] if text else "unknown error"

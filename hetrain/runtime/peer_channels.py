@@ -14,6 +14,9 @@ constructs its PeerChannels at the same point.
 
 Every receive waits at most ``timeout_s``; a receiver that times out or fails
 records an error naming the peer, which the protocol raises in the main thread.
+Sends to each peer go through a :class:`~hetrain.runtime.send_window.SendWindow`:
+at most ``max_in_flight`` messages outstanding per peer, each payload released
+as soon as its send completes.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from hetrain.runtime.context import WorkerContext
+from hetrain.runtime.send_window import DEFAULT_MAX_IN_FLIGHT, SendWindow
 
 UPDATE, TOKEN, STOP = 0, 1, 2
 CHANNEL_TAGS = {"update": 11, "token": 12}
@@ -34,16 +38,18 @@ RECEIVER_TIMEOUT_FACTOR = 3
 
 class PeerChannels:
     def __init__(self, ctx: WorkerContext, payload_numel: int, payload_dtype: torch.dtype,
-                 on_message: Callable[[str, int, int, int, int, torch.Tensor | None], None]):
-        """``on_message(channel, src, kind, iteration, count, payload)`` runs on receiver threads."""
+                 on_message: Callable[[str, int, int, int, int, torch.Tensor | None], None],
+                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT):
+        """``on_message(channel, src, kind, iteration, count, payload)`` runs on receiver threads;
+        ``max_in_flight`` bounds the messages (both channels) outstanding to each peer."""
         self.ctx = ctx
         self.payload_numel = payload_numel
         self.payload_dtype = payload_dtype
         self.on_message = on_message
         self.errors: list[str] = []
         self._threads: list[threading.Thread] = []
-        self._pending: list = []
-        self._lock = threading.Lock()
+        self.max_in_flight = max_in_flight
+        self._windows: dict[int, SendWindow] = {}
         self.group = dist.new_group(timeout=ctx.timeout * RECEIVER_TIMEOUT_FACTOR)
 
     def handshake(self, out_neighbors: list[int], in_neighbors: list[int]) -> None:
@@ -112,22 +118,38 @@ class PeerChannels:
 
     def send(self, channel: str, dsts: list[int], kind: int, iteration: int = 0, count: int = 0,
              payload: torch.Tensor | None = None) -> None:
+        """Post one message to each of ``dsts``; blocks only while a peer has a full window."""
         tag = CHANNEL_TAGS[channel]
         header = torch.tensor([kind, iteration, count], dtype=torch.int64, device=self.ctx.device)
-        with self._lock:
-            # keep each tensor beside its work until the send completes
-            self._pending = [(w, t) for w, t in self._pending if not w.is_completed()]
-            for dst in dsts:
-                self._pending.append((dist.isend(header, dst=dst, tag=tag, group=self.group), header))
+        for dst in dsts:
+            def start(dst=dst):
+                works = [dist.isend(header, dst=dst, tag=tag, group=self.group)]
                 if payload is not None:
-                    self._pending.append((dist.isend(payload, dst=dst, tag=tag, group=self.group), payload))
+                    works.append(dist.isend(payload, dst=dst, tag=tag, group=self.group))
+                return works
+
+            self._window(dst).post(start, header, payload)
+
+    def _window(self, dst: int) -> SendWindow:
+        window = self._windows.get(dst)
+        if window is None:
+            window = SendWindow(f"worker {self.ctx.rank}", dst, max_in_flight=self.max_in_flight,
+                                timeout_s=self.ctx.timeout_s)
+            self._windows[dst] = window
+        return window
+
+    def in_flight(self) -> int:
+        """Messages posted and not yet seen to complete, over all peers."""
+        return sum(w.in_flight for w in self._windows.values())
+
+    def max_in_flight_seen(self) -> int:
+        """The most messages ever outstanding to one peer."""
+        return max((w.max_seen_in_flight for w in self._windows.values()), default=0)
 
     def flush(self) -> None:
         """Wait until every send has left (bounded by the timeout)."""
-        with self._lock:
-            pending, self._pending = self._pending, []
-        for work, _ in pending:
-            work.wait(timeout=self.ctx.timeout)
+        for window in self._windows.values():
+            window.drain()
 
     def join(self) -> None:
         """Wait for every receiver thread to see its peer's STOP (bounded by the timeout)."""
@@ -142,6 +164,8 @@ class PeerChannels:
     def close(self) -> None:
         """Destroy the channels' process group now (after join and flush), not at interpreter exit:
         a gloo group left to be destroyed during finalization can abort the process."""
+        for window in self._windows.values():
+            window.close()
         if self.group is not None:
             dist.destroy_process_group(self.group)
             self.group = None

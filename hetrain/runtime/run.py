@@ -3,7 +3,9 @@
 ``run_training(config, out_dir)`` validates everything first (so bad input
 writes nothing), spawns ``config.num_workers`` local gloo/NCCL processes with
 a progress bar, evaluates the models the workers snapshotted along the way,
-and writes ``OUT/metrics.json`` (atomically) plus ``OUT/summary.txt``.
+and writes ``OUT/metrics.json`` (atomically) plus ``OUT/summary.txt``. A job
+stopped by Ctrl-C still writes what it has (``"interrupted": true``); a failed
+job writes every worker's traceback to ``OUT/errors.log``.
 Under torchrun, ``run_training_torchrun`` does the same from inside the job.
 """
 
@@ -17,11 +19,12 @@ import torch
 from tqdm import tqdm
 
 from hetrain.config import RunConfig
-from hetrain.data import accuracy, build_model, load_dataset
+from hetrain.data import build_model, evaluate, load_dataset
 from hetrain.errors import UsageError
 from hetrain.metrics import build_metrics, format_summary
 from hetrain.outputs import prepare_out_dir, write_json_atomic, write_text_atomic
 from hetrain.runtime.local_job import run_local
+from hetrain.runtime.process_guard import die_with_parent
 from hetrain.runtime.protocol import load_flat_parameters
 from hetrain.runtime.registry import protocol_class
 from hetrain.runtime.train_worker import train_worker
@@ -52,10 +55,11 @@ def run_training(config: RunConfig, out_dir: str | None, progress: bool = True, 
             train_worker, config.num_workers, (config,),
             backend="nccl" if config.device == "cuda" else "gloo",
             timeout_s=config.timeout_s, job_timeout_s=_job_timeout_s(config), on_message=bar.update,
+            log_path=out / "errors.log" if out is not None else None,
         )
     finally:
         bar.close()
-    return finalize_run(config, results, out)
+    return finalize_run(config, results, out, interrupted=results.interrupted)
 
 
 def run_training_torchrun(config: RunConfig, out_dir: str | None) -> dict | None:
@@ -64,6 +68,7 @@ def run_training_torchrun(config: RunConfig, out_dir: str | None) -> dict | None
 
     from hetrain.runtime.context import init_from_env
 
+    die_with_parent(os.getppid())  # torchrun's agent: no orphan if it is killed
     ctx = init_from_env("nccl" if config.device == "cuda" else "gloo", timeout_s=config.timeout_s)
     config = config.replace(num_workers=ctx.world_size)
     check_run_config(config)
@@ -77,9 +82,9 @@ def run_training_torchrun(config: RunConfig, out_dir: str | None) -> dict | None
     return finalize_run(config, gathered, out)
 
 
-def finalize_run(config: RunConfig, results: list[dict], out) -> dict:
+def finalize_run(config: RunConfig, results: list[dict], out, interrupted: bool = False) -> dict:
     workers = [r["worker"] for r in results]
-    curve = accuracy_curve(config, [r["snapshots"] for r in results])
+    curve = evaluation_curve(config, [r["snapshots"] for r in results])
     metrics = build_metrics(
         protocol=config.protocol,
         workers=workers,
@@ -88,10 +93,12 @@ def finalize_run(config: RunConfig, results: list[dict], out) -> dict:
         standalone_iteration_s=[w["standalone_iteration_s"] for w in workers],
         accuracy_curve=curve,
         target_accuracy=config.target_accuracy,
+        target_loss=config.resolved_target_loss(),
         final_accuracy_avg_model=workers[0]["consensus_accuracy"],
         final_accuracy_worst_worker=min(w["local_accuracy"] for w in workers),
+        final_loss_avg_model=workers[0]["consensus_loss"],
         consensus_distance=workers[0].get("consensus_distance"),
-        extra={"config": {k: v for k, v in vars(config).items()}},
+        extra={"interrupted": interrupted, "config": dict(vars(config))},
     )
     if out is not None:
         write_json_atomic(out / "metrics.json", metrics)
@@ -99,24 +106,30 @@ def finalize_run(config: RunConfig, results: list[dict], out) -> dict:
     return metrics
 
 
-def accuracy_curve(config: RunConfig, snapshots_by_worker: list[list]) -> list[dict]:
-    """Accuracy of the average of the workers' models at each snapshot tick."""
+def evaluation_curve(config: RunConfig, snapshots_by_worker: list[list]) -> list[dict]:
+    """Accuracy and loss of the average of the workers' models at each snapshot time.
+
+    Snapshots are ``(due_s, t_s, iteration, flat)``; at each due time every worker
+    contributes its latest snapshot due at or before it.
+    """
     if not all(snapshots_by_worker):
         return []
     data = load_dataset(config.workload, config.seed)
     model = build_model(config.workload, config.model_params, config.seed)
-    ticks = sorted({snap[0] for snaps in snapshots_by_worker for snap in snaps})
+    due_times = sorted({snap[0] for snaps in snapshots_by_worker for snap in snaps})
     curve = []
-    for tick in ticks:
+    for due in due_times:
         chosen = []
         for snaps in snapshots_by_worker:
-            before = [s for s in snaps if s[0] <= tick]
+            before = [s for s in snaps if s[0] <= due]
             chosen.append(before[-1] if before else snaps[0])
         mean = torch.from_numpy(np.mean([s[3] for s in chosen], axis=0))
         load_flat_parameters(model, mean)
+        accuracy, loss = evaluate(model, data.x_test, data.y_test)
         curve.append({
             "t_s": max(s[1] for s in chosen),
-            "accuracy_avg_model": accuracy(model, data.x_test, data.y_test),
+            "accuracy_avg_model": accuracy,
+            "loss_avg_model": loss,
             "min_iteration": min(s[2] for s in chosen),
             "max_iteration": max(s[2] for s in chosen),
         })

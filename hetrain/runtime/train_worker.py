@@ -1,7 +1,8 @@
 """One worker of a training run: the loop the CLI runs on every rank.
 
 take a batch -> (emulated) compute -> optimizer step -> protocol.step(), until
-the iteration or time budget is spent; then protocol.finish(). Emulation: with
+the iteration or time budget is spent (or the launcher asks to stop); then
+protocol.finish(). Emulation (:mod:`hetrain.runtime.emulation`): with
 ``compute_ms`` T, a worker of slowdown factor f sleeps so that each iteration's
 compute lasts T*f ms (the model math still runs); without it, it sleeps
 (f - 1) times its measured math time. The sleep comes before the math, so it
@@ -12,25 +13,25 @@ from __future__ import annotations
 
 import time
 
-import torch
 import torch.distributed as dist
 from torch import nn
 
 from hetrain.config import RunConfig
-from hetrain.data import ShardSampler, accuracy, build_model, load_dataset
+from hetrain.data import build_model, evaluate, load_dataset, loss_fn, make_optimizer, make_sampler
 from hetrain.runtime.context import WorkerContext
+from hetrain.runtime.emulation import ComputeEmulator
+from hetrain.runtime.meter import WindowMeter, peak_rss_mb
 from hetrain.runtime.protocol import flat_parameters
 from hetrain.runtime.registry import build_protocol
+from hetrain.runtime.snapshots import SnapshotKeeper
 from hetrain.slowdown import parse_slowdown
 
 CALIBRATION_ITERATIONS = 5
-MAX_SNAPSHOT_PARAMS = 2_000_000  # accuracy-over-time snapshots only for small models
 PROGRESS_INTERVAL_S = 0.25
 
 
-def measure_math_s(model: nn.Module, sampler: ShardSampler, iterations: int = CALIBRATION_ITERATIONS) -> float:
+def measure_math_s(model: nn.Module, sampler, iterations: int = CALIBRATION_ITERATIONS) -> float:
     """Median seconds of one forward+backward on this worker's batches (no step, grads cleared)."""
-    loss_fn = nn.CrossEntropyLoss()
     times = []
     for _ in range(iterations + 1):
         x, y = sampler.next()
@@ -46,55 +47,64 @@ def train_worker(ctx: WorkerContext, config: RunConfig) -> dict:
     """Run one worker; return its counters, snapshots and final accuracies (picklable)."""
     data = load_dataset(config.workload, config.seed)
     model = build_model(config.workload, config.model_params, config.seed).to(ctx.device)
-    sampler = ShardSampler(data, ctx.rank, ctx.world_size, config.batch_size, config.seed)
+    sampler = make_sampler(config.workload, data, ctx.rank, ctx.world_size, config.batch_size, config.seed)
     slowdown = parse_slowdown(config.slowdown, config.seed).check_workers(ctx.world_size)
     math_s = measure_math_s(model, sampler)
     base_s = config.compute_ms / 1000.0 if config.compute_ms is not None else math_s
     standalone_s = max(base_s * slowdown.expected_factor(ctx.rank), math_s)
 
     protocol = build_protocol(config, model, ctx)
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
-    loss_fn = nn.CrossEntropyLoss()
-    snapshots = []  # (tick, t_s, iteration, flat params)
-    take_snapshots = sum(p.numel() for p in model.parameters()) <= MAX_SNAPSHOT_PARAMS
+    optimizer = make_optimizer(config.resolved_optimizer(), model.parameters(), config.resolved_lr(),
+                               config.momentum)
+    model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    snapshots = SnapshotKeeper(config.resolved_eval_interval_s(), model_bytes)
+    meter = WindowMeter()
+    emulator = ComputeEmulator(math_s)
+    stop_requested = ctx.stop_requested or (lambda: False)
 
     dist.barrier()
     t0 = time.perf_counter()
-    next_tick, last_report = 0, 0.0
+    last_report = 0.0
     computed = 0
     while True:
         elapsed = time.perf_counter() - t0
-        if take_snapshots and elapsed >= next_tick * config.eval_interval_s:
-            snapshots.append((next_tick, elapsed, protocol.stats.iteration, flat_parameters(model)))
-            next_tick = int(elapsed / config.eval_interval_s) + 1
+        snapshots.maybe_take(elapsed, protocol.stats.iteration, lambda: flat_parameters(model))
         if ctx.report is not None and elapsed - last_report >= PROGRESS_INTERVAL_S:
             ctx.report({"iteration": protocol.stats.iteration, "computed": computed, "t_s": elapsed})
             last_report = elapsed
         local_done = (config.iterations is not None and protocol.stats.iteration >= config.iterations) or (
             config.time_budget_s is not None and elapsed >= config.time_budget_s
-        )
+        ) or stop_requested()
         if protocol.should_stop(local_done):
             break
-        extra_s = base_s * slowdown.factor(ctx.rank, computed) - math_s
-        if extra_s > 0:
-            time.sleep(extra_s)
+        emulator.sleep(base_s * slowdown.factor(ctx.rank, computed))
+        began = time.perf_counter()
         x, y = sampler.next()
         x, y = x.to(ctx.device), y.to(ctx.device)
         optimizer.zero_grad(set_to_none=True)
-        loss_fn(protocol.module(x), y).backward()
+        math_began = time.perf_counter()
+        loss = loss_fn(protocol.module(x), y)
+        loss.backward()
+        stepped = time.perf_counter()
         optimizer.step()
+        emulator.note_overhead(math_began - began + time.perf_counter() - stepped)
+        emulator.end_iteration()
         computed += 1
         protocol.step()
+        meter.record(time.perf_counter() - t0, len(x), float(loss.detach()))
     loop_s = time.perf_counter() - t0
-    local_accuracy = accuracy(model, data.x_test.to(ctx.device), data.y_test.to(ctx.device))
-    if take_snapshots:
-        snapshots.append((next_tick, loop_s, protocol.stats.iteration, flat_parameters(model)))
+    x_test, y_test = data.x_test.to(ctx.device), data.y_test.to(ctx.device)
+    local_accuracy, local_loss = evaluate(model, x_test, y_test)
+    snapshots.take_final(loop_s, protocol.stats.iteration, lambda: flat_parameters(model))
     protocol.finish()
-    consensus_accuracy = accuracy(model, data.x_test.to(ctx.device), data.y_test.to(ctx.device))
+    consensus_accuracy, consensus_loss = evaluate(model, x_test, y_test)
     if ctx.report is not None:
         ctx.report({"iteration": protocol.stats.iteration, "computed": computed, "t_s": loop_s, "done": True})
     worker = protocol.metrics()
     worker.update(rank=ctx.rank, standalone_iteration_s=standalone_s, math_s=math_s, loop_s=loop_s,
-                  local_accuracy=local_accuracy, consensus_accuracy=consensus_accuracy)
+                  local_accuracy=local_accuracy, local_loss=local_loss, consensus_accuracy=consensus_accuracy,
+                  consensus_loss=consensus_loss, peak_rss_mb=round(peak_rss_mb(), 1),
+                  throughput_series=meter.finish(loop_s))
     # numpy, not tensors: tensors sent through a multiprocessing queue need the sender alive
-    return {"worker": worker, "snapshots": [(k, t, it, flat.cpu().numpy()) for k, t, it, flat in snapshots]}
+    return {"worker": worker,
+            "snapshots": [(due, t, it, flat.cpu().numpy()) for due, t, it, flat in snapshots.snapshots]}

@@ -78,7 +78,7 @@ def simulate(config: RunConfig, options: SimOptions = SimOptions(), model_params
                               if config.time_budget_s else iterations)
     total = n * expected_iterations
     if options.math == "digits":
-        math = DigitsMath(n, batch_size=config.batch_size, lr=config.lr, seed=config.seed, total_iterations=total)
+        math = DigitsMath(n, batch_size=config.batch_size, lr=config.resolved_lr(), seed=config.seed, total_iterations=total)
     else:
         math = NullMath()
     engine = Engine(trace=options.trace)

@@ -133,6 +133,6 @@ def _die(ctx):
 
 def test_a_dead_worker_fails_the_job_quickly():
     began = time.monotonic()
-    with pytest.raises(WorkerError, match="worker 1 died with exit code 3"):
+    with pytest.raises(WorkerError, match="worker 1 exited with code 3"):
         run_local(_die, 3, timeout_s=20)
     assert time.monotonic() - began < 15

@@ -1,0 +1,101 @@
+"""Soak benchmark: every protocol for minutes, at a small and a real payload, watching memory and speed.
+
+    .venv/bin/python benchmarks/soak_bench.py --out runs/soak              # 6 protocols x 4,8 workers x 2 models x 10 min
+    .venv/bin/python benchmarks/soak_bench.py --out runs/soak --duration 60 --protocols hop --workers 4   # a quick look
+
+Models: the digits MLP (``--compute-ms 50``, 20 KB messages) and a synthetic
+model of 25M parameters (100 MB per message, real compute). No slowdown. For
+each run: the RSS of all workers together at 1 minute and at the end, and the
+job's samples/s in the first and last quarter of the run (from metrics.json's
+``throughput_series``). Goals (issue "Runtime soundness"): RSS growth after the
+first minute <= 5%, last-quarter rate >= 0.95x the first quarter's.
+
+Writes OUT/soak.md and OUT/soak.json after every run (a long sweep can be
+resumed with ``--skip-done``), and each run's record under OUT/<model>-<workers>/<protocol>/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from hetrain.config import PROTOCOLS, RunConfig
+from hetrain.runtime.run import run_training
+
+MODELS = {
+    "mlp": dict(workload="mlp", compute_ms=50.0),
+    "synthetic-25m": dict(workload="synthetic", model_params=25_000_000),
+}
+RSS_GROWTH_GOAL = 0.05
+RATE_RATIO_GOAL = 0.95
+
+
+def row_of(model: str, workers: int, metrics: dict) -> dict:
+    rss_1min, rss_end = metrics.get("rss_mb_all_workers_at_1min"), metrics.get("rss_mb_all_workers_at_end")
+    first, last = metrics.get("samples_per_s_first_quarter"), metrics.get("samples_per_s_last_quarter")
+    growth = (rss_end - rss_1min) / rss_1min if rss_1min and rss_end is not None else None
+    ratio = last / first if first and last is not None else None
+    return {
+        "model": model, "workers": workers, "protocol": metrics["protocol"],
+        "wall_time_s": metrics["wall_time_s"], "rss_mb_1min": rss_1min, "rss_mb_end": rss_end,
+        "rss_growth": growth, "peak_rss_mb_max_worker": metrics.get("peak_rss_mb_max_worker"),
+        "samples_per_s_first_quarter": first, "samples_per_s_last_quarter": last, "rate_ratio": ratio,
+        "meets_goals": growth is not None and ratio is not None
+        and growth <= RSS_GROWTH_GOAL and ratio >= RATE_RATIO_GOAL,
+    }
+
+
+def markdown(rows: list[dict]) -> str:
+    def f(value, spec):
+        return "-" if value is None else format(value, spec)
+
+    lines = ["| model | workers | protocol | RSS at 1 min (MB) | RSS at end (MB) | growth | peak RSS/worker (MB) "
+             "| samples/s first quarter | last quarter | last/first | goals |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['workers']} | {r['protocol']} | {f(r['rss_mb_1min'], '.0f')} "
+                     f"| {f(r['rss_mb_end'], '.0f')} | {f(100 * r['rss_growth'] if r['rss_growth'] is not None else None, '+.1f')}% "
+                     f"| {f(r['peak_rss_mb_max_worker'], '.0f')} | {f(r['samples_per_s_first_quarter'], '.1f')} "
+                     f"| {f(r['samples_per_s_last_quarter'], '.1f')} | {f(r['rate_ratio'], '.3f')} "
+                     f"| {'met' if r['meets_goals'] else 'MISSED'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="runs/soak")
+    parser.add_argument("--duration", type=float, default=600.0, help="seconds per run (default 600)")
+    parser.add_argument("--protocols", default=",".join(PROTOCOLS))
+    parser.add_argument("--workers", default="4,8")
+    parser.add_argument("--models", default=",".join(MODELS), help=f"from {', '.join(MODELS)}")
+    parser.add_argument("--timeout", type=float, default=300.0, help="per-wait timeout of the runs (seconds)")
+    parser.add_argument("--skip-done", action="store_true", help="reuse runs whose metrics.json exists")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for model in args.models.split(","):
+        for workers in (int(w) for w in args.workers.split(",")):
+            for protocol in args.protocols.split(","):
+                run_dir = out / f"{model}-{workers}" / protocol
+                if args.skip_done and (run_dir / "metrics.json").exists():
+                    metrics = json.loads((run_dir / "metrics.json").read_text())
+                else:
+                    config = RunConfig(protocol=protocol, num_workers=workers, time_budget_s=args.duration,
+                                       timeout_s=args.timeout, **MODELS[model])
+                    began = time.time()
+                    print(f"== {model}, {workers} workers, {protocol}: {args.duration:.0f} s", file=sys.stderr)
+                    metrics = run_training(config, str(run_dir), progress=True, label=f"{model}/{workers}/{protocol}")
+                    print(f"   done in {time.time() - began:.0f} s", file=sys.stderr)
+                rows.append(row_of(model, workers, metrics))
+                (out / "soak.json").write_text(json.dumps(rows, indent=2) + "\n")
+                (out / "soak.md").write_text(markdown(rows))
+    print(markdown(rows), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""Runtime soundness: bounded sends (memory flat over thousands of 1 MB messages), no orphans
+when the launcher dies, the dead worker named, Ctrl-C that stops cleanly and writes the record."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from hetrain.errors import WorkerError
+from hetrain.prague.parameter_server import ParameterServer
+from hetrain.runtime.hop import DPSGD
+from hetrain.runtime.local_job import run_local
+from hetrain.runtime.meter import rss_mb
+from hetrain.runtime.peer_channels import STOP, UPDATE, PeerChannels
+from hetrain.runtime.send_window import DEFAULT_MAX_IN_FLIGHT
+
+MESSAGES = 2000
+ONE_MB_FLOATS = 262_144
+RSS_GROWTH_LIMIT_MB = 100
+
+
+def _flood(ctx, messages, numel):
+    """Worker 0 sends ``messages`` distinct 1 MB payloads to worker 1 and watches its own memory."""
+    received = []
+    channels = PeerChannels(ctx, numel, torch.float32,
+                            lambda channel, src, kind, it, count, payload: received.append(kind))
+    if ctx.rank == 1:
+        channels.listen("update", [0])
+        channels.join()
+        channels.close()
+        return received.count(UPDATE)
+    payload = torch.randn(numel)
+    rss_after_warmup, in_flight = None, []
+    for i in range(messages):
+        channels.send("update", [1], UPDATE, i, 0, payload.clone())  # a fresh 1 MB tensor each time
+        in_flight.append(channels.in_flight())
+        if i == 100:
+            rss_after_warmup = rss_mb()
+    channels.send("update", [1], STOP)
+    channels.flush()
+    growth = rss_mb() - rss_after_warmup
+    channels.close()
+    return {"max_in_flight": max(in_flight), "max_seen": channels.max_in_flight_seen(), "rss_growth_mb": growth}
+
+
+def test_peer_channels_keep_a_bounded_number_of_sends_and_flat_memory():
+    sender, received = run_local(_flood, 2, (MESSAGES, ONE_MB_FLOATS), timeout_s=60)
+    assert received == MESSAGES
+    assert sender["max_in_flight"] <= DEFAULT_MAX_IN_FLIGHT
+    assert sender["max_seen"] <= DEFAULT_MAX_IN_FLIGHT
+    assert sender["rss_growth_mb"] < RSS_GROWTH_LIMIT_MB, sender
+
+
+def _ps_pushes(ctx, pushes, numel):
+    model = nn.Linear(numel, 1, bias=False)
+    sync = ParameterServer(model, ctx, staleness=0)
+    start = float(model.weight[0, 0])  # rank 0's initial model, broadcast by the constructor
+    rss_after_warmup = None
+    for step in range(pushes):
+        with torch.no_grad():
+            model.weight.add_(1.0)  # every push carries a real 1 MB delta
+        sync.should_stop(False)
+        sync.step()
+        if step == 100:
+            rss_after_warmup = rss_mb()
+    growth = rss_mb() - rss_after_warmup
+    moved = float(model.weight[0, 0]) - start
+    sync.finish()
+    return {"rss_growth_mb": growth, "metrics": sync.metrics(), "moved": moved}
+
+
+def test_parameter_server_keeps_a_bounded_number_of_answers_and_flat_memory():
+    server, worker = run_local(_ps_pushes, 2, (MESSAGES, ONE_MB_FLOATS), timeout_s=60)
+    assert server["metrics"]["answers_in_flight_max"] <= 2
+    assert server["rss_growth_mb"] < RSS_GROWTH_LIMIT_MB, server
+    assert worker["rss_growth_mb"] < RSS_GROWTH_LIMIT_MB, worker
+    # synchronous PS: each round adds the workers' mean delta (1.0) to the global model
+    assert server["moved"] == pytest.approx(MESSAGES) and worker["moved"] == pytest.approx(MESSAGES)
+    assert server["metrics"]["pushes"] == MESSAGES
+
+
+def _sigkill_rank_1(ctx):
+    sync = DPSGD(nn.Linear(1, 1), ctx)
+    sync.should_stop(False)
+    if ctx.rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    sync.step()  # the others wait for worker 1's model
+    sync.finish()
+    return 0
+
+
+def test_a_worker_killed_by_sigkill_is_named_with_its_signal(tmp_path):
+    log = tmp_path / "errors.log"
+    began = time.monotonic()
+    with pytest.raises(WorkerError) as info:
+        run_local(_sigkill_rank_1, 3, timeout_s=20, log_path=log)
+    message = str(info.value)
+    assert time.monotonic() - began < 15
+    assert message.startswith("worker 1 was killed by SIGKILL"), message
+    assert "out of memory?" in message
+    assert "\n" not in message and "Traceback" not in message
+    assert "worker 1 was killed by SIGKILL" in log.read_text()
+
+
+# ----- the command line as a user runs it ---------------------------------------------------------
+
+class _Launch:
+    """``hetrain train`` in its own process group (like a shell job), its stderr read as it comes."""
+
+    def __init__(self, tmp_path):
+        self.out = tmp_path / "run"
+        cmd = [sys.executable, "-m", "hetrain", "train", "--protocol", "hop", "--workers", "3",
+               "--compute-ms", "50", "--time-budget", "60", "--out", str(self.out)]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     start_new_session=True)
+        self.pid = self.proc.pid
+        self._err = bytearray()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while chunk := os.read(self.proc.stderr.fileno(), 4096):
+            self._err.extend(chunk)
+
+    @property
+    def err(self) -> str:
+        return self._err.decode(errors="replace")
+
+    def wait_until_training(self, timeout_s: float = 90) -> None:
+        """Until the progress bar reports gradients computed (start-up takes seconds on 2 busy cores)."""
+        deadline = time.monotonic() + timeout_s
+        while not re.search(r"[1-9]\d* gradients", self.err):
+            assert self.proc.poll() is None and time.monotonic() < deadline, self.err
+            time.sleep(0.2)
+
+    def finish(self, timeout_s: float = 60) -> int:
+        code = self.proc.wait(timeout=timeout_s)
+        self._reader.join(timeout=5)
+        return code
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    fields = handle.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                kids.append(int(entry))
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+    except OSError:
+        return False
+
+
+def _workers_of(pid: int) -> list[int]:
+    return [p for p in _children(pid) if "resource_tracker" not in _cmdline(p)]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_killing_the_launcher_leaves_no_worker_behind(tmp_path):
+    job = _Launch(tmp_path)
+    try:
+        job.wait_until_training()
+        workers = _workers_of(job.pid)
+        assert len(workers) == 3
+        os.kill(job.pid, signal.SIGKILL)
+        job.finish(timeout_s=10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(_alive(p) for p in workers):
+            time.sleep(0.2)
+        assert not [p for p in workers if _alive(p)], "workers outlived their killed launcher"
+    finally:
+        for pid in _children(job.pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_worker_killed_from_outside_fails_the_cli_in_one_line_naming_it(tmp_path):
+    job = _Launch(tmp_path)
+    job.wait_until_training()
+    os.kill(_workers_of(job.pid)[-1], signal.SIGKILL)
+    assert job.finish() == 1
+    lines = [line for line in job.err.splitlines() if line.startswith("hetrain:")]
+    assert len(lines) == 1 and re.match(r"hetrain: job failed: worker \d was killed by SIGKILL", lines[0]), job.err
+    assert "Traceback" not in job.err
+    assert not (job.out / "metrics.json").exists()
+    assert "was killed by SIGKILL" in (job.out / "errors.log").read_text()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_ctrl_c_stops_the_workers_and_writes_what_the_run_had(tmp_path):
+    job = _Launch(tmp_path)
+    job.wait_until_training()
+    workers = _workers_of(job.pid)
+    began = time.monotonic()
+    os.killpg(job.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+    assert job.finish() == 130, job.err
+    assert time.monotonic() - began < 30
+    metrics = json.loads((job.out / "metrics.json").read_text())
+    assert metrics["interrupted"] is True
+    assert 0 < metrics["wall_time_s"] < 50  # stopped long before the 60 s budget
+    assert metrics["total_iterations"] > 0 and len(metrics["workers"]) == 3
+    assert not [p for p in workers if _alive(p)]
