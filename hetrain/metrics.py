@@ -104,12 +104,16 @@ def _final_train_loss(workers: list[dict]) -> float | None:
 
 
 def job_series(per_worker: list[list[dict]]) -> list[dict]:
-    """The job's windows: samples/s and RSS summed over workers, window by window."""
+    """The job's windows: samples/s and RSS summed over workers, window by window.
+
+    Workers stop a moment apart, so one may close a window more than another; the
+    job's series stops at the shortest, so every window sums every worker.
+    """
     if not per_worker:
         return []
     series = []
-    for index in range(max(len(s) for s in per_worker)):
-        points = [s[index] for s in per_worker if index < len(s)]
+    for index in range(min(len(s) for s in per_worker)):
+        points = [s[index] for s in per_worker]
         series.append({
             "t_s": max(p["t_s"] for p in points),
             "samples_per_s": sum(p["samples_per_s"] for p in points),

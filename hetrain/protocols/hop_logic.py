@@ -81,10 +81,14 @@ class HopWorker:
         self.updates_dropped = 0
         self.max_iteration_gap = 0
         self.skipped_iterations = 0
+        self.queued_updates = 0  # updates held in all queues now (each is a model: this is memory)
+        self.queued_updates_max = 0
 
     # ----- arrivals ---------------------------------------------------------
     def receive_update(self, src: int, iteration: int, payload) -> None:
         self.queues[src].append((iteration, payload))
+        self.queued_updates += 1
+        self.queued_updates_max = max(self.queued_updates_max, self.queued_updates)
         self.updates_received += 1
         self.max_iteration_gap = max(self.max_iteration_gap, abs(iteration - self.iteration))
 
@@ -192,6 +196,7 @@ class HopWorker:
                 self.updates_dropped += index
                 for _ in range(index + 1):
                     self.queues[j].popleft()
+                self.queued_updates -= index + 1
                 self.updates_used += 1
                 self.updates_stale += kk < k
         self.iteration = k + 1
@@ -207,6 +212,7 @@ class HopWorker:
         for queue in self.queues.values():
             while queue and queue[0][0] < oldest:
                 queue.popleft()
+                self.queued_updates -= 1
                 self.updates_dropped += 1
 
     def _normalised(self, iteration: int, terms: list[AverageTerm]) -> AveragePlan:
@@ -235,6 +241,7 @@ class HopWorker:
             "updates_dropped": self.updates_dropped,
             "max_iteration_gap": self.max_iteration_gap,
             "skipped_iterations": self.skipped_iterations,
+            "queued_updates_max": self.queued_updates_max,
         }
 
 

@@ -18,11 +18,12 @@ def average_models(model: nn.Module, world_size: int, timeout_s: float) -> float
     import datetime
 
     timeout = datetime.timedelta(seconds=timeout_s)
-    flat = flat_parameters(model)
-    mean = flat.clone()
+    mean = flat_parameters(model)
     dist.all_reduce(mean, async_op=True).wait(timeout=timeout)
     mean /= world_size
-    spread = torch.tensor([float(torch.sum((flat - mean).double() ** 2))], dtype=torch.float64, device=flat.device)
+    own = flat_parameters(model).sub_(mean)  # x_i - mean, in place: one model-sized buffer, not four
+    spread = torch.tensor([float(torch.linalg.vector_norm(own)) ** 2], dtype=torch.float64, device=mean.device)
+    del own
     dist.all_reduce(spread, async_op=True).wait(timeout=timeout)
     load_flat_parameters(model, mean)
     return float(torch.sqrt(spread / world_size).item())

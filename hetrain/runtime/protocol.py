@@ -103,8 +103,12 @@ class SyncProtocol:
 
 
 def flat_parameters(model: nn.Module) -> torch.Tensor:
-    """A detached copy of all parameters as one flat buffer (one message or collective per sync)."""
-    return torch.nn.utils.parameters_to_vector([p.detach() for p in model.parameters()]).clone()
+    """A detached copy of all parameters as one flat buffer (one message or collective per sync).
+
+    ``parameters_to_vector`` concatenates into fresh memory, so the result shares nothing with
+    the model (no extra clone: for a 100 MB model that was 100 MB more per call).
+    """
+    return torch.nn.utils.parameters_to_vector([p.detach() for p in model.parameters()])
 
 
 def load_flat_parameters(model: nn.Module, flat: torch.Tensor) -> None:

@@ -120,6 +120,7 @@ def test_hop_never_deadlocks_and_counts_updates(name, n, backup, staleness, max_
     for w in workers:
         queued = sum(len(q) for q in w.queues.values())
         assert w.updates_received == w.updates_used + w.updates_dropped + queued
+        assert w.queued_updates == queued <= w.queued_updates_max
 
 
 def test_stale_and_dropped_counts_by_hand():

@@ -1,0 +1,95 @@
+"""Speed and memory over time: windows, job series, quarters; bounded snapshots; emulated compute."""
+
+import math
+
+import pytest
+import torch
+
+from hetrain.metrics import build_metrics, job_series, quarter_rates, rss_at
+from hetrain.runtime.emulation import ComputeEmulator
+from hetrain.runtime.meter import WindowMeter, peak_rss_mb, rss_mb
+from hetrain.runtime.snapshots import SnapshotKeeper
+
+
+def test_window_meter_rates_losses_and_empty_windows():
+    meter = WindowMeter(window_s=5.0)
+    for t in (1.0, 2.0, 3.0):  # 3 iterations of 32 samples in the first window
+        meter.record(t, 32, loss=2.0)
+    meter.record(12.0, 32, loss=1.0)  # ends past two boundaries: windows 1 and 2 close first
+    series = meter.finish(13.0)
+    assert [p["t_s"] for p in series] == [5.0, 10.0, 13.0]
+    assert series[0]["samples_per_s"] == pytest.approx(96 / 5) and series[0]["train_loss"] == 2.0
+    assert series[1]["samples_per_s"] == 0.0 and series[1]["train_loss"] is None
+    assert series[2]["samples_per_s"] == pytest.approx(32 / 3) and series[2]["train_loss"] == 1.0
+    assert all(p["rss_mb"] > 0 for p in series)
+
+
+def test_rss_readings_are_plausible():
+    assert 10 < rss_mb() <= peak_rss_mb() * 1.01 + 1
+
+
+def test_job_series_sums_workers_and_stops_at_the_shortest():
+    a = [{"t_s": 5.0, "samples_per_s": 10.0, "rss_mb": 100.0}, {"t_s": 10.0, "samples_per_s": 20.0, "rss_mb": 110.0},
+         {"t_s": 10.5, "samples_per_s": 5.0, "rss_mb": 111.0}]
+    b = [{"t_s": 5.0, "samples_per_s": 1.0, "rss_mb": 50.0}, {"t_s": 10.2, "samples_per_s": 2.0, "rss_mb": 55.0}]
+    series = job_series([a, b])
+    assert series == [{"t_s": 5.0, "samples_per_s": 11.0, "rss_mb": 150.0},
+                      {"t_s": 10.2, "samples_per_s": 22.0, "rss_mb": 165.0}]
+
+
+def test_quarter_rates_weight_windows_by_overlap():
+    series = [{"t_s": 10.0 * (i + 1), "samples_per_s": rate, "rss_mb": 1.0} for i, rate in enumerate([4, 8, 8, 2])]
+    first, last = quarter_rates(series)  # quarters of 40 s are exactly the first and last windows
+    assert first == pytest.approx(4) and last == pytest.approx(2)
+    series = [{"t_s": 3.0, "samples_per_s": 10.0, "rss_mb": 1.0}, {"t_s": 4.0, "samples_per_s": 20.0, "rss_mb": 1.0}]
+    first, last = quarter_rates(series)  # first quarter [0, 1) inside window 1; last [3, 4) is window 2
+    assert first == pytest.approx(10) and last == pytest.approx(20)
+    assert rss_at(series, 3.5) == 1.0 and rss_at(series, 60) is None
+
+
+def test_metrics_report_quarters_only_with_enough_windows():
+    def worker(n_windows):
+        series = [{"t_s": 5.0 * (i + 1), "samples_per_s": 100.0, "rss_mb": 10.0, "train_loss": 0.5}
+                  for i in range(n_windows)]
+        return {"iterations": 10, "compute_s": 1.0, "wait_s": 0.0, "throughput_series": series, "peak_rss_mb": 12.0}
+
+    short = build_metrics(protocol="hop", workers=[worker(3)], wall_time_s=15, batch_size=32,
+                          standalone_iteration_s=[0.05])
+    assert "samples_per_s_first_quarter" not in short and short["peak_rss_mb_max_worker"] == 12.0
+    long = build_metrics(protocol="hop", workers=[worker(16), worker(16)], wall_time_s=80, batch_size=32,
+                         standalone_iteration_s=[0.05, 0.05])
+    assert long["samples_per_s_first_quarter"] == pytest.approx(200.0)
+    assert long["rss_mb_all_workers_at_1min"] == 20.0 and long["final_train_loss"] == 0.5
+
+
+def test_time_to_target_by_loss_when_a_target_loss_is_given():
+    curve = [{"t_s": 1.0, "accuracy_avg_model": 0.99, "loss_avg_model": 3.0},
+             {"t_s": 2.0, "accuracy_avg_model": 0.2, "loss_avg_model": 2.4}]
+    kwargs = dict(protocol="hop", workers=[{"iterations": 1, "compute_s": 1, "wait_s": 0}], wall_time_s=2,
+                  batch_size=1, standalone_iteration_s=[1.0], accuracy_curve=curve, target_accuracy=0.95)
+    assert build_metrics(**kwargs)["time_to_target_s"] == 1.0
+    assert build_metrics(**kwargs, target_loss=2.5)["time_to_target_s"] == 2.0
+
+
+def test_snapshots_stay_within_their_budget_by_thinning():
+    model_bytes = 1000
+    keeper = SnapshotKeeper(interval_s=0.5, model_bytes=model_bytes, budget_bytes=16 * model_bytes)
+    t = 0.0
+    while t < 100:
+        keeper.maybe_take(t, int(t), lambda: torch.zeros(250))
+        t += 0.1
+    assert len(keeper.snapshots) < 16 and keeper.interval_s > 0.5
+    dues = [s[0] for s in keeper.snapshots]
+    assert dues == sorted(dues) and dues[0] == 0.0 and dues[-1] > 50  # still covers the whole run
+    keeper.take_final(100.0, 100, lambda: torch.zeros(250))
+    assert keeper.snapshots[-1][0] == math.inf
+    assert not SnapshotKeeper(0.5, model_bytes=10**9).enabled  # too big for 8 snapshots: none
+
+
+def test_emulator_shortens_the_sleep_by_the_measured_overhead():
+    emulator = ComputeEmulator(math_s=0.001)
+    for _ in range(60):
+        emulator.sleep(0.0)  # nothing to sleep: only the overhead is learned
+        emulator.note_overhead(0.002)
+        emulator.end_iteration()
+    assert emulator.overhead_s == pytest.approx(0.002, rel=0.01)
