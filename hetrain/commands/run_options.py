@@ -24,7 +24,8 @@ def add_workload_options(parser: argparse.ArgumentParser, defaults: RunConfig) -
     g.add_argument("--slowdown", default=defaults.slowdown,
                    help="none | I:Kx[,J:Lx] | every:N:Kx | random:p=P,factor=K | trace:FILE.csv")
     g.add_argument("--compute-ms", type=float, default=defaults.compute_ms,
-                   help="emulated compute time per iteration in ms (the math still runs)")
+                   help="emulated compute time per iteration in ms (the math still runs); 0: none, "
+                        "the real compute time (slowed workers sleep (factor-1) x their math time)")
     stop = g.add_mutually_exclusive_group()
     stop.add_argument("--iterations", type=int, default=None, help="stop after K iterations")
     stop.add_argument("--time-budget", type=float, default=None, dest="time_budget_s",

@@ -50,7 +50,7 @@ def train_worker(ctx: WorkerContext, config: RunConfig) -> dict:
     sampler = make_sampler(config.workload, data, ctx.rank, ctx.world_size, config.batch_size, config.seed)
     slowdown = parse_slowdown(config.slowdown, config.seed).check_workers(ctx.world_size)
     math_s = measure_math_s(model, sampler)
-    base_s = config.compute_ms / 1000.0 if config.compute_ms is not None else math_s
+    base_s = config.compute_ms / 1000.0 if config.compute_ms else math_s  # 0 or None: real compute
     standalone_s = max(base_s * slowdown.expected_factor(ctx.rank), math_s)
 
     protocol = build_protocol(config, model, ctx)
