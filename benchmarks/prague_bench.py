@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from hetrain.config import RunConfig  # noqa: E402
-from hetrain.prague.group_generator import GG_MODES  # noqa: E402
+from hetrain.protocols.group_generator import GG_MODES  # noqa: E402
 from hetrain.runtime.run import run_training  # noqa: E402
 
 

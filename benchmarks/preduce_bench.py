@@ -17,7 +17,7 @@ P-Reduce namespaces, K new_groups), calls rotate over all of them in
 alternating order, and the medians pool each kind's calls; the lowest and
 highest per-communicator medians follow in brackets. Three P-Reduce kinds: as
 shipped (a direct exchange for buffers up to 512 KiB, see
-:mod:`hetrain.prague.exchange_rule`), ring only (``direct_max_bytes=0``, the
+:mod:`hetrain.protocols.exchange_rule`), ring only (``direct_max_bytes=0``, the
 same gloo all-reduce as the baseline) and direct only (the exchange at every
 size). Sizes are MiB (2**20 bytes). A measurement, not a test: figures depend on the machine's load.
 """
@@ -31,14 +31,14 @@ import time
 import torch
 import torch.distributed as dist
 
-from hetrain.prague.preduce import PReduce
 from hetrain.runtime.local_job import run_local
+from hetrain.runtime.preduce import PReduce
 
 
 def _bench(ctx, group_sizes, sizes_mb, repeats, communicators):
-    preduces = [PReduce.for_context(ctx, namespace=f"bench{k}") for k in range(communicators)]
-    rings = [PReduce.for_context(ctx, namespace=f"ring{k}", direct_max_bytes=0) for k in range(communicators)]
-    directs = [PReduce.for_context(ctx, namespace=f"direct{k}", direct_max_bytes=1 << 40) for k in range(communicators)]
+    preduces = [PReduce(timeout_s=ctx.timeout_s, namespace=f"bench{k}") for k in range(communicators)]
+    rings = [PReduce(timeout_s=ctx.timeout_s, namespace=f"ring{k}", direct_max_bytes=0) for k in range(communicators)]
+    directs = [PReduce(timeout_s=ctx.timeout_s, namespace=f"direct{k}", direct_max_bytes=1 << 40) for k in range(communicators)]
     variants = {"preduce": preduces, "ring": rings, "direct": directs}
     premade = {g: [dist.new_group(list(range(g))) for _ in range(communicators)] for g in group_sizes}
     barrier_group = {g: dist.new_group(list(range(g))) for g in group_sizes}

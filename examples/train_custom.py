@@ -3,8 +3,10 @@
     torchrun --standalone --nproc-per-node 4 examples/train_custom.py --steps 200
 
 Every rank trains a user-defined model on its own shard of a synthetic
-regression task; Hop averages models with ring neighbours after each optimizer
-step; ``finish`` drains the queues and leaves every rank with the consensus model.
+regression task in a plain PyTorch loop; Hop synchronizes from the optimizer's
+step post-hook (it averages with the ring neighbours after each step), and
+leaving the ``with`` block drains the queues and leaves every rank with the
+consensus model (on an exception it only releases threads and sockets).
 """
 
 from __future__ import annotations
@@ -38,34 +40,31 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="rank 0 writes a JSON report here")
     args = parser.parse_args()
 
-    ctx = hetrain.init(timeout_s=60)  # reads RANK, WORLD_SIZE, MASTER_ADDR... set by torchrun
+    device = hetrain.init(timeout_s=60)  # reads RANK, WORLD_SIZE, MASTER_ADDR... set by torchrun
+    rank, world_size = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)  # same initial model everywhere
-    model = TinyRegressor()
-    gen = torch.Generator().manual_seed(100 + ctx.rank)  # each rank its own data
+    model = TinyRegressor().to(device)
+    gen = torch.Generator().manual_seed(100 + rank)  # each rank its own data
     true_w = torch.linspace(-1, 1, 16)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    sync = hetrain.Hop(model, ctx, topology="ring") if args.protocol == "hop" else hetrain.DPSGD(model, ctx)
+    protocol = hetrain.Hop if args.protocol == "hop" else hetrain.DPSGD
 
-    step = 0
-    while not sync.should_stop(local_done=step >= args.steps):
-        x = torch.randn(64, 16, generator=gen)
-        y = x @ true_w
-        loss = nn.functional.mse_loss(sync.module(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        sync.step()
-        step += 1
-    sync.finish()
+    with protocol(model, optimizer, topology="ring") as sync:  # process_group=None: the whole job
+        for _ in range(args.steps):
+            x = torch.randn(64, 16, generator=gen)
+            loss = nn.functional.mse_loss(model(x.to(device)), (x @ true_w).to(device))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()  # the step post-hook runs sync.step(): send, wait as Hop says, average
 
     x = torch.randn(512, 16, generator=torch.Generator().manual_seed(7))
     with torch.no_grad():
-        final_loss = nn.functional.mse_loss(model(x), x @ true_w).item()
-    flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+        final_loss = nn.functional.mse_loss(model(x.to(device)), (x @ true_w).to(device)).item()
+    flat = torch.cat([p.detach().flatten() for p in model.parameters()]).cpu()
     digest = hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16]
-    reports = [None] * ctx.world_size
-    dist.all_gather_object(reports, {"rank": ctx.rank, "digest": digest, "loss": final_loss, **sync.metrics()})
-    if ctx.rank == 0:
+    reports = [None] * world_size
+    dist.all_gather_object(reports, {"rank": rank, "digest": digest, "loss": final_loss, **sync.metrics()})
+    if rank == 0:
         print(f"final loss {final_loss:.4f}; model digests {[r['digest'] for r in reports]}")
         if args.out:
             with open(args.out, "w") as handle:

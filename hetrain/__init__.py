@@ -1,19 +1,18 @@
 """hetrain: heterogeneity-aware, communication-efficient distributed training on PyTorch.
 
-Use it in your own training loop (launched by torchrun)::
+Use it in your own training loop (launched by torchrun), like torch's own averagers::
 
     import hetrain
-    ctx = hetrain.init()                       # joins the torchrun job (gloo on CPU, NCCL on GPU)
-    sync = hetrain.Hop(model, ctx, topology="ring")
-    while not sync.should_stop(local_done=step >= steps):
-        loss = loss_fn(sync.module(x), y); opt.zero_grad(); loss.backward(); opt.step()
-        sync.step()
-    sync.finish()                              # drain queues; every worker gets the consensus model
-    print(sync.metrics())
+    device = hetrain.init()                    # joins the torchrun job (gloo on CPU, NCCL on GPU)
+    with hetrain.Hop(model, optimizer, topology="ring") as sync:   # process_group=None: the world
+        for x, y in loader:
+            optimizer.zero_grad(); loss_fn(model(x), y).backward()
+            optimizer.step()                   # then Hop sends, waits as its logic says, averages
+    print(sync.metrics())                      # leaving the block drained the queues: consensus model
 
 Protocols: ``Hop``, ``DPSGD``, ``AllReduce`` (DistributedDataParallel), ``Prague``,
 ``ADPSGD``, ``ParameterServer``; the primitive ``PReduce``. Imported lazily, so
-``import hetrain`` stays light.
+``import hetrain`` stays light (no torch until a protocol is used).
 """
 
 from __future__ import annotations
@@ -23,15 +22,15 @@ import importlib
 __version__ = "0.1.0"
 
 _LAZY = {
-    "init": ("hetrain.runtime.context", "init_from_env"),
-    "WorkerContext": ("hetrain.runtime.context", "WorkerContext"),
+    "init": ("hetrain.runtime.job", "init"),
     "Hop": ("hetrain.runtime.hop", "Hop"),
     "DPSGD": ("hetrain.runtime.hop", "DPSGD"),
     "AllReduce": ("hetrain.runtime.allreduce", "AllReduce"),
-    "Prague": ("hetrain.prague.protocol", "Prague"),
-    "ADPSGD": ("hetrain.prague.adpsgd", "ADPSGD"),
-    "ParameterServer": ("hetrain.prague.parameter_server", "ParameterServer"),
-    "PReduce": ("hetrain.prague.preduce", "PReduce"),
+    "Prague": ("hetrain.runtime.prague", "Prague"),
+    "ADPSGD": ("hetrain.runtime.adpsgd", "ADPSGD"),
+    "ParameterServer": ("hetrain.runtime.parameter_server", "ParameterServer"),
+    "PReduce": ("hetrain.runtime.preduce", "PReduce"),
+    "PROTOCOLS": ("hetrain.registry", "PROTOCOLS"),
     "make_topology": ("hetrain.topology", "make_topology"),
     "parse_slowdown": ("hetrain.slowdown", "parse_slowdown"),
     "RunConfig": ("hetrain.config", "RunConfig"),

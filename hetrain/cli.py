@@ -11,7 +11,9 @@ import argparse
 import importlib
 import sys
 
+from hetrain.config import FLAG_NAMES
 from hetrain.errors import UsageError, WorkerError
+from hetrain.protocols.options import OptionError
 
 COMMANDS = {
     "train": "hetrain.commands.train",
@@ -57,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(COMMANDS[args.command])
         return int(module.run(args) or 0)
     except UsageError as exc:
-        print(f"hetrain: error: {exc}", file=sys.stderr)
+        message = exc.for_cli(FLAG_NAMES) if isinstance(exc, OptionError) else str(exc)
+        print(f"hetrain: error: {message}", file=sys.stderr)
         return 2
     except WorkerError as exc:
         print(f"hetrain: job failed: {exc}", file=sys.stderr)

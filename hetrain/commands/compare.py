@@ -9,10 +9,18 @@ DIR/<protocol>/.
 
 from __future__ import annotations
 
-from hetrain.commands.run_options import add_protocol_options, add_workload_options, config_from_args
+from hetrain.commands.run_options import (
+    add_protocol_options,
+    add_run_options,
+    add_runtime_options,
+    config_from_args,
+    protocol_values,
+    warn_unused,
+)
 from hetrain.commands.train import INTERRUPTED_EXIT_CODE
-from hetrain.config import PROTOCOLS, RunConfig
+from hetrain.config import RunConfig
 from hetrain.errors import UsageError
+from hetrain.registry import PROTOCOL_NAMES
 
 HELP = "run several protocols side by side with identical settings (the main job)"
 DEFAULT_PROTOCOLS = "allreduce,dpsgd,hop,prague"
@@ -23,19 +31,20 @@ COMPARE_DEFAULTS = RunConfig(num_workers=8, slowdown="0:5x", compute_ms=50.0, ti
 
 def add_arguments(parser) -> None:
     parser.add_argument("--protocols", default=DEFAULT_PROTOCOLS,
-                        help=f"comma-separated, from {', '.join(PROTOCOLS)} (default {DEFAULT_PROTOCOLS})")
-    add_workload_options(parser, COMPARE_DEFAULTS)
-    add_protocol_options(parser, COMPARE_DEFAULTS)
+                        help=f"comma-separated, from {', '.join(PROTOCOL_NAMES)} (default {DEFAULT_PROTOCOLS})")
+    add_run_options(parser, COMPARE_DEFAULTS)
+    add_runtime_options(parser, COMPARE_DEFAULTS)
+    add_protocol_options(parser)
     parser.add_argument("--out", default="runs/compare", help="output directory (default runs/compare)")
     parser.add_argument("--no-progress", action="store_true", help="do not show progress bars")
 
 
 def parse_protocols(text: str) -> list[str]:
     names = [p.strip() for p in text.split(",") if p.strip()]
-    unknown = [p for p in names if p not in PROTOCOLS]
+    unknown = [p for p in names if p not in PROTOCOL_NAMES]
     if unknown or not names:
         raise UsageError(f"unknown protocol {unknown[0] if unknown else '(none)'!r} in --protocols; "
-                         f"choose from {', '.join(PROTOCOLS)}")
+                         f"choose from {', '.join(PROTOCOL_NAMES)}")
     if len(set(names)) != len(names):
         raise UsageError("--protocols lists a protocol twice; list each once")
     return names
@@ -45,6 +54,7 @@ def run(args) -> int:
     from hetrain.comparison import run_comparison
 
     protocols = parse_protocols(args.protocols)
+    warn_unused(protocol_values(args), protocols)
     if args.iterations is None and args.time_budget_s is None:
         args.time_budget_s = COMPARE_DEFAULTS.time_budget_s
     configs = [config_from_args(args, protocol=p) for p in protocols]

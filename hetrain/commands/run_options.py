@@ -1,13 +1,23 @@
-"""Command-line options shared by `hetrain train`, `compare` and (in part) `simulate`."""
+"""Command-line options shared by `hetrain train`, `compare` and `simulate`.
+
+Run options are RunConfig's fields; protocol options come from the protocol
+registry (:mod:`hetrain.registry`): every field of every protocol's options
+class is a flag (``max_ig`` -> ``--max-ig``) whose default is None ("the
+protocol's default"), so a flag is given exactly when the user typed it. A
+flag given for a protocol that does not take it gets a warning, not silence.
+"""
 
 from __future__ import annotations
 
 import argparse
+import warnings
 
-from hetrain.config import GG_MODES, OPTIMIZERS, WORKLOADS, RunConfig
+from hetrain.config import OPTIMIZERS, WORKLOADS, RunConfig
+from hetrain.registry import all_option_fields, get_spec, protocols_using
 
 
-def add_workload_options(parser: argparse.ArgumentParser, defaults: RunConfig) -> None:
+def add_run_options(parser: argparse.ArgumentParser, defaults: RunConfig) -> None:
+    """What to train and when to stop (train, compare and simulate)."""
     g = parser.add_argument_group("workload")
     g.add_argument("--workers", type=int, default=defaults.num_workers, help="number of worker processes")
     g.add_argument("--workload", choices=WORKLOADS, default=defaults.workload,
@@ -34,44 +44,56 @@ def add_workload_options(parser: argparse.ArgumentParser, defaults: RunConfig) -
                    help="time_to_target_s is to this test accuracy of the averaged model (default 0.95)")
     g.add_argument("--target-loss", type=float, default=defaults.target_loss,
                    help="lm: time_to_target_s is to this validation loss in nats/byte (default 2.5)")
+
+
+def add_runtime_options(parser: argparse.ArgumentParser, defaults: RunConfig) -> None:
+    """Options of real runs only (train, compare)."""
+    g = parser.add_argument_group("runtime")
     g.add_argument("--eval-interval", type=float, default=defaults.eval_interval_s, dest="eval_interval_s",
                    help="seconds between model snapshots for accuracy/loss over time (default 0.5; lm 5)")
-    g.add_argument("--device", choices=("cpu", "cuda"), default=defaults.device,
-                   help="cpu (gloo) or cuda (NCCL)")
+    g.add_argument("--device", choices=("cpu", "cuda"), default=defaults.device, help="cpu (gloo) or cuda (NCCL)")
     g.add_argument("--timeout", type=float, default=defaults.timeout_s, dest="timeout_s",
                    help="seconds any blocking wait may last before the job fails")
 
 
-def add_protocol_options(parser: argparse.ArgumentParser, defaults: RunConfig) -> None:
-    g = parser.add_argument_group("decentralized protocols (dpsgd, hop)")
-    g.add_argument("--topology", default=defaults.topology,
-                   help="ring, double_ring, torus, hypercube, exponential, complete, or an edge-list file")
-    g.add_argument("--backup", type=int, default=defaults.backup, help="Hop: backup workers b")
-    g.add_argument("--staleness", type=int, default=defaults.staleness,
-                   help="Hop: bounded staleness s (also ps: asynchronous staleness)")
-    g.add_argument("--max-ig", type=int, default=defaults.max_ig, help="Hop: tokens per edge (max iteration gap)")
-    g.add_argument("--skip-threshold", type=int, default=defaults.skip_threshold,
-                   help="Hop: skip iterations when in-neighbours are this far ahead")
-    p = parser.add_argument_group("prague")
-    p.add_argument("--gg", choices=GG_MODES, default=defaults.gg, help="Group Generator mode")
-    p.add_argument("--group-size", type=int, default=defaults.group_size, help="P-Reduce group size s")
-    p.add_argument("--communicator-cache", type=int, default=defaults.communicator_cache,
-                   help="communicators kept per worker")
-    p.add_argument("--workers-per-node", type=int, default=defaults.workers_per_node,
-                   help="node size for the node-aware static schedule")
+def add_protocol_options(parser: argparse.ArgumentParser) -> None:
+    """One flag per protocol option in the registry (default None: the protocol's own default)."""
+    g = parser.add_argument_group("protocol options (each applies to the protocols its help names)")
+    for name, field in all_option_fields().items():
+        meta = field.metadata
+        g.add_argument("--" + name.replace("_", "-"), dest=name, type=meta["type"], choices=meta["choices"],
+                       default=None, help=meta["help"])
+
+
+def protocol_values(args: argparse.Namespace) -> dict:
+    """The protocol options the user gave, by Python name."""
+    return {name: getattr(args, name) for name in all_option_fields() if getattr(args, name, None) is not None}
+
+
+def warn_unused(values: dict, protocols: list[str]) -> None:
+    """A flag none of ``protocols`` takes would silently do nothing: say so."""
+    for name in values:
+        takers = protocols_using(name)
+        if not set(takers) & set(protocols):
+            flag = "--" + name.replace("_", "-")
+            warnings.warn(f"{flag} is ignored: {', '.join(protocols)} take(s) no such option "
+                          f"(it applies to {', '.join(takers)})", stacklevel=2)
 
 
 def config_from_args(args: argparse.Namespace, **overrides) -> RunConfig:
+    protocol = overrides.pop("protocol", getattr(args, "protocol", "hop"))
+    spec = get_spec(protocol)
+    values = protocol_values(args)
     fields = dict(
-        protocol=getattr(args, "protocol", "hop"), num_workers=args.workers, workload=args.workload,
+        protocol=protocol, num_workers=args.workers, workload=args.workload,
         model_params=args.model_params, batch_size=args.batch_size, optimizer=args.optimizer, lr=args.lr,
         momentum=args.momentum, target_loss=args.target_loss,
         seed=args.seed, slowdown=args.slowdown, compute_ms=args.compute_ms, iterations=args.iterations,
         time_budget_s=args.time_budget_s, target_accuracy=args.target_accuracy,
-        eval_interval_s=args.eval_interval_s, device=args.device, timeout_s=args.timeout_s,
-        topology=args.topology, backup=args.backup, staleness=args.staleness, max_ig=args.max_ig,
-        skip_threshold=args.skip_threshold, gg=args.gg, group_size=args.group_size,
-        communicator_cache=args.communicator_cache, workers_per_node=args.workers_per_node,
+        options={k: v for k, v in values.items() if k in spec.option_names()},
     )
+    for name in ("eval_interval_s", "device", "timeout_s"):
+        if hasattr(args, name):
+            fields[name] = getattr(args, name)
     fields.update(overrides)
     return RunConfig(**fields)

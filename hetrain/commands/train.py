@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
-from hetrain.commands.run_options import add_protocol_options, add_workload_options, config_from_args
-from hetrain.config import PROTOCOLS, RunConfig
-from hetrain.errors import UsageError
+from hetrain.commands.run_options import (
+    add_protocol_options,
+    add_run_options,
+    add_runtime_options,
+    config_from_args,
+    protocol_values,
+    warn_unused,
+)
+from hetrain.config import RunConfig
+from hetrain.registry import PROTOCOL_NAMES, get_spec
 
 HELP = "train with one protocol on local worker processes (or as a rank under torchrun)"
 INTERRUPTED_EXIT_CODE = 130  # Ctrl-C: what the run had is written, and the shell learns it was cut short
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--protocol", default="hop", help=f"one of {', '.join(PROTOCOLS)}")
-    add_workload_options(parser, RunConfig())
-    add_protocol_options(parser, RunConfig())
+    parser.add_argument("--protocol", default="hop", help=f"one of {', '.join(PROTOCOL_NAMES)}")
+    add_run_options(parser, RunConfig())
+    add_runtime_options(parser, RunConfig())
+    add_protocol_options(parser)
     parser.add_argument("--out", required=True, help="directory for metrics.json and summary.txt")
     parser.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
 
@@ -22,12 +30,12 @@ def run(args) -> int:
     from hetrain.metrics import format_summary
     from hetrain.runtime.run import run_training, run_training_torchrun, under_torchrun
 
+    get_spec(args.protocol)  # an unknown protocol fails here, before any work
+    warn_unused(protocol_values(args), [args.protocol])
     config = config_from_args(args)
     if under_torchrun():
         metrics = run_training_torchrun(config, args.out)
     else:
-        if config.protocol not in PROTOCOLS:  # before any work, for a clear message
-            raise UsageError(f"unknown protocol {config.protocol!r}; choose one of {', '.join(PROTOCOLS)}")
         metrics = run_training(config, args.out, progress=not args.no_progress)
     if metrics is not None:
         print(format_summary(metrics))

@@ -1,11 +1,19 @@
-"""Hop's settings and the checks that reject deadlock-prone or meaningless combinations."""
+"""Hop's and D-PSGD's settings and the checks that reject deadlock-prone or meaningless combinations.
+
+:class:`HopOptions` / :class:`DPSGDOptions` are what a user passes (Python
+arguments, CLI flags); :class:`HopConfig` is the complete, validated setting the
+logic runs with (defaults filled in for the topology).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hetrain.errors import UsageError
-from hetrain.topology import Topology
+from hetrain.protocols.options import OptionError, option
+from hetrain.topology import Topology, make_topology
+
+TOPOLOGY_HELP = ("dpsgd/hop graph: ring, double_ring, torus, hypercube, exponential, complete, "
+                 "or an edge-list file (SRC DST per line); default ring")
 
 # Defaults of the `hop` protocol when the user leaves a setting out (docs/decisions.md):
 HOP_DEFAULT_STALENESS = 1
@@ -44,27 +52,27 @@ def validate_hop_config(config: HopConfig, topology: Topology) -> HopConfig:
     """
     min_in = min(len(n) for n in topology.in_neighbors) if topology.num_workers > 1 else 0
     if config.backup < 0 or config.staleness < 0:
-        raise UsageError("--backup and --staleness must be >= 0")
+        raise OptionError("{backup} and {staleness} must be >= 0")
     if config.backup and config.backup >= min_in:
-        raise UsageError(
-            f"--backup {config.backup} must be fewer than every worker's in-neighbours (the {topology.name} "
+        raise OptionError(
+            f"{{backup}} {config.backup} must be fewer than every worker's in-neighbours (the {topology.name} "
             f"graph has a worker with {min_in}); a worker that waits for nobody never mixes -- use a smaller "
-            "--backup or a denser --topology"
+            "{backup} or a denser {topology}"
         )
     max_ig = config.max_ig
     needs_tokens = config.backup > 0 or config.staleness > 0 or config.skip_threshold is not None
     if max_ig is None and needs_tokens:
         max_ig = max(HOP_DEFAULT_MAX_IG, config.staleness + 1, (config.skip_threshold or 0) + 2)
     if max_ig is not None and max_ig < 1:
-        raise UsageError(f"--max-ig must be >= 1 (a worker with no token can never start), got {max_ig}")
+        raise OptionError(f"{{max_ig}} must be >= 1 (a worker with no token can never start), got {max_ig}")
     if config.skip_threshold is not None:
         if config.skip_threshold < 1:
-            raise UsageError(f"--skip-threshold must be >= 1, got {config.skip_threshold}")
+            raise OptionError(f"{{skip_threshold}} must be >= 1, got {config.skip_threshold}")
         if config.skip_threshold > max_ig - 2:
-            raise UsageError(
-                f"--skip-threshold {config.skip_threshold} must be at most --max-ig minus 2 ({max_ig - 2}): when "
-                "a worker finishes an iteration, tokens have kept its neighbours within max-ig - 2 iterations "
-                "of its next one, so it would never skip; raise --max-ig or lower the threshold"
+            raise OptionError(
+                f"{{skip_threshold}} {config.skip_threshold} must be at most {{max_ig}} minus 2 ({max_ig - 2}): "
+                "when a worker finishes an iteration, tokens have kept its neighbours within max_ig - 2 "
+                "iterations of its next one, so it would never skip; raise {max_ig} or lower the threshold"
             )
     return HopConfig(config.backup, config.staleness, max_ig, config.skip_threshold)
 
@@ -86,3 +94,52 @@ def hop_config_for(topology: Topology, backup: int | None = None, staleness: int
     if skip_threshold is None:
         skip_threshold = min(HOP_DEFAULT_SKIP_THRESHOLD, max_ig - 2)
     return validate_hop_config(HopConfig(backup, staleness, max_ig, skip_threshold or None), topology)
+
+
+@dataclass(frozen=True)
+class HopOptions:
+    """Hop's arguments (None: Hop's default for the topology, see :func:`hop_config_for`)."""
+
+    topology: str = option("ring", type=str, help=TOPOLOGY_HELP)
+    backup: int | None = option(help="hop: backup workers b (default 1 where every worker has 2+ in-neighbours)")
+    staleness: int | None = option(help="hop: bounded staleness s (default 1); ps: asynchronous with staleness s "
+                                        "(default 0: synchronous)")
+    max_ig: int | None = option(help="hop: tokens per edge, the largest iteration gap (default 8)")
+    skip_threshold: int | None = option(help="hop: skip iterations when every in-neighbour is this far ahead "
+                                             "(default 2; 0 switches skipping off)")
+
+    def resolve(self, num_workers: int) -> tuple[Topology, HopConfig]:
+        """The graph and the complete, deadlock-free settings; OptionError saying why not."""
+        topology = make_topology(self.topology, num_workers)
+        return topology, self.config_for(topology)
+
+    def config_for(self, topology: Topology) -> HopConfig:
+        for name in ("backup", "staleness", "skip_threshold"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise OptionError(f"{{{name}}} must be >= 0, got {value}")
+        if self.max_ig is not None and self.max_ig < 1:
+            raise OptionError(f"{{max_ig}} must be >= 1 (each edge needs at least one token), got {self.max_ig}")
+        return hop_config_for(topology, self.backup, self.staleness, self.max_ig, self.skip_threshold)
+
+    def validate(self, num_workers: int) -> HopOptions:
+        self.resolve(num_workers)
+        return self
+
+
+@dataclass(frozen=True)
+class DPSGDOptions:
+    """D-PSGD's arguments: the graph only (every iteration waits for every in-neighbour)."""
+
+    topology: str = option("ring", type=str, help=TOPOLOGY_HELP)
+
+    def resolve(self, num_workers: int) -> tuple[Topology, HopConfig]:
+        topology = make_topology(self.topology, num_workers)
+        return topology, self.config_for(topology)
+
+    def config_for(self, topology: Topology) -> HopConfig:
+        return HopConfig()
+
+    def validate(self, num_workers: int) -> DPSGDOptions:
+        self.resolve(num_workers)
+        return self

@@ -84,6 +84,13 @@ class HopWorker:
         self.queued_updates = 0  # updates held in all queues now (each is a model: this is memory)
         self.queued_updates_max = 0
 
+    @classmethod
+    def for_rank(cls, topology, rank: int, config: HopConfig) -> HopWorker:
+        """Worker ``rank`` of ``topology``, its weights from the graph's mixing matrix."""
+        w = topology.mixing_matrix
+        return cls(rank, {j: float(w[rank, j]) for j in topology.in_neighbors[rank]}, float(w[rank, rank]),
+                   topology.out_neighbors[rank], config)
+
     # ----- arrivals ---------------------------------------------------------
     def receive_update(self, src: int, iteration: int, payload) -> None:
         self.queues[src].append((iteration, payload))
@@ -247,9 +254,4 @@ class HopWorker:
 
 def make_hop_workers(topology, config: HopConfig) -> list[HopWorker]:
     """One HopWorker per worker of ``topology``, weighted by its mixing matrix."""
-    w = topology.mixing_matrix
-    return [
-        HopWorker(i, {j: float(w[i, j]) for j in topology.in_neighbors[i]}, float(w[i, i]),
-                  topology.out_neighbors[i], config)
-        for i in range(topology.num_workers)
-    ]
+    return [HopWorker.for_rank(topology, i, config) for i in range(topology.num_workers)]

@@ -17,8 +17,9 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from hetrain.runtime.consensus import average_models
-from hetrain.runtime.context import WorkerContext
+from hetrain.errors import WorkerError
+from hetrain.runtime.consensus import average_state
+from hetrain.runtime.job import DEFAULT_TIMEOUT_S
 from hetrain.runtime.protocol import SyncProtocol
 
 # Workers agree on stopping every this many iterations (a stop may come up to this many
@@ -29,7 +30,8 @@ STOP_CHECK_EVERY = 4
 class _HookTimer:
     """Per backward: time from the last bucket's launch to the last completion."""
 
-    def __init__(self):
+    def __init__(self, process_group=None):
+        self.process_group = process_group
         self.last_launch = 0.0
         self.last_done = 0.0
         self.total_wait_s = 0.0
@@ -43,7 +45,7 @@ class _HookTimer:
 
 def _timed_allreduce_hook(timer: _HookTimer, bucket):
     timer.last_launch = time.perf_counter()
-    future = default_hooks.allreduce_hook(None, bucket)
+    future = default_hooks.allreduce_hook(timer.process_group, bucket)
 
     def record(fut):
         timer.last_done = max(timer.last_done, time.perf_counter())
@@ -53,22 +55,30 @@ def _timed_allreduce_hook(timer: _HookTimer, bucket):
 
 
 class AllReduce(SyncProtocol):
-    """All-Reduce data parallelism through ``torch.nn.parallel.DistributedDataParallel``."""
+    """All-Reduce data parallelism through ``torch.nn.parallel.DistributedDataParallel``, unchanged.
+
+    DDP needs its wrapper for the forward pass: use ``sync.module(x)``. Its
+    workers must run the same number of iterations; loops that stop on a time
+    budget ask ``sync.should_stop(local_done)``, which agrees across workers.
+
+    Example::
+
+        with hetrain.AllReduce(model, optimizer) as sync:
+            while not sync.should_stop(local_done=time.time() > deadline):
+                optimizer.zero_grad(); loss_fn(sync.module(x), y).backward(); optimizer.step()
+    """
 
     name = "allreduce"
 
-    def __init__(self, model: torch.nn.Module, ctx: WorkerContext):
-        super().__init__(model, ctx)
-        device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-        self.ddp = DistributedDataParallel(model, device_ids=device_ids)
-        self._timer = _HookTimer()
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
+                 process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S):
+        super().__init__(model, optimizer, process_group=process_group, timeout_s=timeout_s)
+        device_ids = [self.job.device.index] if self.job.device.type == "cuda" else None
+        self.ddp = DistributedDataParallel(model, device_ids=device_ids, process_group=process_group)
+        self._timer = _HookTimer(process_group)
         self.ddp.register_comm_hook(self._timer, _timed_allreduce_hook)
-        self._flag = torch.zeros(1, device=ctx.device)
-        self._finished = False
-
-    @classmethod
-    def from_config(cls, model, ctx, config):
-        return cls(model, ctx)
+        self._flag = torch.zeros(1, device=self.job.device)
+        self.restart_clock()
 
     @property
     def module(self):
@@ -82,22 +92,25 @@ class AllReduce(SyncProtocol):
         self.stats.iteration = self.stats.iterations
 
     def should_stop(self, local_done: bool) -> bool:
-        self.start()
         if self.stats.iterations % STOP_CHECK_EVERY:
             return False  # every worker skips the vote at the same iterations
         began = time.perf_counter()
         self._flag.fill_(1.0 if local_done else 0.0)
-        dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, async_op=True).wait(timeout=self.ctx.timeout)
+        try:
+            dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self.job.group,
+                            async_op=True).wait(timeout=self.job.timeout)
+        except Exception as exc:
+            raise WorkerError(f"worker {self.job.rank} waited for the others' vote on stopping at iteration "
+                              f"{self.stats.iterations}: {str(exc).splitlines()[0][:160]}") from None
         spent = time.perf_counter() - began
         self.stats.wait_s += spent
-        self.stats.compute_s -= spent  # the base class counts the gap between steps as compute
+        self.stats.compute_s -= spent  # the gap between steps counts as compute
         return bool(self._flag.item() > 0)
 
-    def finish(self) -> None:
-        if self._finished:
-            return
-        self._finished = True
-        self.stats.extra["consensus_distance"] = average_models(self.model, self.ctx.world_size, self.ctx.timeout_s)
+    def _finish(self) -> None:
+        self.stats.extra["consensus_distance"] = average_state(self.state, self.job)
+
+    def _release(self) -> None:
         # Release DDP's reducer while the process group still exists: with a plain DDP script,
         # deleting the module before destroy_process_group avoided PyTorch 2.13's abort at exit
         # (docs/decisions.md). References the user still holds can keep it alive regardless.

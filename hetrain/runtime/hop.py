@@ -1,101 +1,105 @@
 """Hop and D-PSGD on torch.distributed: the pure HopWorker logic driven by real messages.
 
-    sync = Hop(model, ctx, topology="ring", backup=1, staleness=1, max_ig=4, skip_threshold=2)
-    while not sync.should_stop(local_done):
-        ...forward, backward, optimizer.step()...
-        sync.step()
-    sync.finish()
+    with hetrain.Hop(model, optimizer, topology="ring") as sync:     # Hop's defaults for b, s, max_ig
+        for x, y in batches:
+            ...forward, backward...
+            optimizer.step()          # then: send, wait as the logic says, average, take tokens
 
-Each ``step`` sends the model (tagged with the iteration) to the out-neighbours,
-waits until the logic says enough in-neighbour updates are held, averages with
-the renormalized weights, returns tokens, and then waits for the tokens (or
-skips iterations) that let the next iteration start. Receiving runs on
-background threads, sending is asynchronous, so communication overlaps compute.
+After each optimizer step the worker sends its model (tagged with the
+iteration) to its out-neighbours, waits until the logic says enough
+in-neighbour updates are held, averages with the renormalized weights, returns
+tokens, and then waits for the tokens (or skips iterations) that let the next
+iteration start. Receiving runs on background threads, sending is
+asynchronous, so communication overlaps compute.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-import warnings
 
 import torch
 from torch import nn
 
 from hetrain.errors import UsageError, WorkerError
-from hetrain.protocols.hop_config import HopConfig, hop_config_for
+from hetrain.protocols.hop_config import DPSGDOptions, HopOptions
 from hetrain.protocols.hop_logic import AveragePlan, HopWorker
-from hetrain.runtime.consensus import average_models
-from hetrain.runtime.context import WorkerContext
-from hetrain.runtime.peer_channels import STOP, TOKEN, UPDATE, PeerChannels
-from hetrain.runtime.protocol import SyncProtocol, flat_parameters, load_flat_parameters
+from hetrain.runtime.consensus import average_state
+from hetrain.runtime.job import DEFAULT_TIMEOUT_S
+from hetrain.runtime.peer_channels import STOP, TOKEN, UPDATE, Message, PeerChannels
+from hetrain.runtime.protocol import SyncProtocol
 from hetrain.topology import Topology, make_topology
 
 
 class Hop(SyncProtocol):
-    """Queue-based decentralized training (Hop, ASPLOS'19) on a directed graph."""
+    """Queue-based decentralized training (Luo et al., "Hop", ASPLOS'19) on a directed graph.
+
+    Settings left as None take Hop's defaults for the graph (backup 1 where every
+    worker has 2+ in-neighbours, staleness 1, max_ig 8, skip_threshold 2;
+    ``skip_threshold=0`` switches skipping off); combinations that can deadlock
+    are refused with the reason.
+
+    Example::
+
+        model = MyNet(); optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        with hetrain.Hop(model, optimizer, topology="ring", backup=1) as sync:
+            for x, y in loader:
+                optimizer.zero_grad(); loss_fn(model(x), y).backward(); optimizer.step()
+        print(sync.metrics()["updates_stale"])
+    """
 
     name = "hop"
 
-    def __init__(self, model: nn.Module, ctx: WorkerContext, topology: str | Topology = "ring",
-                 backup: int | None = None, staleness: int | None = None, max_ig: int | None = None,
-                 skip_threshold: int | None = None, *, _config: HopConfig | None = None):
-        """Settings left as None take Hop's defaults (``hop_config_for``); ``skip_threshold=0`` turns
-        skipping off."""
-        super().__init__(model, ctx)
-        self.topology = topology if isinstance(topology, Topology) else make_topology(topology, ctx.world_size)
-        if self.topology.num_workers != ctx.world_size:
-            raise UsageError(
-                f"topology has {self.topology.num_workers} workers but the job has {ctx.world_size}; they must match"
-            )
-        self.config = _config or hop_config_for(self.topology, backup, staleness, max_ig, skip_threshold)
-        w = self.topology.mixing_matrix
-        rank = ctx.rank
-        self.logic = HopWorker(rank, {j: float(w[rank, j]) for j in self.topology.in_neighbors[rank]},
-                               float(w[rank, rank]), self.topology.out_neighbors[rank], self.config)
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
+                 topology: str | Topology = "ring", backup: int | None = None, staleness: int | None = None,
+                 max_ig: int | None = None, skip_threshold: int | None = None,
+                 process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S):
+        super().__init__(model, optimizer, process_group=process_group, timeout_s=timeout_s)
+        options = self._options(topology, backup, staleness, max_ig, skip_threshold)
+        self.topology = topology if isinstance(topology, Topology) else make_topology(topology, self.job.world_size)
+        self.config = options.config_for(self.topology)
+        if self.topology.num_workers != self.job.world_size:
+            raise UsageError(f"topology has {self.topology.num_workers} workers but the group has "
+                             f"{self.job.world_size}; they must match")
+        rank = self.job.rank
+        self.logic = HopWorker.for_rank(self.topology, rank, self.config)
         self._cond = threading.Condition()
         self._channel_errors: list[str] = []
         self._neighbors_stopped = False
-        self._finished = False
-        numel = sum(p.numel() for p in model.parameters())
-        dtype = next(model.parameters()).dtype
-        self.channels = PeerChannels(ctx, numel, dtype, self._on_message)
-        try:
-            self.channels.handshake(self.topology.out_neighbors[rank], self.topology.in_neighbors[rank])
-        except RuntimeError as exc:
-            raise WorkerError(str(exc)) from None
+        self.channels = PeerChannels(self.job, self.state.numel, self.state.dtype, self._on_message,
+                                     self._on_channel_error)
+        self.channels.handshake(self.topology.out_neighbors[rank], self.topology.in_neighbors[rank])
         self.channels.listen("update", self.topology.in_neighbors[rank])
         self.channels.listen("token", self.topology.out_neighbors[rank] if self.config.uses_tokens else [])
+        self.restart_clock()
 
-    @classmethod
-    def from_config(cls, model, ctx, config):
-        return cls(model, ctx, config.topology, config.backup, config.staleness, config.max_ig,
-                   config.skip_threshold)
-
-    @classmethod
-    def check_config(cls, config) -> None:
-        topology = make_topology(config.topology, config.num_workers)
-        hop_config_for(topology, config.backup, config.staleness, config.max_ig, config.skip_threshold)
+    @staticmethod
+    def _options(topology, backup, staleness, max_ig, skip_threshold):
+        name = topology.name if isinstance(topology, Topology) else topology
+        return HopOptions(name, backup, staleness, max_ig, skip_threshold)
 
     # ----- receiver threads ------------------------------------------------------
-    def _on_message(self, channel, src, kind, iteration, count, payload) -> None:
+    def _on_message(self, message: Message) -> None:
         with self._cond:
-            if kind == UPDATE:
-                self.logic.receive_update(src, iteration, payload)
-            elif kind == TOKEN:
-                self.logic.receive_tokens(src, count)
-            elif kind == STOP and channel == "update":
-                self.logic.sender_finished(src)
-            elif kind == STOP:
-                self.logic.token_source_finished(src)
-            else:
-                self._channel_errors.extend(self.channels.errors[len(self._channel_errors):])
+            if message.kind == UPDATE:
+                self.logic.receive_update(message.src, message.iteration, message.payload)
+            elif message.kind == TOKEN:
+                self.logic.receive_tokens(message.src, message.count)
+            elif message.channel == "update":  # STOP: no more updates from src
+                self.logic.sender_finished(message.src)
+            else:  # STOP: no more tokens from src
+                self.logic.token_source_finished(message.src)
+            self._cond.notify_all()
+
+    def _on_channel_error(self, error: str) -> None:
+        with self._cond:
+            self._channel_errors.append(error)
             self._cond.notify_all()
 
     # ----- the protocol -------------------------------------------------------------
     def _wait(self, ready) -> bool:
         """Wait (holding the lock) until ``ready()``; False if stopped neighbours make it impossible."""
-        deadline = time.monotonic() + self.ctx.timeout_s
+        deadline = time.monotonic() + self.job.timeout_s
         while not ready():
             if self._channel_errors:
                 raise WorkerError(self._channel_errors[0])
@@ -104,7 +108,7 @@ class Hop(SyncProtocol):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise WorkerError(
-                    f"worker {self.ctx.rank} waited {self.ctx.timeout_s:.0f} s for {self.logic.waiting_for()}"
+                    f"worker {self.job.rank} waited {self.job.timeout_s:.0f} s for {self.logic.waiting_for()}"
                 )
             self._cond.wait(timeout=min(remaining, 1.0))
         return True
@@ -113,7 +117,7 @@ class Hop(SyncProtocol):
         mixed = own * plan.self_weight
         for term in plan.terms:
             mixed.add_(term.payload, alpha=term.weight)
-        load_flat_parameters(self.model, mixed)
+        self.state.scatter(mixed)
         if plan.tokens_to:
             self.channels.send("token", plan.tokens_to, TOKEN, plan.iteration, plan.token_count)
 
@@ -135,20 +139,17 @@ class Hop(SyncProtocol):
                         return
                     continue
                 plan = self.logic.apply_skip(skip)
-            self._apply(plan, flat_parameters(self.model))
+            self._apply(plan, self.state.gather())
             # out-neighbours may be waiting for a skipped iteration's model: send this one
             self.channels.send("update", self.logic.out_neighbors, UPDATE, self.logic.iteration - 1, 0,
-                               flat_parameters(self.model))
-
-    def start(self) -> None:
-        if self._last_step_end is None:
-            self._begin_iteration()
-        super().start()
+                               self.state.gather())
 
     def _sync(self) -> None:
+        if not self.logic.started and not self._neighbors_stopped:
+            self._begin_iteration()  # the first iteration: take its tokens now
         if self._neighbors_stopped:
             return
-        own = flat_parameters(self.model)
+        own = self.state.gather()
         self.channels.send("update", self.logic.out_neighbors, UPDATE, self.logic.iteration, 0, own)
         with self._cond:
             if not self._wait(self.logic.ready_to_average):
@@ -160,25 +161,21 @@ class Hop(SyncProtocol):
         self.stats.iteration = self.logic.iteration
 
     def should_stop(self, local_done: bool) -> bool:
-        self.start()
         return bool(local_done) or self._neighbors_stopped
 
-    def finish(self) -> None:
+    def _finish(self) -> None:
         """Tell neighbours we stopped, wait for theirs, then average every worker's model."""
-        if self._finished:
-            return
-        self._finished = True
         self.channels.send("update", self.logic.out_neighbors, STOP)
-        self.channels.send("token", self.topology.in_neighbors[self.ctx.rank] if self.config.uses_tokens else [], STOP)
-        try:
-            self.channels.join()
-            self.channels.flush()
-            self.channels.close()
-        except RuntimeError as exc:
-            raise WorkerError(str(exc)) from None
+        self.channels.send("token", self.topology.in_neighbors[self.job.rank] if self.config.uses_tokens else [],
+                           STOP)
+        self.channels.join()
+        self.channels.flush()
         if self._channel_errors:
             raise WorkerError(self._channel_errors[0])
-        self.stats.extra["consensus_distance"] = average_models(self.model, self.ctx.world_size, self.ctx.timeout_s)
+        self.stats.extra["consensus_distance"] = average_state(self.state, self.job)
+
+    def _release(self) -> None:
+        self.channels.close()
 
     def metrics(self) -> dict:
         counters = self.logic.counters()
@@ -190,25 +187,33 @@ class Hop(SyncProtocol):
         self.stats.extra.update(counters, sends_in_flight_max=self.channels.max_in_flight_seen())
         return super().metrics()
 
+    def _extra_state(self) -> dict:
+        return {"logic_iteration": self.logic.iteration, "counters": self.logic.counters()}
+
+    def _load_extra_state(self, state: dict) -> None:
+        # the iteration counter only: queues and tokens are rebuilt by the neighbours' next messages
+        # (every worker of a job resumes together, so all counters move as one)
+        self.logic.iteration = int(state["logic_iteration"])
+
 
 class DPSGD(Hop):
-    """Standard decentralized training (D-PSGD, NeurIPS'17): every iteration waits for every
-    in-neighbour's model of the same iteration and averages. Hop with no backup workers,
-    no staleness and no tokens (the graph bounds the iteration gap)."""
+    """Standard decentralized training (Lian et al., D-PSGD, NeurIPS'17): every iteration waits for every
+    in-neighbour's model of the same iteration and averages. Hop with no backup workers, no staleness and
+    no tokens (the graph bounds the gap).
+
+    Example::
+
+        with hetrain.DPSGD(model, optimizer, topology="torus") as sync:
+            for x, y in loader:
+                optimizer.zero_grad(); loss_fn(model(x), y).backward(); optimizer.step()
+    """
 
     name = "dpsgd"
 
-    def __init__(self, model: nn.Module, ctx: WorkerContext, topology: str | Topology = "ring"):
-        super().__init__(model, ctx, topology, _config=HopConfig())
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
+                 topology: str | Topology = "ring", process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S):
+        super().__init__(model, optimizer, topology=topology, process_group=process_group, timeout_s=timeout_s)
 
-    @classmethod
-    def from_config(cls, model, ctx, config):
-        return cls(model, ctx, config.topology)
-
-    @classmethod
-    def check_config(cls, config) -> None:
-        make_topology(config.topology, config.num_workers)
-        ignored = [flag for flag, value in (("--backup", config.backup), ("--staleness", config.staleness),
-                   ("--max-ig", config.max_ig), ("--skip-threshold", config.skip_threshold)) if value]
-        if ignored:
-            warnings.warn(f"dpsgd ignores {', '.join(ignored)} (Hop settings); use --protocol hop", stacklevel=2)
+    @staticmethod
+    def _options(topology, *unused):
+        return DPSGDOptions(topology.name if isinstance(topology, Topology) else topology)

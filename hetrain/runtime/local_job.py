@@ -47,6 +47,7 @@ class JobResults(list):
 
 def _child(fn, rank, world_size, store_path, backend, timeout_s, args, results, messages, parent_pid, stop):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))  # one node, as torchrun says it
     die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher handles Ctrl-C and asks us to stop
     try:
@@ -64,11 +65,8 @@ def _child(fn, rank, world_size, store_path, backend, timeout_s, args, results, 
             device = torch.device("cuda", rank % torch.cuda.device_count())
         else:
             device = torch.device("cpu")
-        ctx = WorkerContext(
-            rank, world_size, device, timeout_s, dist.PrefixStore("hetrain/", store), rank, world_size
-        )
-        ctx.report = lambda message: messages.put((rank, message))
-        ctx.stop_requested = stop.is_set
+        ctx = WorkerContext(rank, world_size, device, timeout_s,
+                            report=lambda message: messages.put((rank, message)), stop_requested=stop.is_set)
         result = fn(ctx, *args)
         results.put((rank, "ok", result, None))
         dist.barrier()  # nobody leaves while another rank may still talk to it

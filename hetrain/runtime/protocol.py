@@ -1,18 +1,25 @@
-"""The interface every synchronization protocol implements.
+"""What every synchronization protocol shares: the PyTorch-facing API and the step/finish template.
 
-A training loop uses a protocol like this::
+A protocol wraps a model (and optionally its optimizer) like torch's own
+averagers do, and synchronizes after every optimizer step::
 
-    sync = hetrain.Hop(model, ctx, topology="ring", backup=1)
-    while not sync.should_stop(local_done=it >= iterations):
-        loss = loss_fn(sync.module(x), y)
-        opt.zero_grad(); loss.backward(); opt.step()
-        sync.step()                      # synchronise after the optimizer step
-    sync.finish()                        # drain; every worker ends with the consensus model
-    print(sync.metrics())
+    with hetrain.Hop(model, optimizer, topology="ring") as sync:   # process_group=None: the world
+        for x, y in batches:
+            loss = loss_fn(model(x), y)
+            optimizer.zero_grad(); loss.backward()
+            optimizer.step()                  # the step post-hook runs sync.step(): send, wait, average
+    # leaving the block: drain, average over all workers (every worker ends with the consensus
+    # model), release threads, sockets and groups; on an exception only the release
 
-``step`` accounts time: the time since the previous ``step`` returned is
-compute, the time inside ``step`` is waiting (communication the protocol could
-not hide). Subclasses implement ``_sync``.
+Without an optimizer, call ``sync.step()`` after each of your own updates.
+``should_stop(local_done)`` says when to leave a loop whose workers may stop at
+different times (All-Reduce's workers must agree; the others stop on their own).
+
+Timing: the time between two ``step`` calls is compute, the time inside is
+waiting (communication the protocol could not hide); ``restart_clock()`` marks
+the start of the first iteration's compute (default: the end of construction).
+Subclasses implement ``_sync`` and, where they hold resources, ``_finish``,
+``_release`` and ``_extra_state``/``_load_extra_state``.
 """
 
 from __future__ import annotations
@@ -23,7 +30,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
-from hetrain.runtime.context import WorkerContext
+from hetrain.runtime.flat_state import FlatState
+from hetrain.runtime.job import DEFAULT_TIMEOUT_S, JobView, model_device
 
 
 @dataclass
@@ -47,31 +55,47 @@ class ProtocolStats:
 
 
 class SyncProtocol:
-    """Base class: timing, stop agreement, and the step/finish template."""
+    """Base class; see the module docstring. ``name`` is the registry's protocol name."""
 
     name = "base"
 
-    def __init__(self, model: nn.Module, ctx: WorkerContext):
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
+                 process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S):
         self.model = model
-        self.ctx = ctx
+        self.job = JobView.of(process_group, model_device(model), timeout_s, self.name)
+        self.state = FlatState(model)
         self.stats = ProtocolStats()
-        self._last_step_end: float | None = None
+        self._hook = optimizer.register_step_post_hook(self._after_optimizer_step) if optimizer is not None else None
+        self._finished = False
+        self._released = False
+        self._last_step_end = time.perf_counter()
 
+    # -- the PyTorch-facing surface ---------------------------------------------------------
     @property
     def module(self) -> nn.Module:
-        """The module to run forward on (DistributedDataParallel wraps it; others return it)."""
+        """The module to run forward on: the model itself (All-Reduce: DistributedDataParallel's wrapper)."""
         return self.model
 
-    def start(self) -> None:
-        """Mark the start of the first iteration's compute (called by the first ``should_stop``)."""
-        if self._last_step_end is None:
-            self._last_step_end = time.perf_counter()
+    def __enter__(self) -> SyncProtocol:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is None:
+            self.finish()
+        else:
+            self.close()
+        return False
+
+    def restart_clock(self) -> None:
+        """Mark now as the start of the next iteration's compute (e.g. after a barrier)."""
+        self._last_step_end = time.perf_counter()
 
     def step(self) -> None:
-        """Synchronise after an optimizer step."""
+        """Synchronise after an optimizer step (called by the step post-hook when an optimizer was given)."""
+        if self._finished:
+            raise RuntimeError(f"{self.name}: step() after finish()")
         now = time.perf_counter()
-        if self._last_step_end is not None:
-            self.stats.compute_s += now - self._last_step_end
+        self.stats.compute_s += now - self._last_step_end
         self.stats.iterations += 1
         self.stats.iteration += 1  # protocols that skip iterations overwrite this in _sync
         self._sync()
@@ -79,43 +103,64 @@ class SyncProtocol:
         self.stats.wait_s += end - now
         self._last_step_end = end
 
-    def _sync(self) -> None:
-        raise NotImplementedError
-
-    @classmethod
-    def check_config(cls, config) -> None:
-        """Validate a RunConfig for this protocol before any process starts (raise UsageError)."""
-
     def should_stop(self, local_done: bool) -> bool:
         """Whether to leave the loop; ``local_done`` is this worker's own wish.
 
-        Protocols whose workers must leave together (All-Reduce) override this
-        to agree; decentralized ones let each worker stop on its own and drain.
+        Decentralized protocols let each worker stop on its own (``finish``
+        drains); All-Reduce overrides this so its workers leave together.
         """
-        self.start()
         return bool(local_done)
 
     def finish(self) -> None:
-        """Drain outstanding messages and leave every worker with the consensus model."""
+        """Drain what is in flight, leave every worker with the consensus model, release resources."""
+        if self._finished:
+            return
+        self._finished = True
+        try:
+            self._finish()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Release threads, sockets and groups without waiting for anyone (also after an error)."""
+        if self._released:
+            return
+        self._released = True
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        self._release()
 
     def metrics(self) -> dict:
         return self.stats.as_dict()
 
+    def state_dict(self) -> dict:
+        """The protocol's own state (counters and, per protocol, what resuming needs); not the model's."""
+        return {"protocol": self.name, "iteration": self.stats.iteration, "iterations": self.stats.iterations,
+                **self._extra_state()}
 
-def flat_parameters(model: nn.Module) -> torch.Tensor:
-    """A detached copy of all parameters as one flat buffer (one message or collective per sync).
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("protocol") != self.name:
+            raise ValueError(f"a {state.get('protocol')!r} state cannot be loaded into {self.name}")
+        self.stats.iteration = int(state["iteration"])
+        self.stats.iterations = int(state["iterations"])
+        self._load_extra_state(state)
 
-    ``parameters_to_vector`` concatenates into fresh memory, so the result shares nothing with
-    the model (no extra clone: for a 100 MB model that was 100 MB more per call).
-    """
-    return torch.nn.utils.parameters_to_vector([p.detach() for p in model.parameters()])
+    # -- for subclasses -----------------------------------------------------------------------
+    def _after_optimizer_step(self, optimizer, args, kwargs) -> None:
+        self.step()
 
+    def _sync(self) -> None:
+        raise NotImplementedError
 
-def load_flat_parameters(model: nn.Module, flat: torch.Tensor) -> None:
-    """Copy a flat buffer made by :func:`flat_parameters` back into the model."""
-    offset = 0
-    with torch.no_grad():
-        for param in model.parameters():
-            count = param.numel()
-            param.copy_(flat[offset : offset + count].view_as(param))
-            offset += count
+    def _finish(self) -> None:
+        """Drain and reach consensus (collective: every worker calls it)."""
+
+    def _release(self) -> None:
+        """Free threads, sockets and groups; must not block on other workers."""
+
+    def _extra_state(self) -> dict:
+        return {}
+
+    def _load_extra_state(self, state: dict) -> None:
+        pass

@@ -20,13 +20,12 @@ from tqdm import tqdm
 
 from hetrain.config import RunConfig
 from hetrain.data import build_model, evaluate, load_dataset
-from hetrain.errors import UsageError
 from hetrain.metrics import build_metrics, format_summary
 from hetrain.outputs import prepare_out_dir, write_json_atomic, write_text_atomic
+from hetrain.protocols.options import OptionError
+from hetrain.runtime.flat_state import FlatState
 from hetrain.runtime.local_job import run_local
 from hetrain.runtime.process_guard import die_with_parent
-from hetrain.runtime.protocol import load_flat_parameters
-from hetrain.runtime.registry import protocol_class
 from hetrain.runtime.train_worker import train_worker
 from hetrain.slowdown import parse_slowdown
 
@@ -36,8 +35,7 @@ def check_run_config(config: RunConfig) -> RunConfig:
     config.validate()
     parse_slowdown(config.slowdown, config.seed).check_workers(config.num_workers)
     if config.device == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda was asked for, but this machine has no CUDA device; use --device cpu")
-    protocol_class(config.protocol).check_config(config)
+        raise OptionError("{device} cuda was asked for, but this machine has no CUDA device; use {device} cpu")
     return config
 
 
@@ -66,10 +64,12 @@ def run_training_torchrun(config: RunConfig, out_dir: str | None) -> dict | None
     """Run as one rank of a torchrun job; rank 0 gathers, evaluates and writes the record."""
     import torch.distributed as dist
 
-    from hetrain.runtime.context import init_from_env
+    from hetrain.runtime.context import WorkerContext
+    from hetrain.runtime.job import init
 
     die_with_parent(os.getppid())  # torchrun's agent: no orphan if it is killed
-    ctx = init_from_env("nccl" if config.device == "cuda" else "gloo", timeout_s=config.timeout_s)
+    device = init("nccl" if config.device == "cuda" else "gloo", timeout_s=config.timeout_s)
+    ctx = WorkerContext(dist.get_rank(), dist.get_world_size(), device, config.timeout_s)
     config = config.replace(num_workers=ctx.world_size)
     check_run_config(config)
     out = prepare_out_dir(out_dir) if out_dir and ctx.rank == 0 else None
@@ -116,6 +116,7 @@ def evaluation_curve(config: RunConfig, snapshots_by_worker: list[list]) -> list
         return []
     data = load_dataset(config.workload, config.seed)
     model = build_model(config.workload, config.model_params, config.seed)
+    state = FlatState(model)
     due_times = sorted({snap[0] for snaps in snapshots_by_worker for snap in snaps})
     curve = []
     for due in due_times:
@@ -124,7 +125,7 @@ def evaluation_curve(config: RunConfig, snapshots_by_worker: list[list]) -> list
             before = [s for s in snaps if s[0] <= due]
             chosen.append(before[-1] if before else snaps[0])
         mean = torch.from_numpy(np.mean([s[3] for s in chosen], axis=0))
-        load_flat_parameters(model, mean)
+        state.scatter(mean)
         accuracy, loss = evaluate(model, data.x_test, data.y_test)
         curve.append({
             "t_s": max(s[1] for s in chosen),

@@ -18,11 +18,10 @@ from torch import nn
 
 from hetrain.config import RunConfig
 from hetrain.data import build_model, evaluate, load_dataset, loss_fn, make_optimizer, make_sampler
+from hetrain.registry import get_spec
 from hetrain.runtime.context import WorkerContext
 from hetrain.runtime.emulation import ComputeEmulator
 from hetrain.runtime.meter import WindowMeter, peak_rss_mb
-from hetrain.runtime.protocol import flat_parameters
-from hetrain.runtime.registry import build_protocol
 from hetrain.runtime.snapshots import SnapshotKeeper
 from hetrain.slowdown import parse_slowdown
 
@@ -53,22 +52,26 @@ def train_worker(ctx: WorkerContext, config: RunConfig) -> dict:
     base_s = config.compute_ms / 1000.0 if config.compute_ms else math_s  # 0 or None: real compute
     standalone_s = max(base_s * slowdown.expected_factor(ctx.rank), math_s)
 
-    protocol = build_protocol(config, model, ctx)
     optimizer = make_optimizer(config.resolved_optimizer(), model.parameters(), config.resolved_lr(),
                                config.momentum)
-    model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    snapshots = SnapshotKeeper(config.resolved_eval_interval_s(), model_bytes)
+    # no optimizer hook: the loop calls step() itself, so the emulator's overhead timing of
+    # optimizer.step() never includes the protocol's waiting
+    protocol = get_spec(config.protocol).build(model, None, config.protocol_options(), seed=config.seed,
+                                               timeout_s=config.timeout_s)
+    state = protocol.state
+    snapshots = SnapshotKeeper(config.resolved_eval_interval_s(), state.nbytes)
     meter = WindowMeter()
     emulator = ComputeEmulator(math_s)
     stop_requested = ctx.stop_requested or (lambda: False)
 
     dist.barrier()
+    protocol.restart_clock()
     t0 = time.perf_counter()
     last_report = 0.0
     computed = 0
     while True:
         elapsed = time.perf_counter() - t0
-        snapshots.maybe_take(elapsed, protocol.stats.iteration, lambda: flat_parameters(model))
+        snapshots.maybe_take(elapsed, protocol.stats.iteration, state.gather)
         if ctx.report is not None and elapsed - last_report >= PROGRESS_INTERVAL_S:
             ctx.report({"iteration": protocol.stats.iteration, "computed": computed, "t_s": elapsed})
             last_report = elapsed
@@ -95,7 +98,7 @@ def train_worker(ctx: WorkerContext, config: RunConfig) -> dict:
     loop_s = time.perf_counter() - t0
     x_test, y_test = data.x_test.to(ctx.device), data.y_test.to(ctx.device)
     local_accuracy, local_loss = evaluate(model, x_test, y_test)
-    snapshots.take_final(loop_s, protocol.stats.iteration, lambda: flat_parameters(model))
+    snapshots.take_final(loop_s, protocol.stats.iteration, state.gather)
     protocol.finish()
     consensus_accuracy, consensus_loss = evaluate(model, x_test, y_test)
     if ctx.report is not None:

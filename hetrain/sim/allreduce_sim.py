@@ -56,3 +56,7 @@ class AllReduceSim:
         return {"workers": self.rec.worker_records(), "wall_time_s": self.rec.wall_time_s(),
                 "extra": {"allreduce_s": ring_allreduce_s(self.setup.num_workers, self.setup.model_bytes,
                                                     self.setup.network.params)}, "timeline": self.rec.timeline}
+
+
+def make_sim(setup: SimSetup, options, seed: int) -> AllReduceSim:
+    return AllReduceSim(setup)

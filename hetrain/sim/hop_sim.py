@@ -151,3 +151,9 @@ class HopSim:
         return {"workers": self.rec.worker_records(counters), "wall_time_s": self.rec.wall_time_s(),
                 "extra": {"topology": self.topology.name, "hop_config": vars(self.config).copy()},
                 "timeline": self.rec.timeline}
+
+
+def make_sim(setup: SimSetup, options, seed: int) -> HopSim:
+    """Hop (HopOptions) or D-PSGD (DPSGDOptions): the same defaults as ``hetrain train``."""
+    topology, config = options.resolve(setup.num_workers)
+    return HopSim(setup, topology, config)

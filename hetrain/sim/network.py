@@ -16,12 +16,11 @@ protocols assume.
 Collectives are costed from their message patterns: a ring all-reduce of ``b``
 bytes over ``n`` members is ``2 (n - 1)`` steps, each sending ``b / n`` bytes to
 the ring successor, so ``2 (n - 1) (L + b / (n B))``. A P-Reduce is what the
-runtime does (:mod:`hetrain.prague.exchange_rule`): for small buffers a direct
+runtime does (:mod:`hetrain.protocols.exchange_rule`): for small buffers a direct
 exchange, every member sends ``b`` to each of the ``n - 1`` others, charged
-``(n - 1) (L + b / B)`` (one latency per peer: on the hosts measured, posting
-and receiving each message costs CPU time, and a flat single latency made 20 KB
-among 8 members 10x cheaper than the ring where 3.5x was measured); otherwise a
-ring all-reduce over its group. A collective starts when every member's links
+``(n - 1) (L + b / B)`` (one latency per peer: posting and receiving each
+message costs CPU time; why, with the measurements, in docs/simulator.md);
+otherwise a ring all-reduce over its group. A collective starts when every member's links
 are free and holds them until it ends (members cannot send anything else
 meanwhile).
 """
@@ -30,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hetrain.prague.exchange_rule import uses_direct_exchange
+from hetrain.protocols.exchange_rule import uses_direct_exchange
 
 # Loopback gloo on the 2-core development machine (benchmarks/sim_bench.py measure-network):
 # one-way send/recv of 8 bytes took 46 us between 2 processes and 150-180 us with 8 processes
@@ -46,7 +45,7 @@ class NetworkParams:
 
     latency_us: float = DEFAULT_LATENCY_US
     bandwidth_gbps: float = DEFAULT_BANDWIDTH_GBPS
-    new_group_ms: float = 5.0  # creating a communicator (P-Reduce cache miss); ~5 ms measured on gloo
+    new_group_ms: float = 5.0  # creating a communicator (P-Reduce cache miss), from docs/simulator.md
 
     @property
     def latency_s(self) -> float:

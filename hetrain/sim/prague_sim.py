@@ -4,8 +4,8 @@ Each worker loops: compute (compute_s x slowdown) -> local step -> ask the
 scheduler for groups -> run the returned groups' P-Reduces in order -> next
 iteration. Who forms which group, and in what global order, is decided by the
 same pure code the runtime serves to real jobs:
-:class:`hetrain.prague.group_generator.GroupGenerator` (every ``--gg`` mode) for
-Prague, :class:`hetrain.prague.adpsgd_pairing.ActivePassivePairing` for AD-PSGD.
+:class:`hetrain.protocols.group_generator.GroupGenerator` (every ``--gg`` mode) for
+Prague, :class:`hetrain.protocols.adpsgd_pairing.ActivePassivePairing` for AD-PSGD.
 This module supplies time and messages only:
 
 * a request is a small message to the scheduler's endpoint (beside rank 0), served
@@ -154,21 +154,16 @@ class GroupSim:
                 "extra": stats, "timeline": self.rec.timeline}
 
 
-def make_sim(config, setup: SimSetup):
-    """The simulation object for ``config.protocol`` (prague, adpsgd or ps)."""
-    if config.protocol == "prague":
-        from hetrain.prague.group_generator import GroupGenerator
+def make_prague_sim(setup: SimSetup, options, seed: int) -> GroupSim:
+    from hetrain.protocols.group_generator import GroupGenerator
 
-        gg = GroupGenerator(config.num_workers, config.group_size, config.gg, seed=config.seed,
-                            workers_per_node=config.workers_per_node, cache_size=config.communicator_cache)
-        return GroupSim(setup, gg, local_schedule=config.gg == "static", name="prague")
-    if config.protocol == "adpsgd":
-        from hetrain.prague.adpsgd_pairing import ActivePassivePairing
+    gg = GroupGenerator(setup.num_workers, options.group_size, options.gg, seed=seed,
+                        workers_per_node=options.workers_per_node, cache_size=options.communicator_cache)
+    return GroupSim(setup, gg, local_schedule=options.gg == "static", name="prague")
 
-        pairing = ActivePassivePairing(config.num_workers, seed=config.seed, cache_size=config.communicator_cache)
-        return GroupSim(setup, pairing, name="adpsgd")
-    if config.protocol == "ps":
-        from hetrain.sim.ps_sim import ParameterServerSim
 
-        return ParameterServerSim(setup, staleness=config.staleness or 0)
-    raise ValueError(config.protocol)
+def make_adpsgd_sim(setup: SimSetup, options, seed: int) -> GroupSim:
+    from hetrain.protocols.adpsgd_pairing import ActivePassivePairing
+
+    pairing = ActivePassivePairing(setup.num_workers, seed=seed, cache_size=options.communicator_cache)
+    return GroupSim(setup, pairing, name="adpsgd")

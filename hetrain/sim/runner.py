@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from hetrain.config import RunConfig
 from hetrain.errors import UsageError
 from hetrain.metrics import build_metrics
+from hetrain.registry import get_spec
 from hetrain.sim.common import SimSetup, SimulationError
 from hetrain.sim.engine import Engine
 from hetrain.sim.math_model import DIGITS_PARAMS, DigitsMath, NullMath
@@ -82,7 +83,7 @@ def simulate(config: RunConfig, options: SimOptions = SimOptions(), model_params
     else:
         math = NullMath()
     engine = Engine(trace=options.trace)
-    extra_endpoints = 1 if config.protocol in ("prague", "adpsgd") else 0  # the GG's endpoint
+    extra_endpoints = 1  # the Group Generator's endpoint (prague, adpsgd); unused by the others
     bar, update = _progress_bar(total, options.progress, f"simulate {config.protocol} x{n}")
     setup = SimSetup(n, iterations, compute_ms / 1000.0, slowdown, 4.0 * params, engine,
                      Network(options.network, n + extra_endpoints), math, config.seed, config.time_budget_s,
@@ -135,28 +136,6 @@ def simulate(config: RunConfig, options: SimOptions = SimOptions(), model_params
 
 
 def _protocol_sim(config: RunConfig, setup: SimSetup):
-    if config.protocol == "allreduce":
-        from hetrain.sim.allreduce_sim import AllReduceSim
-
-        return AllReduceSim(setup)
-    if config.protocol in ("hop", "dpsgd"):
-        from hetrain.protocols.hop_config import HopConfig, hop_config_for
-        from hetrain.sim.hop_sim import HopSim
-        from hetrain.topology import make_topology
-
-        topology = make_topology(config.topology, config.num_workers)
-        if config.protocol == "dpsgd":
-            if config.backup or config.staleness or config.max_ig is not None or config.skip_threshold:
-                raise UsageError("dpsgd takes no --backup/--staleness/--max-ig/--skip-threshold; use --protocol hop")
-            hop = HopConfig()
-        else:
-            # the same defaults as `hetrain train --protocol hop`
-            hop = hop_config_for(topology, config.backup, config.staleness, config.max_ig, config.skip_threshold)
-        return HopSim(setup, topology, hop)
-    if config.protocol in ("prague", "adpsgd", "ps"):
-        try:
-            from hetrain.sim import prague_sim
-        except ImportError as exc:
-            raise UsageError(f"simulating {config.protocol} is not available yet ({exc})") from None
-        return prague_sim.make_sim(config, setup)
-    raise UsageError(f"unknown protocol {config.protocol!r}")
+    """The registry's simulated shell for ``config.protocol``, driving the same pure logic as the runtime."""
+    spec = get_spec(config.protocol)
+    return spec.simulator_factory()(setup, config.protocol_options(), config.seed)

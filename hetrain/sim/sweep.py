@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from hetrain.config import PROTOCOLS, RunConfig
+from collections.abc import Callable
+
+from hetrain.config import RunConfig
 from hetrain.errors import UsageError
+from hetrain.registry import PROTOCOL_NAMES as PROTOCOLS
 from hetrain.sim.runner import SimOptions, simulate
 
 SWEEP_KEYS = ("workers",)
@@ -34,15 +37,16 @@ def parse_protocols(text: str) -> list[str]:
     return names
 
 
-def run_sweep(base: RunConfig, protocols: list[str], counts: list[int], options: SimOptions,
-              model_params: int | None = None, on_run=None) -> list[dict]:
-    """Simulate every (protocol, count); return one table row per run (and pass each record to on_run)."""
+def run_sweep(make_config: Callable[[str, int], RunConfig], protocols: list[str], counts: list[int],
+              options: SimOptions, model_params: int | None = None, on_run=None) -> list[dict]:
+    """Simulate every (protocol, count); return one table row per run (and pass each record to on_run).
+
+    ``make_config(protocol, workers)`` gives each run's configuration.
+    """
     rows = []
     for protocol in protocols:
         for n in counts:
-            config = base.replace(protocol=protocol, num_workers=n,
-                                  group_size=min(base.group_size, n))
-            record = simulate(config, options, model_params)
+            record = simulate(make_config(protocol, n), options, model_params)
             if on_run is not None:
                 on_run(record)
             rows.append({key: record.get(key) for key in TABLE_FIELDS})

@@ -15,10 +15,11 @@ import torch
 from torch import nn
 
 from hetrain.errors import WorkerError
-from hetrain.prague.parameter_server import ParameterServer
 from hetrain.runtime.hop import DPSGD
+from hetrain.runtime.job import JobView
 from hetrain.runtime.local_job import run_local
 from hetrain.runtime.meter import rss_mb
+from hetrain.runtime.parameter_server import ParameterServer
 from hetrain.runtime.peer_channels import STOP, UPDATE, PeerChannels
 from hetrain.runtime.send_window import DEFAULT_MAX_IN_FLIGHT
 
@@ -30,8 +31,9 @@ RSS_GROWTH_LIMIT_MB = 100
 def _flood(ctx, messages, numel):
     """Worker 0 sends ``messages`` distinct 1 MB payloads to worker 1 and watches its own memory."""
     received = []
-    channels = PeerChannels(ctx, numel, torch.float32,
-                            lambda channel, src, kind, it, count, payload: received.append(kind))
+    job = JobView.of(None, torch.device("cpu"), ctx.timeout_s, "flood")
+    channels = PeerChannels(job, numel, torch.float32, lambda message: received.append(message.kind),
+                            lambda error: received.append(error))
     if ctx.rank == 1:
         channels.listen("update", [0])
         channels.join()
@@ -61,7 +63,7 @@ def test_peer_channels_keep_a_bounded_number_of_sends_and_flat_memory():
 
 def _ps_pushes(ctx, pushes, numel):
     model = nn.Linear(numel, 1, bias=False)
-    sync = ParameterServer(model, ctx, staleness=0)
+    sync = ParameterServer(model, staleness=0, timeout_s=ctx.timeout_s)
     start = float(model.weight[0, 0])  # rank 0's initial model, broadcast by the constructor
     rss_after_warmup = None
     for step in range(pushes):
@@ -88,8 +90,7 @@ def test_parameter_server_keeps_a_bounded_number_of_answers_and_flat_memory():
 
 
 def _sigkill_rank_1(ctx):
-    sync = DPSGD(nn.Linear(1, 1), ctx)
-    sync.should_stop(False)
+    sync = DPSGD(nn.Linear(1, 1), timeout_s=ctx.timeout_s)
     if ctx.rank == 1:
         os.kill(os.getpid(), signal.SIGKILL)
     sync.step()  # the others wait for worker 1's model

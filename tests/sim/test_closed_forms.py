@@ -12,9 +12,11 @@ MODEL_BYTES = 4.0 * DIGITS_PARAMS
 TRANSFER_S = MODEL_BYTES / 1e9
 
 
-def run(protocol, n, iterations, slowdown="none", trace=False, **kw):
+def run(protocol, n, iterations, slowdown="none", trace=False, **options):
+    if protocol == "prague":
+        options.setdefault("group_size", min(3, n))
     config = RunConfig(protocol=protocol, num_workers=n, iterations=iterations, slowdown=slowdown,
-                       compute_ms=50.0, group_size=min(3, n), **kw)
+                       compute_ms=50.0, options=options)
     return simulate(config, SimOptions(network=NET, trace=trace))
 
 
@@ -92,7 +94,7 @@ def test_hop_tokens_bound_the_gap_and_runs_are_deterministic():
 
 def test_time_budget_stops_every_worker_at_the_budget():
     config = RunConfig(protocol="hop", num_workers=4, time_budget_s=2.0, compute_ms=50.0, slowdown="0:5x",
-                       backup=1, topology="complete")
+                       options={"backup": 1, "topology": "complete"})
     record = simulate(config, SimOptions(network=NET))
     assert record["wall_time_s"] == pytest.approx(2.0)
     assert 0 < record["workers"][0]["iterations"] < record["workers"][1]["iterations"] <= 40

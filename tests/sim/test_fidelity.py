@@ -1,8 +1,9 @@
 """Fidelity: `hetrain simulate` against `hetrain train` on the same settings (4 workers, 5x straggler).
 
-Real runs take seconds of wall time per protocol, so only Prague runs by default;
-`pytest -m slow tests/sim` runs every protocol. docs/simulator.md records the
-full 4- and 8-worker comparison (benchmarks/sim_bench.py fidelity).
+A real run's rate depends on the machine's load (a wall-clock measurement, not a
+behaviour), so this is a slow check, kept out of the default suite:
+`scripts/test -m slow tests/sim`. docs/simulator.md records the full 4- and
+8-worker comparison (benchmarks/sim_bench.py fidelity).
 """
 
 import json
@@ -23,8 +24,8 @@ def _run(command, protocol, out):
     return json.loads((out / "metrics.json").read_text())
 
 
-@pytest.mark.parametrize("protocol", [
-    "prague", *(pytest.param(p, marks=pytest.mark.slow) for p in FLAGS if p != "prague")])
+@pytest.mark.slow  # wall-clock: a real run's rate depends on what else the machine is doing
+@pytest.mark.parametrize("protocol", list(FLAGS))
 def test_simulated_rates_within_15_percent_of_a_real_run(protocol, tmp_path):
     real = _run("train", protocol, tmp_path / "train")
     sim = _run("simulate", protocol, tmp_path / "sim")

@@ -41,8 +41,8 @@ def test_simulated_workers_learn_digits(protocol):
 
 def test_averaging_keeps_workers_close_and_skipping_partial_averaging_spreads_them():
     base = RunConfig(num_workers=8, iterations=60, compute_ms=10.0, slowdown="0:5x", seed=0)
-    dpsgd = simulate(base.replace(protocol="dpsgd", topology="complete"), DIGITS)
-    hop = simulate(base.replace(protocol="hop", topology="complete", backup=3, staleness=2), DIGITS)
+    dpsgd = simulate(base.replace(protocol="dpsgd", options={"topology": "complete"}), DIGITS)
+    hop = simulate(base.replace(protocol="hop", options={"topology": "complete", "backup": 3, "staleness": 2}), DIGITS)
     assert dpsgd["consensus_distance"] < 1e-5  # complete graph, uniform weights: exact consensus
     assert hop["consensus_distance"] > dpsgd["consensus_distance"]
     assert hop["updates_stale"] + hop["updates_dropped"] > 0

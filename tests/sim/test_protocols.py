@@ -17,7 +17,7 @@ CASES = [
 @pytest.mark.parametrize("protocol, flags", CASES)
 def test_every_protocol_finishes_its_iterations_deterministically(protocol, flags):
     config = RunConfig(protocol=protocol, num_workers=8, iterations=12, slowdown="0:5x", compute_ms=50.0,
-                       seed=3, **flags)
+                       seed=3, options=flags)
     first, second = simulate(config), simulate(config)
     for record in (first, second):
         record.pop("sim_runtime_s"), record.pop("events_per_s")
@@ -31,7 +31,7 @@ def test_every_protocol_finishes_its_iterations_deterministically(protocol, flag
 def test_prague_smart_beats_allreduce_under_a_straggler():
     base = RunConfig(num_workers=8, time_budget_s=5.0, slowdown="0:5x", compute_ms=50.0)
     allreduce = simulate(base.replace(protocol="allreduce"))["heterogeneity_efficiency"]
-    prague = simulate(base.replace(protocol="prague", gg="smart"))["heterogeneity_efficiency"]
+    prague = simulate(base.replace(protocol="prague", options={"gg": "smart"}))["heterogeneity_efficiency"]
     assert allreduce == pytest.approx(8 / 5 / (7 + 1 / 5), rel=0.02)  # about 0.22
     assert prague > 2 * allreduce
 

@@ -3,11 +3,9 @@
 A direct exchange sends the buffer to every other member at once: one message
 latency, (s-1) x buffer bytes in and out per member. gloo's ring all-reduce
 takes 2(s-1) latencies in sequence and moves 2(s-1)/s x buffer. Small buffers
-are latency-bound, so they go direct. Measured on loopback, 8 gloo workers on
-2 cores (``docs/benchmarks-prague.md``, "Where the direct exchange pays"): at
-20 KB the exchange takes 0.28-0.57x the ring's time for groups of 2-8, at
-0.5 MiB 0.76-0.82x; at 1 MiB the two are level (8 members: 1.4x worse), and
-from 2 MiB the ring wins (1.1-2.2x at 2 MiB, up to 5.9x at 4 MiB among 8).
+are latency-bound, so they go direct; large ones go round the ring. Where the
+limits below come from, measured: ``docs/benchmarks-prague.md``, "Where the
+direct exchange pays".
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 No I/O, no clock, no process group: the caller passes the time of each request
 (``now_s``), and everything random comes from one seeded generator, so the same
-requests give the same groups. :mod:`hetrain.prague.gg_service` serves it to a
+requests give the same groups. :mod:`hetrain.runtime.gg_service` serves it to a
 real job; a discrete-event simulator can call it directly.
 
 Modes (``--gg``), for group size s among n workers:
@@ -35,7 +35,7 @@ Modes (``--gg``), for group size s among n workers:
     group on n requests in a row is given a random group (busy members
     allowed), so nobody drifts alone.
 
-Every group gets a place in one global order (:class:`~hetrain.prague.ledger.Group`
+Every group gets a place in one global order (:class:`~hetrain.protocols.ledger.Group`
 ``seq``); workers run their groups in that order, which rules out deadlock.
 """
 
@@ -43,10 +43,11 @@ from __future__ import annotations
 
 import heapq
 import random
+from dataclasses import dataclass
 
-from hetrain.errors import UsageError
-from hetrain.prague.comm_lru import CommunicatorLRU, agree_comm_id
-from hetrain.prague.ledger import Group, GroupLedger
+from hetrain.protocols.comm_lru import CommunicatorLRU, agree_comm_id
+from hetrain.protocols.ledger import Group, GroupLedger
+from hetrain.protocols.options import OptionError, option
 
 GG_MODES = ("random", "buffer", "division", "static", "smart")
 _EMA = 0.3  # weight of the newest compute time in the smart mode's speed estimate
@@ -56,23 +57,38 @@ SMART_PATIENCE = 3  # smart: after this many empty requests in a row, wait up to
 
 
 def validate_gg(num_workers: int, group_size: int, mode: str, cache_size: int = 60, workers_per_node=None):
-    """Raise a one-line UsageError for a GG setting that cannot work."""
+    """Raise a one-line OptionError for a GG setting that cannot work."""
     if mode not in GG_MODES:
-        raise UsageError(f"unknown --gg mode {mode!r}; choose one of {', '.join(GG_MODES)}")
+        raise OptionError(f"unknown {{gg}} mode {mode!r}; choose one of {', '.join(GG_MODES)}")
     if not 1 <= group_size <= num_workers:
-        raise UsageError(
-            f"--group-size must be between 1 and the number of workers ({num_workers}), got {group_size}"
+        raise OptionError(
+            f"{{group_size}} must be between 1 and the number of workers ({num_workers}), got {group_size}"
         )
     if cache_size < 1:
-        raise UsageError(f"--communicator-cache must be >= 1, got {cache_size}")
+        raise OptionError(f"{{communicator_cache}} must be >= 1, got {cache_size}")
     if workers_per_node is not None:
         if workers_per_node < 1:
-            raise UsageError(f"--workers-per-node must be >= 1, got {workers_per_node}")
+            raise OptionError(f"{{workers_per_node}} must be >= 1, got {workers_per_node}")
         if mode == "static" and num_workers % workers_per_node != 0:
-            raise UsageError(
+            raise OptionError(
                 f"the static schedule needs whole nodes: {num_workers} workers is not a multiple of "
-                f"--workers-per-node {workers_per_node}"
+                f"{{workers_per_node}} {workers_per_node}"
             )
+
+
+@dataclass(frozen=True)
+class PragueOptions:
+    """Prague's arguments: the Group Generator mode, the group size, the communicator cache."""
+
+    gg: str = option("smart", type=str, choices=GG_MODES,
+                     help="prague: Group Generator mode (default smart: heterogeneity-aware)")
+    group_size: int = option(2, help="prague: P-Reduce group size s (default 2, see docs/prague.md)")
+    communicator_cache: int = option(60, help="prague/adpsgd: communicators kept per worker (default 60)")
+    workers_per_node: int | None = option(help="prague: node size for the node-aware static schedule")
+
+    def validate(self, num_workers: int) -> PragueOptions:
+        validate_gg(num_workers, self.group_size, self.gg, self.communicator_cache, self.workers_per_node)
+        return self
 
 
 def static_schedule(num_workers: int, group_size: int, workers_per_node=None, seed: int = 0):
@@ -98,9 +114,9 @@ def static_schedule(num_workers: int, group_size: int, workers_per_node=None, se
             steps.append(sorted(c for c in chunks if len(c) > 1))
         return steps
     if n % per_node:
-        raise UsageError(
+        raise OptionError(
             f"the static schedule needs whole nodes: {n} workers is not a multiple of "
-            f"--workers-per-node {per_node}"
+            f"{{workers_per_node}} {per_node}"
         )
     nodes = n // per_node
     intra = [tuple(range(node * per_node, (node + 1) * per_node)) for node in range(nodes)]
@@ -234,9 +250,14 @@ class GroupGenerator:
         self._due_s[worker] = None
         return self.ledger.leave(worker)
 
-    def not_started(self, seq: int) -> list[int]:
-        """Members that have not been handed group ``seq`` yet (for timeout diagnostics)."""
-        return self.ledger.not_started(seq)
+    def left(self) -> frozenset[int]:
+        """Workers that have left."""
+        return frozenset(self.ledger.left)
+
+    @property
+    def period(self) -> int:
+        """Steps of the static schedule's cycle (0 in the modes that form groups on request)."""
+        return self._static.period if self._static is not None else 0
 
     def stats(self) -> dict:
         return {**self.ledger.stats(self.mode, sum(self.requests)), "gg_empty_requests": self.empty_requests}

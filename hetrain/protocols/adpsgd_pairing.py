@@ -12,12 +12,26 @@ cycle; the pairs also get a place in one global order, like Prague's groups.
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
-from hetrain.prague.ledger import Group, GroupLedger
+from hetrain.protocols.ledger import Group, GroupLedger
+from hetrain.protocols.options import OptionError, option
+
+
+@dataclass(frozen=True)
+class ADPSGDOptions:
+    """AD-PSGD's arguments."""
+
+    communicator_cache: int = option(60, help="prague/adpsgd: communicators kept per worker (default 60)")
+
+    def validate(self, num_workers: int) -> ADPSGDOptions:
+        if self.communicator_cache < 1:
+            raise OptionError(f"{{communicator_cache}} must be >= 1, got {self.communicator_cache}")
+        return self
 
 
 class ActivePassivePairing:
-    """Same interface as :class:`hetrain.prague.group_generator.GroupGenerator`."""
+    """Same interface as :class:`hetrain.protocols.group_generator.GroupGenerator`."""
 
     mode = "adpsgd"
 
@@ -47,8 +61,10 @@ class ActivePassivePairing:
     def leave(self, worker: int, now_s: float = 0.0) -> list[Group]:
         return self.ledger.leave(worker)
 
-    def not_started(self, seq: int) -> list[int]:
-        return self.ledger.not_started(seq)
+    def left(self) -> frozenset[int]:
+        return frozenset(self.ledger.left)
+
+    period = 0  # pairs are formed on request; there is no static cycle
 
     def stats(self) -> dict:
         return self.ledger.stats(self.mode, sum(self.requests))

@@ -14,8 +14,9 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from hetrain.prague.comm_lru import CommunicatorLRU, agree_comm_id
+from hetrain.protocols.comm_lru import CommunicatorLRU, agree_comm_id
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,27 @@ class Group:
     def from_list(cls, data) -> Group:
         seq, members, comm_id = data
         return cls(int(seq), tuple(int(m) for m in members), int(comm_id))
+
+
+class GroupScheduler(Protocol):
+    """What serves groups to workers (a Group Generator mode, AD-PSGD's pairing).
+
+    ``request``/``leave`` return the groups the worker must run now, in order;
+    ``now_s`` is the caller's clock (the GG service's, or simulated time).
+    """
+
+    mode: str
+
+    def request(self, worker: int, now_s: float = 0.0) -> list[Group]: ...
+
+    def leave(self, worker: int, now_s: float = 0.0) -> list[Group]: ...
+
+    def left(self) -> frozenset[int]: ...
+
+    def stats(self) -> dict: ...
+
+    @property
+    def period(self) -> int: ...
 
 
 class GroupLedger:
@@ -124,13 +146,6 @@ class GroupLedger:
 
     def is_busy(self, worker: int) -> bool:
         return self._open_count[worker] > 0
-
-    def is_open(self, seq: int) -> bool:
-        return seq in self._groups
-
-    def not_started(self, seq: int) -> list[int]:
-        """Members that have not yet been handed group ``seq`` (empty when all have)."""
-        return sorted(self._unstarted.get(seq, ()))
 
     def stats(self, mode: str, requests: int) -> dict:
         """The counters every scheduler reports (groups formed, mean size, requests)."""

@@ -7,9 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hetrain.errors import UsageError
-from hetrain.prague.adpsgd_pairing import ActivePassivePairing
-from hetrain.prague.comm_lru import CommunicatorLRU
-from hetrain.prague.group_generator import GG_MODES, GroupGenerator, static_schedule, validate_gg
+from hetrain.protocols.adpsgd_pairing import ActivePassivePairing
+from hetrain.protocols.comm_lru import CommunicatorLRU
+from hetrain.protocols.group_generator import GG_MODES, GroupGenerator, static_schedule, validate_gg
 
 
 def _play(scheduler, num_workers, iterations, draw, check=None):
@@ -188,19 +188,20 @@ def test_same_seed_same_groups():
 
 
 @pytest.mark.parametrize(
-    "args, message",
+    "args, message, flag",
     [
-        ((4, 0, "random"), "--group-size"),
-        ((4, 5, "random"), "--group-size"),
-        ((4, 2, "fancy"), "unknown --gg mode"),
-        ((6, 2, "static", 60, 4), "not a multiple"),
-        ((4, 2, "random", 0), "--communicator-cache"),
+        ((4, 0, "random"), "group_size", "--group-size"),
+        ((4, 5, "random"), "group_size", "--group-size"),
+        ((4, 2, "fancy"), "unknown gg mode", "unknown --gg mode"),
+        ((6, 2, "static", 60, 4), "multiple of workers_per_node", "multiple of --workers-per-node"),
+        ((4, 2, "random", 0), "communicator_cache", "--communicator-cache"),
     ],
 )
-def test_bad_input_is_a_one_line_usage_error(args, message):
+def test_bad_input_is_a_one_line_error_naming_the_python_argument_or_the_flag(args, message, flag):
     with pytest.raises(UsageError, match=message) as info:
         validate_gg(*args)
-    assert "\n" not in str(info.value)
+    assert "\n" not in str(info.value) and "--" not in str(info.value)
+    assert flag in info.value.for_cli()
     with pytest.raises(UsageError):
         GroupGenerator(args[0], args[1], args[2], cache_size=args[3] if len(args) > 3 else 60,
                        workers_per_node=args[4] if len(args) > 4 else None)
@@ -254,7 +255,7 @@ def test_incremental_busy_and_available_match_a_full_scan(mode, data, n, seed):
 def test_sampling_the_view_draws_what_sampling_the_list_draws():
     import random
 
-    from hetrain.prague.ledger import GroupLedger
+    from hetrain.protocols.ledger import GroupLedger
 
     for n in (5, 40, 300):
         ledger = GroupLedger(n)

@@ -4,24 +4,35 @@ One :class:`GGServer` per job runs as threads beside rank 0: a TCP socket on a
 port the OS picks, its address published through the job's c10d store, so no
 port is fixed. It binds 127.0.0.1 unless the job spans machines (see
 :func:`gg_bind_address`; ``HETRAIN_GG_HOST`` overrides). Messages are one JSON
-object per line. A lock serialises requests, so the pure scheduler sees them one at a time, stamped
-with the server's clock. Rank 0 talks to the scheduler in-process.
+object per line. A lock serialises requests, so the pure scheduler (any
+:class:`~hetrain.protocols.ledger.GroupScheduler`) sees them one at a time,
+stamped with the server's clock. Rank 0 talks to the scheduler in-process.
+
+Only the job's workers may talk to it: rank 0 draws a random secret and
+publishes it with the address through the job's store; a connection's first
+line must be ``{"op": "hello", "secret": ...}``. A connection that fails the
+handshake, or sends a line that is not a JSON object, gets one error line and
+is closed; the job goes on.
 """
 
 from __future__ import annotations
 
 import datetime
+import hmac
 import ipaddress
 import json
 import os
+import secrets
 import socket
 import threading
 import time
 
 from hetrain.errors import WorkerError
-from hetrain.prague.ledger import Group
+from hetrain.protocols.ledger import Group, GroupScheduler
 
-ADDRESS_KEY = "prague/gg_address"
+ADDRESS_KEY = "gg_address"
+SECRET_KEY = "gg_secret"
+MAX_LINE_BYTES = 65536  # a request is a few dozen bytes; longer lines are refused unread
 
 
 def gg_bind_address(multi_node: bool, env=None) -> tuple[str, str]:
@@ -59,16 +70,16 @@ def _address_toward(peer: str) -> str:
 
 
 class SchedulerHost:
-    """Serialises messages to ``scheduler`` (anything with request/leave/not_started/stats and a ``ledger``)."""
+    """Serialises messages to a :class:`GroupScheduler`, stamped with this host's clock."""
 
-    def __init__(self, scheduler):
+    def __init__(self, scheduler: GroupScheduler):
         self.scheduler = scheduler
         self.served = 0
         self._lock = threading.Lock()
         self._t0 = time.monotonic()
 
     def handle(self, message: dict) -> dict:
-        """Answer one message: request, leave, status, not_started or stats."""
+        """Answer one message: request, leave, status or stats."""
         op = message.get("op")
         with self._lock:
             now_s = time.monotonic() - self._t0
@@ -78,15 +89,13 @@ class SchedulerHost:
                 elif op == "leave":
                     groups = self.scheduler.leave(int(message["worker"]), now_s)
                 elif op == "status":
-                    return {"left": sorted(self.scheduler.ledger.left), "served": self.served}
-                elif op == "not_started":
-                    return {"missing": self.scheduler.not_started(int(message["seq"]))}
+                    return {"left": sorted(self.scheduler.left()), "served": self.served}
                 elif op == "stats":
                     return dict(self.scheduler.stats())
                 else:
                     return {"error": f"unknown operation {op!r}"}
-            except (KeyError, ValueError) as exc:
-                return {"error": str(exc)}
+            except (KeyError, ValueError, TypeError) as exc:
+                return {"error": f"bad {op} message: {exc}"}
             self.served += 1
             return {"groups": [g.as_list() for g in groups]}
 
@@ -95,27 +104,39 @@ class SchedulerHost:
 
 
 class GGServer(SchedulerHost):
-    """A :class:`SchedulerHost` reachable over TCP (threads beside rank 0)."""
+    """A :class:`SchedulerHost` reachable over TCP by clients that know the job's secret."""
 
-    def __init__(self, scheduler, host: str | None = None, multi_node: bool = False):
+    def __init__(self, scheduler: GroupScheduler, host: str | None = None, multi_node: bool = False):
         super().__init__(scheduler)
+        self.secret = secrets.token_hex(16)
+        self.rejected = 0  # connections refused (bad handshake or malformed line)
         self._closed = False
         bind, self.host = (host, host) if host else gg_bind_address(multi_node)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.bind((bind, 0))
         self._sock.listen(256)
         self.port = self._sock.getsockname()[1]
+        self._connections: set[socket.socket] = set()
         threading.Thread(target=self._accept_loop, name="hetrain-gg", daemon=True).start()
 
-    def publish(self, store, key: str = ADDRESS_KEY) -> None:
-        store.set(key, f"{self.host}:{self.port}")
+    def publish(self, store) -> None:
+        """Publish the secret, then the address (clients wait for the address)."""
+        store.set(SECRET_KEY, self.secret)
+        store.set(ADDRESS_KEY, f"{self.host}:{self.port}")
 
     def close(self) -> None:
+        """Stop listening and drop every connection (a shutdown first: on Linux a plain close leaves a
+        socket that another thread is blocked in accept() on still listening)."""
         self._closed = True
-        try:
-            self._sock.close()
-        except OSError:
-            pass
+        for sock in [self._sock, *list(self._connections)]:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            try:
+                sock.close()
+            except OSError:
+                pass
 
     def _accept_loop(self) -> None:
         while not self._closed:
@@ -124,17 +145,55 @@ class GGServer(SchedulerHost):
             except OSError:
                 return
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._connections.add(conn)
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
         try:
             with conn, conn.makefile("rwb") as stream:
-                for line in stream:
-                    reply = self.handle(json.loads(line))
-                    stream.write(json.dumps(reply).encode() + b"\n")
-                    stream.flush()
+                hello = _read_message(stream)
+                if not (isinstance(hello, dict) and hello.get("op") == "hello"
+                        and hmac.compare_digest(str(hello.get("secret", "")), self.secret)):
+                    self._refuse(stream, "not a worker of this job (the first line must be a hello with the job's secret)")
+                    return
+                _write(stream, {"ok": True})
+                while True:
+                    message = _read_message(stream)
+                    if message is None:
+                        return
+                    if not isinstance(message, dict):
+                        self._refuse(stream, "each line must be one JSON object")
+                        return
+                    _write(stream, self.handle(message))
         except OSError:  # a worker went away; its own process reports why
             return
+        finally:
+            self._connections.discard(conn)
+
+    def _refuse(self, stream, why: str) -> None:
+        self.rejected += 1
+        try:
+            _write(stream, {"error": why})
+        except OSError:
+            pass
+
+
+def _read_message(stream):
+    """The next line as JSON (None at end of stream; a non-dict marker for a malformed line)."""
+    line = stream.readline(MAX_LINE_BYTES + 1)
+    if not line:
+        return None
+    if len(line) > MAX_LINE_BYTES or not line.endswith(b"\n"):
+        return "malformed"
+    try:
+        return json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        return "malformed"
+
+
+def _write(stream, reply: dict) -> None:
+    stream.write(json.dumps(reply).encode() + b"\n")
+    stream.flush()
 
 
 class _Client:
@@ -157,12 +216,6 @@ class _Client:
     def status(self) -> dict:
         return self.call("status")
 
-    def not_started(self, seq: int) -> list[int]:
-        return list(self.call("not_started", seq=seq)["missing"])
-
-    def stats(self) -> dict:
-        return self.call("stats")
-
     def close(self) -> None:
         pass
 
@@ -181,12 +234,13 @@ class LocalClient(_Client):
 class SocketClient(_Client):
     """A worker's connection to the job's GG; every wait is bounded by ``timeout_s``."""
 
-    def __init__(self, worker: int, store, timeout_s: float, key: str = ADDRESS_KEY):
+    def __init__(self, worker: int, store, timeout_s: float):
         self.worker = worker
         self.timeout_s = timeout_s
         try:
-            store.wait([key], datetime.timedelta(seconds=timeout_s))
-            host, port = store.get(key).decode().rsplit(":", 1)
+            store.wait([ADDRESS_KEY], datetime.timedelta(seconds=timeout_s))
+            host, port = store.get(ADDRESS_KEY).decode().rsplit(":", 1)
+            secret = store.get(SECRET_KEY).decode()
         except Exception as exc:  # c10d raises its own store timeout types
             raise WorkerError(
                 f"worker {worker} waited {timeout_s:.0f} s for the Group Generator's address "
@@ -198,11 +252,12 @@ class SocketClient(_Client):
             raise WorkerError(f"worker {worker} could not reach the Group Generator at {host}:{port}: {exc}") from None
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._stream = self._sock.makefile("rwb")
+        if "error" in self._call({"op": "hello", "secret": secret}):
+            raise WorkerError(f"worker {worker}: the Group Generator refused this job's secret")
 
     def _call(self, message: dict) -> dict:
         try:
-            self._stream.write(json.dumps(message).encode() + b"\n")
-            self._stream.flush()
+            _write(self._stream, message)
             line = self._stream.readline()
         except (socket.timeout, OSError) as exc:
             raise WorkerError(

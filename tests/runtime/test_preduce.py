@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from hetrain.errors import UsageError, WorkerError
-from hetrain.prague.exchange_rule import DIRECT_MAX_BYTES
-from hetrain.prague.preduce import PReduce
+from hetrain.protocols.exchange_rule import DIRECT_MAX_BYTES
 from hetrain.runtime.local_job import run_local
+from hetrain.runtime.preduce import PReduce
 
 # Rounds of groups issued concurrently: disjoint within a round, overlapping across rounds,
 # and every worker runs its groups in round order (so the calls can never wait in a cycle).
@@ -33,7 +33,7 @@ def _expected(num_workers, rounds):
 
 
 def _known_answer(ctx, cache_size, repeats, direct_max_bytes=DIRECT_MAX_BYTES):
-    preduce = PReduce.for_context(ctx, cache_size=cache_size, direct_max_bytes=direct_max_bytes)
+    preduce = PReduce(cache_size=cache_size, timeout_s=ctx.timeout_s, direct_max_bytes=direct_max_bytes)
     buf = torch.full((1000,), float(ctx.rank) * 10) + torch.linspace(0, 1, 1000) / 3
     for _ in range(repeats):
         for groups in ROUNDS:
@@ -67,7 +67,7 @@ def test_eviction_with_a_cache_of_one_recreates_communicators_and_stays_correct(
 
 
 def _group_of_one_and_outsider(ctx):
-    preduce = PReduce.for_context(ctx)
+    preduce = PReduce(timeout_s=ctx.timeout_s)
     buf = torch.tensor([float(ctx.rank)])
     preduce(buf, [ctx.rank])
     try:
@@ -86,7 +86,7 @@ def test_group_of_one_is_a_no_op_and_outsiders_are_refused():
 
 
 def _rank_two_never_arrives(ctx, warm):
-    preduce = PReduce.for_context(ctx)
+    preduce = PReduce(timeout_s=ctx.timeout_s)
     buf = torch.ones(10)
     if warm:  # communicator cached first: the failure happens in the collective, not the creation
         preduce(buf, (0, 1, 2))

@@ -3,7 +3,7 @@
 Usable on its own::
 
     import torch.distributed as dist
-    from hetrain.prague import PReduce
+    from hetrain import PReduce
 
     dist.init_process_group("gloo", ...)          # or nccl; every worker
     preduce = PReduce(cache_size=60, timeout_s=60)
@@ -27,13 +27,13 @@ buffers in member order (one message latency; gloo's ring needs 2(s-1)
 latencies in sequence), larger ones by gloo's ring all-reduce. Direct when the
 buffer is at most ``direct_max_bytes`` (default 512 KiB) and the bytes
 received, (s-1) x buffer, at most 8 x that (the rule and its measurements:
-:mod:`hetrain.prague.exchange_rule`); both give every member bit-identical
+:mod:`hetrain.protocols.exchange_rule`); both give every member bit-identical
 results.
 NCCL (CUDA) groups always use the all-reduce.
 
 Eviction must happen at the same point on every member. Inside Prague the
 Group Generator passes ``comm_id`` (it replays each worker's cache, see
-:mod:`hetrain.prague.comm_lru`). Standalone callers that omit ``comm_id`` must
+:mod:`hetrain.protocols.comm_lru`). Standalone callers that omit ``comm_id`` must
 either keep ``cache_size`` at least the number of member sets they use, or
 issue groups in an order on which every member's cache evicts the same sets.
 """
@@ -47,8 +47,10 @@ import torch
 import torch.distributed as dist
 
 from hetrain.errors import UsageError, WorkerError
-from hetrain.prague.comm_lru import CommunicatorLRU
-from hetrain.prague.exchange_rule import DIRECT_MAX_BYTES, uses_direct_exchange
+from hetrain.protocols.comm_lru import CommunicatorLRU
+from hetrain.protocols.exchange_rule import DIRECT_MAX_BYTES, uses_direct_exchange
+from hetrain.protocols.options import OptionError
+from hetrain.runtime.job import job_store
 
 _DIAGNOSE_GRACE_S = 2.0  # how long a timed-out member waits for the others' arrival marks
 _EXCHANGE_TAG = 0
@@ -78,11 +80,9 @@ class PReduce:
         direct_max_bytes: int = DIRECT_MAX_BYTES,
     ):
         if cache_size < 1:
-            raise UsageError(f"--communicator-cache must be >= 1, got {cache_size}")
+            raise OptionError(f"{{cache_size}} must be >= 1, got {cache_size}")
         if store is None:
-            from hetrain.runtime.context import _default_store
-
-            store = _default_store()
+            store = job_store()
             if store is None:
                 raise UsageError("P-Reduce needs the job's c10d store; pass store=...")
         self.store = store
@@ -95,13 +95,6 @@ class PReduce:
         self._uses: dict[tuple, int] = {}
         self._generation: dict[tuple, int] = {}
         self.hits = self.misses = self.evictions = self.calls = 0
-
-    @classmethod
-    def for_context(
-        cls, ctx, cache_size: int = 60, namespace: str = "preduce", direct_max_bytes: int = DIRECT_MAX_BYTES
-    ) -> PReduce:
-        return cls(ctx.store, ctx.rank, cache_size=cache_size, timeout_s=ctx.timeout_s, namespace=namespace,
-                   direct_max_bytes=direct_max_bytes)
 
     def __call__(self, buf: torch.Tensor, members, comm_id: int | None = None) -> torch.Tensor:
         """Replace ``buf`` (a flat tensor) by its average over ``members``; return it."""

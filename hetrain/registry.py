@@ -1,0 +1,117 @@
+"""The protocol registry: one :class:`ProtocolSpec` per protocol, from which everything else is derived.
+
+``hetrain train``/``compare``/``simulate`` take their protocol choices and
+flags from here, the Python API's classes are the specs' ``runtime`` targets,
+and the simulator builds each protocol from its ``simulator`` target. Adding a
+protocol means one options class (pure, beside its logic), one runtime shell,
+one simulated shell and one entry below.
+
+Importing this module imports no torch: the runtime and simulator targets are
+``"module:attribute"`` strings resolved on use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+from hetrain.errors import UsageError
+from hetrain.protocols.adpsgd_pairing import ADPSGDOptions
+from hetrain.protocols.group_generator import PragueOptions
+from hetrain.protocols.hop_config import DPSGDOptions, HopOptions
+from hetrain.protocols.options import option_fields, options_from
+from hetrain.protocols.ps_logic import PSOptions
+
+
+@dataclass(frozen=True)
+class AllReduceOptions:
+    """All-Reduce (DistributedDataParallel) takes no protocol options."""
+
+    def validate(self, num_workers: int) -> AllReduceOptions:
+        return self
+
+
+@dataclass(frozen=True)
+class ProtocolSpec:
+    """A protocol: its name, options class, runtime class and simulator factory.
+
+    ``runtime`` names a :class:`hetrain.runtime.protocol.SyncProtocol` subclass
+    whose keyword arguments include the options' fields; ``simulator`` names
+    ``factory(setup, options, seed)`` returning an object with ``run()``.
+    ``seeded``: the runtime class takes ``seed`` (random group formation).
+    """
+
+    name: str
+    summary: str
+    options: type
+    runtime: str
+    simulator: str
+    seeded: bool = False
+
+    def make_options(self, values: dict | None = None, num_workers: int | None = None) -> Any:
+        """This protocol's options from ``values`` (Python names; others ignored), validated if ``num_workers``."""
+        options = options_from(self.options, values or {})
+        return options.validate(num_workers) if num_workers is not None else options
+
+    def option_names(self) -> list[str]:
+        return [f.name for f in option_fields(self.options)]
+
+    def runtime_class(self) -> type:
+        return _resolve(self.runtime)
+
+    def build(self, model, optimizer, options, *, seed: int = 0, process_group=None, timeout_s: float = 60.0):
+        """The runtime protocol for this worker (collective: every member of the group calls it)."""
+        kwargs = dataclasses.asdict(options)
+        if self.seeded:
+            kwargs["seed"] = seed
+        return self.runtime_class()(model, optimizer, process_group=process_group, timeout_s=timeout_s, **kwargs)
+
+    def simulator_factory(self):
+        return _resolve(self.simulator)
+
+
+PROTOCOLS: dict[str, ProtocolSpec] = {
+    spec.name: spec
+    for spec in (
+        ProtocolSpec("allreduce", "synchronous baseline: PyTorch's DistributedDataParallel", AllReduceOptions,
+                     "hetrain.runtime.allreduce:AllReduce", "hetrain.sim.allreduce_sim:make_sim"),
+        ProtocolSpec("dpsgd", "decentralized: every iteration waits for every in-neighbour", DPSGDOptions,
+                     "hetrain.runtime.hop:DPSGD", "hetrain.sim.hop_sim:make_sim"),
+        ProtocolSpec("hop", "Hop: update/token queues, backup workers, staleness, skipping", HopOptions,
+                     "hetrain.runtime.hop:Hop", "hetrain.sim.hop_sim:make_sim"),
+        ProtocolSpec("prague", "Prague: P-Reduce in groups from a Group Generator", PragueOptions,
+                     "hetrain.runtime.prague:Prague", "hetrain.sim.prague_sim:make_prague_sim", seeded=True),
+        ProtocolSpec("adpsgd", "AD-PSGD: atomic pairwise averaging, active/passive split", ADPSGDOptions,
+                     "hetrain.runtime.adpsgd:ADPSGD", "hetrain.sim.prague_sim:make_adpsgd_sim", seeded=True),
+        ProtocolSpec("ps", "parameter server on rank 0 (synchronous, or asynchronous with staleness)", PSOptions,
+                     "hetrain.runtime.parameter_server:ParameterServer", "hetrain.sim.ps_sim:make_sim"),
+    )
+}
+PROTOCOL_NAMES = tuple(PROTOCOLS)
+
+
+def get_spec(name: str) -> ProtocolSpec:
+    try:
+        return PROTOCOLS[name]
+    except KeyError:
+        raise UsageError(f"unknown protocol {name!r}; choose one of {', '.join(PROTOCOL_NAMES)}") from None
+
+
+def all_option_fields() -> dict[str, dataclasses.Field]:
+    """Every protocol option by Python name (the first declaration wins; help texts name protocols)."""
+    fields: dict[str, dataclasses.Field] = {}
+    for spec in PROTOCOLS.values():
+        for f in option_fields(spec.options):
+            fields.setdefault(f.name, f)
+    return fields
+
+
+def protocols_using(name: str) -> list[str]:
+    return [spec.name for spec in PROTOCOLS.values() if name in spec.option_names()]
+
+
+def _resolve(target: str):
+    module, _, attribute = target.partition(":")
+    return getattr(importlib.import_module(module), attribute)

@@ -1,0 +1,39 @@
+"""AD-PSGD (Lian et al., ICML'18) as a baseline: atomic pairwise averaging, active/passive split.
+
+After each local step an active (even-rank) worker averages its model with a
+random passive (odd-rank) worker; a passive worker, at each of its syncs,
+serves the pairs actives queued for it, one after another. The pairing is pure
+logic (:mod:`hetrain.protocols.adpsgd_pairing`), served beside rank 0 like
+Prague's GG; each pair runs as a P-Reduce of two. As in Prague, the local step
+comes before the averaging (the paper overlaps them; the averaging is the same).
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from hetrain.protocols.adpsgd_pairing import ActivePassivePairing, ADPSGDOptions
+from hetrain.runtime.job import DEFAULT_TIMEOUT_S
+from hetrain.runtime.prague import GroupProtocol
+
+
+class ADPSGD(GroupProtocol):
+    """AD-PSGD: actives (even ranks) average with a random passive (odd rank) after each step.
+
+    Example::
+
+        with hetrain.ADPSGD(model, optimizer) as sync:
+            for x, y in loader:
+                optimizer.zero_grad(); loss_fn(model(x), y).backward(); optimizer.step()
+    """
+
+    name = "adpsgd"
+
+    def __init__(self, model, optimizer=None, *, communicator_cache: int = 60, seed: int = 0,
+                 process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S):
+        world = dist.get_world_size(process_group) if dist.is_initialized() else 1
+        options = ADPSGDOptions(communicator_cache).validate(world)
+        scheduler = ActivePassivePairing(world, seed=seed, cache_size=options.communicator_cache)
+        super().__init__(model, optimizer, scheduler, communicator_cache=options.communicator_cache,
+                         local_scheduler=False, process_group=process_group, timeout_s=timeout_s)
+        self.stats.extra["role"] = "active" if scheduler.is_active(self.job.rank) else "passive"

@@ -1,0 +1,122 @@
+"""A protocol's view of its job: the process group (default: the world), its store, device and timeout.
+
+Protocols follow torch's own averagers: they take ``process_group=None``
+(the default group) and work out the rest. :class:`JobView` is that rest:
+this worker's rank and the group's size, the device the model lives on, the
+timeout that bounds every wait, the node layout (torchrun's ``LOCAL_RANK`` /
+``LOCAL_WORLD_SIZE``), and a store namespace of its own on the job's c10d
+store (for services such as Prague's Group Generator and for the
+communicators a protocol builds).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from itertools import count
+
+import torch
+import torch.distributed as dist
+
+DEFAULT_TIMEOUT_S = 60.0
+_instances: dict[tuple, count] = {}
+
+
+def job_store():
+    """The job's c10d store (the default group's), under the prefix ``hetrain/``.
+
+    PyTorch has no public accessor for the default group's store; this wraps the
+    one private call in one place. None when unavailable (services that need a
+    store then say so).
+    """
+    try:
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        return dist.PrefixStore("hetrain/", _get_default_store())
+    except Exception:  # pragma: no cover - the private API moved
+        return None
+
+
+def init(backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> torch.device:
+    """Join the job torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR, ...); return this worker's device.
+
+    Initialises the default process group if needed (NCCL when CUDA is available,
+    else gloo, unless ``backend`` says) and, with NCCL, selects ``LOCAL_RANK``'s GPU.
+    """
+    if not dist.is_initialized():
+        if backend is None:
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    if dist.get_backend() == "nccl":
+        local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank()))
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class JobView:
+    group: object  # the torch.distributed process group (None: the default group)
+    rank: int  # this worker's rank in ``group``
+    world_size: int
+    device: torch.device
+    timeout_s: float
+    store: object  # a namespace of the job's store for this protocol instance (None: one worker, no store)
+    local_rank: int = 0
+    local_world_size: int = 1
+
+    @classmethod
+    def of(cls, process_group, device: torch.device, timeout_s: float, kind: str) -> JobView:
+        """The view of ``process_group`` (None: the default group) for a protocol instance of ``kind``.
+
+        Every member builds its protocol instances in the same order, so the n-th
+        instance of a kind on a group gets the same store namespace on every member.
+        """
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        if not dist.is_initialized():
+            return cls(process_group, 0, 1, device, timeout_s, None)
+        rank, size = dist.get_rank(process_group), dist.get_world_size(process_group)
+        if rank < 0:
+            raise ValueError(f"worker {dist.get_rank()} built a protocol on a process group it is not in")
+        ranks = tuple(dist.get_process_group_ranks(process_group)) if process_group is not None else ()
+        key = (kind, ranks)
+        instance = next(_instances.setdefault(key, count()))
+        group_tag = "world" if not ranks else "g" + "-".join(map(str, ranks))
+        base = job_store()
+        store = dist.PrefixStore(f"{kind}/{group_tag}/{instance}/", base) if base is not None else None
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", size))
+        local_rank = int(os.environ.get("LOCAL_RANK", rank % max(1, local_world)))
+        return cls(process_group, rank, size, device, timeout_s, store, local_rank, local_world)
+
+    @property
+    def timeout(self) -> datetime.timedelta:
+        return datetime.timedelta(seconds=self.timeout_s)
+
+    @property
+    def multi_node(self) -> bool:
+        return self.local_world_size < self.world_size
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    for tensor in model.parameters():
+        return tensor.device
+    return torch.device("cpu")
+
+
+def private_group(job: JobView, name: str, timeout_s: float | None = None, *, cpu: bool = False):
+    """A process group of the job's members built directly on the store (no collective on the world).
+
+    Used for point-to-point channels and servers: p2p with fixed tags on a group
+    that also runs collectives can be matched against a collective's messages.
+    Every member calls it with the same ``name`` at the same point. NCCL when the
+    model is on a GPU, unless ``cpu`` (gloo, for CPU tensors).
+    """
+    timeout = datetime.timedelta(seconds=timeout_s or job.timeout_s)
+    store = dist.PrefixStore(f"{name}/", job.store)
+    if job.device.type == "cuda" and not cpu:
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return dist.ProcessGroupNCCL(store, job.rank, job.world_size, options)
+    return dist.ProcessGroupGloo(store, job.rank, job.world_size, timeout)

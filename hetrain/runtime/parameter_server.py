@@ -1,0 +1,237 @@
+"""A parameter-server baseline: the global model lives on rank 0.
+
+After each local step a worker pushes its *delta* (its model minus the model
+it last pulled) and gets the global model back. What the server adds and whom
+it answers when is the pure :class:`~hetrain.protocols.ps_logic.ParameterServerLogic`
+(synchronous with ``staleness=0``, stale-synchronous with ``staleness > 0``),
+the same object the simulator drives.
+
+Rank 0 is also a worker: its pushes go to the server in-process; a thread on
+rank 0 receives the others' messages over a dedicated gloo group (one for
+requests, one for answers, so the thread's receive never blocks a send). A
+worker that stops sends ``leave`` and is no longer waited for; when all have
+left, rank 0 broadcasts the global model so every worker ends with it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+from hetrain.errors import UsageError, WorkerError
+from hetrain.protocols.ps_logic import ParameterServerLogic, PSOptions, ServerStep
+from hetrain.runtime.job import DEFAULT_TIMEOUT_S, private_group
+from hetrain.runtime.protocol import SyncProtocol
+from hetrain.runtime.send_window import SendWindow
+
+_PUSH, _LEAVE = 0, 1
+_TAG_HEADER, _TAG_DELTA, _TAG_REPLY = 1, 2, 3
+_POLL_S = 0.02
+# A worker waits for its answer before it pushes again, so at most one answer per worker is in
+# flight: a window of 2 never blocks a healthy job and bounds the memory of a broken one.
+_ANSWERS_IN_FLIGHT = 2
+
+
+class _Server:
+    """Rank 0's server: the global model, the logic's decisions carried out, answers in flight."""
+
+    def __init__(self, model: torch.Tensor, logic: ParameterServerLogic, down, timeout_s: float):
+        self.model = model
+        self.logic = logic
+        self.down = down
+        self.timeout_s = timeout_s
+        self.cond = threading.Condition()
+        self.local_reply: torch.Tensor | None = None
+        self.messages = 0
+        self.error: str | None = None
+        self._windows: dict[int, SendWindow] = {}  # answers in flight, per worker
+
+    def push(self, worker: int, delta: torch.Tensor) -> None:
+        with self.cond:
+            self.messages += 1
+            self._carry_out(self.logic.push(worker, delta))
+
+    def leave(self, worker: int) -> None:
+        with self.cond:
+            self.messages += 1
+            self._carry_out(self.logic.leave(worker))
+            self.cond.notify_all()
+
+    def _carry_out(self, step: ServerStep) -> None:
+        for payload in step.apply:
+            self.model.add_(payload, alpha=step.weight)
+        for worker in step.answer:
+            self._answer(worker)
+
+    def _answer(self, worker: int) -> None:
+        reply = self.model.clone()
+        if worker == 0:
+            self.local_reply = reply
+            self.cond.notify_all()
+            return
+        window = self._windows.get(worker)
+        if window is None:
+            window = self._windows[worker] = SendWindow("the parameter server (rank 0)", worker,
+                                                        max_in_flight=_ANSWERS_IN_FLIGHT, timeout_s=self.timeout_s)
+        window.post(lambda: [self.down.send([reply], worker, _TAG_REPLY)], reply)
+
+    def answers_in_flight_max(self) -> int:
+        """The most answers ever outstanding to one worker."""
+        return max((w.max_seen_in_flight for w in self._windows.values()), default=0)
+
+    def close(self, drain: bool) -> None:
+        for window in self._windows.values():
+            if drain:
+                window.drain()
+            window.close()
+
+
+class ParameterServer(SyncProtocol):
+    """The parameter-server baseline; ``staleness=0`` is synchronous, ``s > 0`` asynchronous (SSP).
+
+    Example::
+
+        with hetrain.ParameterServer(model, optimizer, staleness=0) as sync:
+            for x, y in loader:
+                optimizer.zero_grad(); loss_fn(model(x), y).backward(); optimizer.step()
+    """
+
+    name = "ps"
+
+    def __init__(self, model, optimizer=None, *, staleness: int = 0, process_group=None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S):
+        super().__init__(model, optimizer, process_group=process_group, timeout_s=timeout_s)
+        job = self.job
+        self.staleness = PSOptions(staleness).validate(job.world_size).staleness
+        if job.world_size > 1 and job.store is None:
+            raise UsageError("ps needs the job's c10d store (torch.distributed initialised)")
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+        flat = self.state.gather()
+        if job.world_size > 1:
+            self._wait(dist.broadcast(flat, src=dist.get_global_rank(job.group, 0) if job.group is not None else 0,
+                                      group=job.group, async_op=True), "the initial model from rank 0")
+            self.state.scatter(flat)
+            self._up = private_group(job, "up", cpu=True)
+            self._down = private_group(job, "down", cpu=True)
+        else:
+            self._up = self._down = None
+        self._pulled = flat.detach().cpu().clone()
+        if job.rank == 0:
+            logic = ParameterServerLogic(job.world_size, self.staleness)
+            self._server = _Server(self._pulled.clone(), logic, self._down, job.timeout_s)
+            self._thread = threading.Thread(target=self._serve, name="hetrain-ps", daemon=True)
+            self._thread.start()
+        self.stats.extra.update(ps_mode="sync" if self.staleness == 0 else f"async(staleness={self.staleness})")
+        self.restart_clock()
+
+    # -- worker side ---------------------------------------------------------
+    def _sync(self) -> None:
+        self._raise_server_error()
+        delta = self.state.gather().cpu() - self._pulled
+        if self.job.rank == 0:
+            reply = self._push_local(delta)
+        else:
+            header = torch.tensor([self.job.rank, _PUSH, self.stats.iterations], dtype=torch.int64)
+            self._send(header, _TAG_HEADER)
+            self._send(delta, _TAG_DELTA)
+            reply = torch.empty_like(delta)
+            self._wait(self._down.recv([reply], 0, _TAG_REPLY), f"the server's answer to push {self.stats.iterations}")
+        self._pulled = reply
+        self.state.scatter(reply.to(self.job.device))
+        self.stats.iteration = self.stats.iterations
+
+    def _push_local(self, delta: torch.Tensor) -> torch.Tensor:
+        server = self._server
+        server.push(0, delta)
+        with server.cond:
+            if not server.cond.wait_for(lambda: server.local_reply is not None or server.error, self.job.timeout_s):
+                waiting = server.logic.waiting_for() if self.staleness == 0 else "the slowest worker"
+                raise WorkerError(f"worker 0 waited {self.job.timeout_s:.0f} s for the server to answer "
+                                  f"(waiting for {waiting})")
+            self._raise_server_error()
+            reply, server.local_reply = server.local_reply, None
+        return reply
+
+    def _send(self, tensor: torch.Tensor, tag: int) -> None:
+        self._wait(self._up.send([tensor], 0, tag), "the parameter server (rank 0) to take its message")
+
+    def _wait(self, work, what: str) -> None:
+        try:
+            work.wait(self.job.timeout)
+        except Exception as exc:
+            raise WorkerError(f"worker {self.job.rank} waited {self.job.timeout_s:.0f} s for {what}: "
+                              f"{str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__}") from None
+
+    # -- server thread (rank 0) ----------------------------------------------
+    def _serve(self) -> None:
+        server = self._server
+        remote_left = 0
+        header = torch.zeros(3, dtype=torch.int64)
+        try:
+            while remote_left < self.job.world_size - 1:
+                self._up.recv_anysource([header], _TAG_HEADER).wait(self.job.timeout)
+                worker, kind, _ = (int(v) for v in header)
+                if kind == _LEAVE:
+                    remote_left += 1
+                    server.leave(worker)
+                    continue
+                delta = torch.empty_like(self._pulled)
+                self._up.recv([delta], worker, _TAG_DELTA).wait(self.job.timeout)
+                server.push(worker, delta)
+        except Exception as exc:
+            with server.cond:
+                server.error = f"parameter server on rank 0 stopped: {str(exc).splitlines()[0][:200]}"
+                server.cond.notify_all()
+
+    def _raise_server_error(self) -> None:
+        if self._server is not None and self._server.error:
+            raise WorkerError(self._server.error)
+
+    # -- leaving -------------------------------------------------------------
+    def should_stop(self, local_done: bool) -> bool:
+        self._raise_server_error()
+        return bool(local_done)
+
+    def _finish(self) -> None:
+        """Leave; when every worker has left, rank 0 broadcasts the global model to all."""
+        job = self.job
+        if job.rank == 0:
+            self._server.leave(0)
+            self._join_server()
+            final = self._server.model.clone()
+        else:
+            self._send(torch.tensor([job.rank, _LEAVE, self.stats.iterations], dtype=torch.int64), _TAG_HEADER)
+            final = torch.empty_like(self._pulled)
+        if job.world_size > 1:
+            final = final.to(job.device)
+            root = dist.get_global_rank(job.group, 0) if job.group is not None else 0
+            self._wait(dist.broadcast(final, src=root, group=job.group, async_op=True), "the final model from rank 0")
+        self.state.scatter(final)
+        self.stats.extra.update(pushes=self.stats.iterations)
+        if self._server is not None:
+            self.stats.extra.update(answers_in_flight_max=self._server.answers_in_flight_max())
+
+    def _join_server(self) -> None:
+        server, seen, deadline = self._server, -1, time.monotonic() + self.job.timeout_s
+        while self._thread.is_alive():
+            self._thread.join(_POLL_S)
+            if server.messages != seen:
+                seen, deadline = server.messages, time.monotonic() + self.job.timeout_s
+            elif time.monotonic() > deadline:
+                missing = sorted(server.logic.active())
+                raise WorkerError(f"worker 0 waited {self.job.timeout_s:.0f} s for workers {missing} to leave")
+        self._raise_server_error()
+        with server.cond:
+            server.close(drain=True)
+
+    def _release(self) -> None:
+        if self._server is not None:
+            self._server.close(drain=False)
+        self._up = self._down = None
+
+    def _extra_state(self) -> dict:
+        return {"pushes": self._server.logic.pushes if self._server is not None else None}

@@ -1,0 +1,185 @@
+"""Prague (Luo et al., ASPLOS'20) on torch.distributed: local step, ask the Group Generator, P-Reduce, repeat.
+
+    with hetrain.Prague(model, optimizer, gg="smart", group_size=2) as sync:
+        for x, y in batches:
+            ...forward, backward...
+            optimizer.step()          # then: ask the GG, run the groups it returns, in order
+
+:class:`GroupProtocol` is the shell shared with AD-PSGD: it asks a
+:class:`~hetrain.protocols.ledger.GroupScheduler` (served beside rank 0 by
+:mod:`hetrain.runtime.gg_service`, or computed locally for the static
+schedule) for groups and runs them with :class:`~hetrain.runtime.preduce.PReduce`.
+Reasons behind the design are in ``docs/prague.md``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from hetrain.errors import UsageError, WorkerError
+from hetrain.protocols.group_generator import GroupGenerator, PragueOptions
+from hetrain.protocols.ledger import GroupScheduler
+from hetrain.runtime.consensus import average_state
+from hetrain.runtime.gg_service import GGServer, LocalClient, SchedulerHost, SocketClient
+from hetrain.runtime.job import DEFAULT_TIMEOUT_S
+from hetrain.runtime.preduce import PReduce
+from hetrain.runtime.protocol import SyncProtocol
+
+_STATUS_POLL_S = 0.02
+
+
+class GroupProtocol(SyncProtocol):
+    """Runs the groups a scheduler hands out; leaves cleanly and ends on the consensus model."""
+
+    name = "group"
+
+    def __init__(self, model, optimizer, scheduler: GroupScheduler, *, communicator_cache: int,
+                 local_scheduler: bool, process_group, timeout_s: float):
+        super().__init__(model, optimizer, process_group=process_group, timeout_s=timeout_s)
+        job = self.job
+        if job.store is None and job.world_size > 1:
+            raise UsageError(f"{self.name} needs the job's c10d store (torch.distributed initialised)")
+        self.scheduler = scheduler
+        self.preduce = PReduce(job.store, job.rank, cache_size=communicator_cache, timeout_s=job.timeout_s)
+        self._server = None
+        self._local = local_scheduler or job.world_size == 1
+        if self._local:
+            self.gg = LocalClient(job.rank, SchedulerHost(scheduler))
+        elif job.rank == 0:
+            self._server = GGServer(scheduler, multi_node=job.multi_node)
+            self._server.publish(job.store)
+            self.gg = LocalClient(0, self._server)
+        else:
+            self.gg = SocketClient(job.rank, job.store, job.timeout_s)
+        self._groups_run = 0
+        self._members_run = 0
+        self._empty_syncs = 0
+        self._gg_wait_s = 0.0
+        self._member_wait_s = 0.0
+        self._update_extra()
+        self.restart_clock()
+
+    # -- the loop --------------------------------------------------------------
+    def _sync(self) -> None:
+        start = time.perf_counter()
+        groups = self.gg.request()
+        self._gg_wait_s += time.perf_counter() - start
+        self.stats.iteration = self.stats.iterations
+        if groups:
+            self._run(groups)
+        else:
+            self._empty_syncs += 1
+        self._update_extra()
+
+    def _run(self, groups) -> None:
+        flat = self.state.gather()
+        for group in groups:
+            start = time.perf_counter()
+            self.preduce(flat, group.members, group.comm_id)
+            self._member_wait_s += time.perf_counter() - start
+            self._groups_run += 1
+            self._members_run += len(group.members)
+        self.state.scatter(flat)
+
+    # -- leaving -----------------------------------------------------------------
+    def _finish(self) -> None:
+        """Leave the GG, run the groups still owed, wait for all to leave, average over everyone."""
+        owed = self.gg.leave()
+        if owed:
+            self._run(owed)
+        if self.job.world_size > 1:
+            if not self._local:
+                self._wait_all_left()
+            self.stats.extra["consensus_distance"] = average_state(self.state, self.job)
+        if self._server is not None:
+            self.stats.extra.update(self.scheduler.stats())
+        self._update_extra()
+
+    def _release(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        self.gg.close()
+
+    def _wait_all_left(self) -> None:
+        """Poll the GG until every worker has left; fail only after ``timeout_s`` without GG activity."""
+        served, deadline = -1, time.monotonic() + self.job.timeout_s
+        while True:
+            status = self.gg.status()
+            left = set(status["left"])
+            if len(left) == self.job.world_size:
+                return
+            if status["served"] != served:
+                served, deadline = status["served"], time.monotonic() + self.job.timeout_s
+            if time.monotonic() > deadline:
+                missing = sorted(set(range(self.job.world_size)) - left)
+                raise WorkerError(
+                    f"worker {self.job.rank} waited {self.job.timeout_s:.0f} s (no Group Generator activity) "
+                    f"for workers {missing} to leave the training loop"
+                )
+            time.sleep(_STATUS_POLL_S)
+
+    def _update_extra(self) -> None:
+        self.stats.extra.update(
+            groups_formed=self._groups_run,
+            mean_group_size=self._members_run / self._groups_run if self._groups_run else 0.0,
+            empty_syncs=self._empty_syncs,
+            gg_wait_s=self._gg_wait_s,
+            member_wait_s=self._member_wait_s,
+            **self.preduce.stats(),
+        )
+
+
+class Prague(GroupProtocol):
+    """Prague: after each local step a group (from the Group Generator, mode ``gg``) averages its models.
+
+    ``gg``: ``smart`` (heterogeneity-aware, the default), ``random``, ``buffer``,
+    ``division`` or ``static``; ``group_size``: members per group (2 by default,
+    docs/prague.md); ``communicator_cache``: communicators kept per worker;
+    ``workers_per_node``: node size for the node-aware static schedule; ``seed``:
+    the GG's random draws (the same on every worker).
+
+    Example::
+
+        with hetrain.Prague(model, optimizer, gg="smart", group_size=2) as sync:
+            for x, y in loader:
+                optimizer.zero_grad(); loss_fn(model(x), y).backward(); optimizer.step()
+        print(sync.metrics()["groups_formed"])
+    """
+
+    name = "prague"
+
+    def __init__(self, model, optimizer=None, *, gg: str = "smart", group_size: int = 2,
+                 communicator_cache: int = 60, workers_per_node: int | None = None, seed: int = 0,
+                 process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S):
+        world = dist.get_world_size(process_group) if dist.is_initialized() else 1
+        options = PragueOptions(gg, group_size, communicator_cache, workers_per_node).validate(world)
+        scheduler = GroupGenerator(world, options.group_size, options.gg, seed=seed,
+                                   workers_per_node=options.workers_per_node, cache_size=options.communicator_cache)
+        self.gg_mode = options.gg
+        super().__init__(model, optimizer, scheduler, communicator_cache=options.communicator_cache,
+                         local_scheduler=options.gg == "static", process_group=process_group, timeout_s=timeout_s)
+        self.stats.extra["gg_mode"] = options.gg
+
+    def should_stop(self, local_done: bool) -> bool:
+        """GG modes: each worker stops on its own (``finish`` drains). Static: agree at period boundaries.
+
+        The static schedule has no GG to tell who left, so every ``period``
+        steps the workers all-reduce their wish to stop (MAX) and leave
+        together at the first boundary where anyone wants to.
+        """
+        if self.gg_mode != "static" or self.job.world_size == 1:
+            return bool(local_done)
+        if self.stats.iterations % self.scheduler.period:
+            return False
+        flag = torch.tensor([1.0 if local_done else 0.0], device=self.job.device)
+        try:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.job.group, async_op=True).wait(self.job.timeout)
+        except Exception as exc:
+            raise WorkerError(
+                f"worker {self.job.rank} waited for the static schedule's stop vote at step "
+                f"{self.stats.iterations}: {exc}"
+            ) from None
+        return bool(flag.item() > 0)

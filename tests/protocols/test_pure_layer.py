@@ -1,0 +1,110 @@
+"""The pure layer imports no torch, the simulator runs every protocol without it, and the
+parameter server's rules (shared by runtime and simulator) behave as documented."""
+
+import pkgutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import hetrain.protocols
+from hetrain.protocols.options import OptionError
+from hetrain.protocols.ps_logic import ParameterServerLogic, PSOptions
+from hetrain.registry import PROTOCOL_NAMES, get_spec
+
+BLOCK_TORCH = textwrap.dedent("""
+    import importlib.abc, sys
+    class Block(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name == "torch" or name.startswith("torch."):
+                raise ImportError("torch is blocked in this test: " + name)
+    sys.meta_path.insert(0, Block())
+""")
+
+
+def _run_without_torch(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", BLOCK_TORCH + textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_the_pure_layer_and_the_registry_import_without_torch():
+    modules = [f"hetrain.protocols.{m.name}" for m in pkgutil.iter_modules(hetrain.protocols.__path__)]
+    assert "hetrain.protocols.group_generator" in modules and "hetrain.protocols.ps_logic" in modules
+    result = _run_without_torch(f"""
+        import importlib
+        for name in {modules + ["hetrain.registry", "hetrain.sim.network", "hetrain.sim.runner"]!r}:
+            importlib.import_module(name)
+        print("ok")
+    """)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
+
+
+def test_the_blocker_does_block_torch():
+    result = _run_without_torch("import hetrain.runtime.hop")
+    assert result.returncode != 0 and "torch is blocked" in result.stderr
+
+
+def test_simulate_runs_every_protocol_without_torch(tmp_path):
+    result = _run_without_torch(f"""
+        from hetrain.cli import main
+        for protocol in {list(PROTOCOL_NAMES)!r}:
+            code = main(["simulate", "--protocol", protocol, "--workers", "8", "--iterations", "10",
+                         "--slowdown", "0:5x", "--math", "none", "--no-progress", "--out", {str(tmp_path)!r} + "/" + protocol])
+            assert code == 0, protocol
+        print("ok")
+    """)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-2000:]
+
+
+def test_every_spec_names_an_options_class_with_one_validate():
+    for name in PROTOCOL_NAMES:
+        spec = get_spec(name)
+        options = spec.make_options({}, num_workers=8)
+        assert options.validate(8) == options
+        for field in spec.option_names():
+            assert getattr(options, field) is not None or field in ("backup", "staleness", "max_ig",
+                                                                      "skip_threshold", "workers_per_node")
+
+
+def test_options_errors_name_python_arguments_and_the_cli_shows_flags():
+    with pytest.raises(OptionError) as info:
+        get_spec("prague").make_options({"group_size": 9}, num_workers=4)
+    assert str(info.value).startswith("group_size must be between 1 and")
+    assert info.value.for_cli().startswith("--group-size must be between 1 and")
+
+
+# ----- the parameter server's rules --------------------------------------------------------
+
+def test_synchronous_rounds_wait_for_every_active_worker_and_apply_the_mean():
+    logic = ParameterServerLogic(3, staleness=0)
+    assert logic.push(0, "a").answer == [] and logic.push(2, "c").answer == []
+    assert logic.waiting_for() == [1]
+    step = logic.push(1, "b")
+    assert step.apply == ["a", "b", "c"] and step.weight == pytest.approx(1 / 3) and step.answer == [0, 1, 2]
+
+
+def test_a_worker_that_leaves_is_no_longer_waited_for():
+    logic = ParameterServerLogic(3, staleness=0)
+    logic.push(0, "a")
+    logic.push(1, "b")
+    step = logic.leave(2)
+    assert step.apply == ["a", "b"] and step.weight == pytest.approx(1 / 2) and step.answer == [0, 1]
+    with pytest.raises(ValueError):
+        logic.push(2, "late")
+
+
+def test_asynchronous_pushes_apply_at_once_and_hold_workers_too_far_ahead():
+    logic = ParameterServerLogic(2, staleness=1)
+    step = logic.push(0, "a")
+    assert step.apply == ["a"] and step.weight == pytest.approx(1 / 2) and step.answer == [0]  # 1 ahead: ok
+    assert logic.push(0, "a2").answer == []  # 2 ahead of worker 1: held
+    step = logic.push(1, "b")  # the slowest catches up to within 1: worker 0 and 1 answered
+    assert sorted(step.answer) == [0, 1]
+    assert logic.push(0, "a3").answer == []  # 3 pushes against 1: held again (it waits for its answer)
+    assert logic.leave(1).answer == [0]  # the slowest left: nothing to wait for
+
+
+def test_ps_options_reject_negative_staleness():
+    with pytest.raises(OptionError, match="staleness must be >= 0"):
+        PSOptions(-1).validate(4)
