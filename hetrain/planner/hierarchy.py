@@ -18,10 +18,12 @@ from dataclasses import dataclass
 
 from hetrain.planner.cost import LevelCost
 from hetrain.planner.devices import Device, describe
+from hetrain.planner.evaluate import evaluate
 from hetrain.planner.layers import Net
 from hetrain.planner.ratio import balance, capacity_ratio
-from hetrain.planner.search import Assignment, evaluate, solve
+from hetrain.planner.search import Assignment, allowed_mask, solve
 from hetrain.planner.shapes import Shapes
+from hetrain.planner.tables import TableCache
 
 
 @dataclass(frozen=True)
@@ -77,8 +79,8 @@ class GroupPlan:
 
 def plan(net: Net, batch: int, devices: list[Device], config: PlanConfig = PlanConfig()) -> GroupPlan:
     """Plan ``net`` at global batch ``batch`` (samples) on ``devices`` (at least one)."""
-    allowed = config.allowed(net) if callable(config.allowed) else config.allowed
-    memo: dict = {}
+    allowed = allowed_mask(config.allowed(net) if callable(config.allowed) else config.allowed, len(net.layers))
+    memo: dict = {"tables": TableCache()}
     return _group(net, Shapes.full(net, batch), list(devices), config, allowed, memo, 0)
 
 
@@ -98,12 +100,16 @@ def _group(net, shapes, devs, cfg, allowed, memo, depth) -> GroupPlan:
     bw_l = sum(d.link_bytes_per_s for d in left)
     bw_r = sum(d.link_bytes_per_s for d in right)
 
+    tried: dict[float, tuple] = {}
+
     def attempt(alpha):
-        lc = LevelCost(alpha, cfg.bytes_per_elem, bw_l, bw_r, cfg.objective)
-        asg, _ = solve(net, shapes, lc, allowed)
-        lp = _group(net, shapes.split(asg.types, alpha), left, cfg, allowed, memo, depth + 1)
-        rp = _group(net, shapes.split(asg.types, 1.0 - alpha), right, cfg, allowed, memo, depth + 1)
-        return lc, asg, lp, rp
+        if alpha not in tried:
+            lc = LevelCost(alpha, cfg.bytes_per_elem, bw_l, bw_r, cfg.objective)
+            asg, _ = solve(net, shapes, lc, allowed, memo["tables"])
+            lp = _group(net, shapes.split(asg.types, alpha), left, cfg, allowed, memo, depth + 1)
+            rp = _group(net, shapes.split(asg.types, 1.0 - alpha), right, cfg, allowed, memo, depth + 1)
+            tried[alpha] = (lc, asg, lp, rp)
+        return tried[alpha]
 
     trials = 1
     same = [d.kind for d in left] == [d.kind for d in right]
