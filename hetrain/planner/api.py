@@ -50,16 +50,10 @@ def devices(spec) -> list[Device]:
 
 
 def model(spec, input_shape=None) -> Net:
-    """A Net from a zoo name, ``module:PATH:Class``, an ``nn.Module`` instance or a Net."""
-    if isinstance(spec, Net):
-        return spec
-    from hetrain.planner import trace  # torch is imported only when a model is traced
+    """A Net from a zoo name, ``torchvision:NAME``, ``module:PATH:Class``, an ``nn.Module`` instance or a Net."""
+    from hetrain.planner import models
 
-    if isinstance(spec, str):
-        return trace.load_model(spec, input_shape)
-    if input_shape is None:
-        raise UsageError("pass input_shape (one sample's shape) to plan an nn.Module instance")
-    return trace.trace(spec, tuple(input_shape), type(spec).__name__)
+    return models.load(spec, input_shape)
 
 
 def compare_plans(net: Net, batch: int, devs: list[Device], objective: str = "time", types: int = 3,
