@@ -10,8 +10,8 @@ HELP = "plan per-layer tensor partitioning (HyPar/AccPar) for a model on an acce
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", help="zoo name (alexnet, vgg-a..e, vgg-16, resnet-50, mlp, transformer, ...) "
-                                        "or module:PATH:Class")
+    parser.add_argument("--model", help="zoo name (alexnet, vgg16, resnet50, gpt2, gpt:24x1024, mlp, ...), "
+                                        "torchvision:NAME (needs torchvision) or module:PATH:Class")
     parser.add_argument("--batch", type=int, help="global batch size (samples per step)")
     parser.add_argument("--devices", help="array spec like tpu-v3:4,tpu-v2:4 or a100:8, or a YAML/JSON device file")
     parser.add_argument("--objective", choices=("time", "volume"), default="time",
@@ -19,6 +19,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--types", type=int, choices=(2, 3), default=3,
                         help="3: types I/II/III (AccPar); 2: I/II only (HyPar's space)")
     parser.add_argument("--dtype-bytes", type=float, default=2.0, help="bytes per tensor element (default 2)")
+    parser.add_argument("--optimizer", choices=("sgd", "momentum", "adam", "adam-mixed"), default="adam",
+                        help="optimizer state counted in memory: none, 1 or 2 buffers at --dtype-bytes, or "
+                             "mixed-precision Adam's 12 bytes per weight (default adam)")
+    parser.add_argument("--ignore-memory", action="store_true",
+                        help="report memory per device but do not keep the plan within each device's capacity")
+    parser.add_argument("--search", choices=("greedy", "lookahead"), default="greedy",
+                        help="greedy: level by level (HyPar/AccPar); lookahead: weigh each level's best "
+                             "alternatives by the levels below (never worse, slower)")
+    parser.add_argument("--width", type=int, default=4, help="--search lookahead: alternatives per level (default 4)")
+    parser.add_argument("--depth", type=int, default=1,
+                        help="--search lookahead: levels below planned with look-ahead when weighing (default 1)")
     parser.add_argument("--input-shape", help="one sample's shape for module:PATH:Class models, e.g. 3,224,224")
     parser.add_argument("--json", metavar="OUT", help="write the plan and baselines as JSON to OUT")
     parser.add_argument("--table", action="store_true", help="print the table even when --json is given")
@@ -42,7 +53,9 @@ def run(args: argparse.Namespace) -> int:
 
     devices = api.devices(args.devices)
     net = api.model(args.model, _shape(args.input_shape))
-    result = api.compare_plans(net, args.batch, devices, args.objective, args.types, args.dtype_bytes)
+    result = api.compare_plans(net, args.batch, devices, args.objective, args.types, args.dtype_bytes,
+                               optimizer=args.optimizer, fit_memory=not args.ignore_memory, search=args.search,
+                               width=args.width, depth=args.depth)
     if args.json:
         from hetrain.outputs import write_json_atomic
 

@@ -159,7 +159,7 @@ def solve_trace(net, shapes, lc, allowed=(0, 1, 2), cache=None, extra=None):
         value = new
     state = int(value.argmin())
     best = float(value[state])
-    return backtrack(net, trail, state), best, (trail, values)
+    return backtrack(net, trail, state), best, (lv, trail, values)
 
 
 def backtrack(net: Net, trail, state: int, upto: int | None = None, types=None, joins=None) -> Assignment:
@@ -179,19 +179,23 @@ def backtrack(net: Net, trail, state: int, upto: int | None = None, types=None, 
     return Assignment(tuple(types), tuple(joins))
 
 
-def _block(lv: Level, seg: Block, value: np.ndarray):
+def block_parts(lv: Level, seg: Block):
+    """(fork, branch a, branch b or None, join) of a block, shaped for broadcasting (see :func:`_block`)."""
     tb = lv.tb
     size_add = lv.outs[seg.a[-1]]
     br_a = lv.branch(seg.a)
     if seg.b:
-        br_b = lv.branch(seg.b)
-        fork = tb.fork(lv.ins[seg.a[0]], "layer", lv.ins[seg.b[0]])  # [s, a0, b0, 1, 1, 1, 1]
-        tot = (value[:, None, None, None, None, None, None] + fork + br_a.as_a + br_b.as_b
-               + tb.join(size_add)[1])  # [s, a0, b0, aL, bL, m, m']
-    else:
-        br_b = None
-        fork = tb.fork(lv.ins[seg.a[0]], "identity", size_add)  # [s, a0, 1, m, m']
-        tot = value[:, None, None, None, None] + fork + br_a.as_a_only + tb.join(size_add)[0]  # [s, a0, aL, m, m']
+        return (tb.fork(lv.ins[seg.a[0]], "layer", lv.ins[seg.b[0]]), br_a, lv.branch(seg.b),
+                tb.join(size_add)[1])
+    return tb.fork(lv.ins[seg.a[0]], "identity", size_add), br_a, None, tb.join(size_add)[0]
+
+
+def _block(lv: Level, seg: Block, value: np.ndarray):
+    fork, br_a, br_b, join = block_parts(lv, seg)
+    if br_b is not None:  # [s, a0, b0, aL, bL, m, m']
+        tot = value[:, None, None, None, None, None, None] + fork + br_a.as_a + br_b.as_b + join
+    else:  # [s, a0, aL, m, m']
+        tot = value[:, None, None, None, None] + fork + br_a.as_a_only + join
     flat = tot.reshape(-1, 9)
     ks = flat.argmin(axis=0)
     new = _INF.copy()
@@ -203,10 +207,14 @@ def _block_back(back, state: int):
     ks, shape, br_a, br_b = back
     m, m2 = state // 4, state % 4
     k = int(ks[m * 3 + m2])
+    s, path_a, path_b = block_choice(br_a, br_b, np.unravel_index(k, shape))
+    return s, path_a, path_b, (m, m2)
+
+
+def block_choice(br_a, br_b, index):
+    """(entry state, types of branch a, types of branch b) from an index (s, a0, [b0,] aL, [bL])."""
     if br_b is not None:
-        s, a0, b0, al, bl = np.unravel_index(k, shape)
-        pb = br_b.path(int(b0), int(bl))
-    else:
-        s, a0, al = np.unravel_index(k, shape)
-        pb = []
-    return int(s), br_a.path(int(a0), int(al)), pb, (m, m2)
+        s, a0, b0, al, bl = (int(i) for i in index[:5])
+        return s, br_a.path(a0, al), br_b.path(b0, bl)
+    s, a0, al = (int(i) for i in index[:3])
+    return s, br_a.path(a0, al), []
