@@ -141,6 +141,7 @@ class _Planner:
         self.net, self.cfg = net, cfg
         self.allowed = allowed_mask(cfg.allowed(net) if callable(cfg.allowed) else cfg.allowed, len(net.layers))
         self.memo: dict = {}
+        self.solved: dict = {}
         self.tables = TableCache()
 
     def _key(self, p: GroupPlan):
@@ -181,7 +182,11 @@ class _Planner:
         def attempt(alpha):  # the greedy plan of this group at ratio alpha
             if alpha not in tried:
                 lc = LevelCost(alpha, cfg.bytes_per_elem, bw_l, bw_r, cfg.objective)
-                asg, _ = solve(net, shapes, lc, self.allowed, self.tables, extra)
+                # bytes do not depend on bandwidths: equal shapes on other devices make the same choice
+                key = (shapes, alpha, lam) + (() if cfg.objective == "volume" else (bw_l, bw_r))
+                asg = self.solved.get(key)
+                if asg is None:
+                    asg = self.solved[key] = solve(net, shapes, lc, self.allowed, self.tables, extra)[0]
                 tried[alpha] = (lc, asg, *halves(asg, alpha, 0))
             return tried[alpha]
 

@@ -94,32 +94,57 @@ class Level:
         key = tuple([self._keys[li] for li in layers])
         got = self.tb.branches.get(key)
         if got is None:  # blocks of one stage share their sizes
-            got = self.tb.branches[key] = Branch(self.tb.pair, [self.ins[li] for li in layers],
+            got = self.tb.branches[key] = Branch(self.tb.pair_list, [self.ins[li] for li in layers],
                                                  self.intra[list(layers)])
         return got
 
 
 class Branch:
-    """DP along one branch of a block for every first type at once: ``cost[t0, tL]``, paths on demand."""
+    """DP along one branch of a block for every first type at once: ``cost[t0, tL]``, paths on demand.
+
+    Plain Python floats: the same additions in the same order as numpy's
+    ``vec[:, :, None] + n * pair + row`` and the same first-minimum choice, only
+    without numpy's per-call cost on 3x3 arrays.
+    """
 
     __slots__ = ("cost", "back", "as_a", "as_a_only", "as_b")
 
     def __init__(self, pair, ins, intra):
-        vec = np.where(np.eye(3, dtype=bool), intra[0][None, :], np.inf)  # [t0, t]
-        self.back = []
-        for n, row in zip(ins[1:], intra[1:]):
-            tot = vec[:, :, None] + n * pair + row[None, None, :]  # [t0, prev, next]
-            self.back.append(tot.argmin(axis=1))
-            vec = tot.min(axis=1)
-        self.cost = vec
-        self.as_a = vec[None, :, None, :, None, None, None]   # [s, a0, b0, aL, bL, m, m']
-        self.as_a_only = vec[None, :, :, None, None]          # [s, a0, aL, m, m']
-        self.as_b = vec[None, None, :, None, :, None, None]
+        inf = float("inf")
+        rows = intra.tolist()
+        vec = [[rows[0][t] if t == t0 else inf for t in range(3)] for t0 in range(3)]  # [t0, t]
+        back = []
+        for n, row in zip(ins[1:], rows[1:]):
+            npair = [[n * pair[a][b] for b in range(3)] for a in range(3)]
+            new_vec, arg = [], []
+            for t0 in range(3):
+                v0, va, vb = vec[t0]
+                col_v, col_a = [], []
+                for nxt in range(3):
+                    best, at = (v0 + npair[0][nxt]) + row[nxt], 0
+                    cand = (va + npair[1][nxt]) + row[nxt]
+                    if cand < best:
+                        best, at = cand, 1
+                    cand = (vb + npair[2][nxt]) + row[nxt]
+                    if cand < best:
+                        best, at = cand, 2
+                    col_v.append(best)
+                    col_a.append(at)
+                new_vec.append(col_v)
+                arg.append(col_a)
+            back.append(arg)
+            vec = new_vec
+        self.back = back
+        cost = np.array(vec)
+        self.cost = cost
+        self.as_a = cost[None, :, None, :, None, None, None]   # [s, a0, b0, aL, bL, m, m']
+        self.as_a_only = cost[None, :, :, None, None]          # [s, a0, aL, m, m']
+        self.as_b = cost[None, None, :, None, :, None, None]
 
     def path(self, t0: int, tl: int) -> list[int]:
         path, t = [tl], tl
         for b in reversed(self.back):
-            t = int(b[t0, t])
+            t = b[t0][t]
             path.append(t)
         return path[::-1]
 
@@ -207,7 +232,12 @@ def _block_back(back, state: int):
     ks, shape, br_a, br_b = back
     m, m2 = state // 4, state % 4
     k = int(ks[m * 3 + m2])
-    s, path_a, path_b = block_choice(br_a, br_b, np.unravel_index(k, shape))
+    index = []
+    for dim in reversed(shape[1:]):  # unravel k over (s, a0, [b0,] aL, [bL]) in C order
+        k, r = divmod(k, dim)
+        index.append(r)
+    index.append(k)
+    s, path_a, path_b = block_choice(br_a, br_b, index[::-1])
     return s, path_a, path_b, (m, m2)
 
 

@@ -37,6 +37,7 @@ class Tables:
                               for s in range(NSTATE)])
         # type -> type inside a branch: [prev type, next type]
         self.pair = np.array([[rel[OUT[a], NEED[b]] + rel[NEED[b], OUT[a]] for b in range(3)] for a in range(3)])
+        self.pair_list = self.pair.tolist()
         fw = np.array([[rel[OUT[t], m] for m in range(3)] for t in range(3)])   # [t, m]
         bw = np.array([[rel[m2, OUT[t]] for m2 in range(3)] for t in range(3)])  # [t, m']
         self.one = fw[:, :, None] + bw[:, None, :]                              # [t, m, m']
