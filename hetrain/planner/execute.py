@@ -69,6 +69,11 @@ class Program:
                     self.plans[("in", nid, q)] = fetch_plan(lay, self.held[q], jbox)
                     ebox = [self._join_box(node.index, r, fwd=False) for r in range(W)]
                     self.plans[("dx", nid, q)] = fetch_plan(lay, ebox, self.err[q])
+        levels = max((len(path) for path in lay.paths), default=1)
+        self.rounds = [0] * max(levels, 1)  # exchange rounds per level in one step (each plan runs once)
+        for transfers in self.plans.values():
+            for level in {t.level for t in transfers}:
+                self.rounds[level] += 1
 
     # ---- geometry -------------------------------------------------------------------------------
     def _raw(self, p):

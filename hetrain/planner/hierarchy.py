@@ -36,7 +36,7 @@ from hetrain.planner.evaluate import evaluate
 from hetrain.planner.layers import Net
 from hetrain.planner.memory import NoFit, Worst, fit, need_bytes, penalty, shortfall_message
 from hetrain.planner.ratio import HI, LO, balance, capacity_ratio
-from hetrain.planner.search import Assignment, allowed_mask, solve
+from hetrain.planner.search import Assignment, allowed_mask, fixed_assignment, solve
 from hetrain.planner.shapes import Shapes
 from hetrain.planner.tables import TableCache
 
@@ -140,6 +140,7 @@ class _Planner:
     def __init__(self, net: Net, cfg: PlanConfig):
         self.net, self.cfg = net, cfg
         self.allowed = allowed_mask(cfg.allowed(net) if callable(cfg.allowed) else cfg.allowed, len(net.layers))
+        self.fixed = fixed_assignment(net, self.allowed)  # fixed-type baselines need no search
         self.memo: dict = {}
         self.solved: dict = {}
         self.tables = TableCache()
@@ -184,7 +185,8 @@ class _Planner:
                 lc = LevelCost(alpha, cfg.bytes_per_elem, bw_l, bw_r, cfg.objective)
                 # bytes do not depend on bandwidths: equal shapes on other devices make the same choice
                 key = (shapes, alpha, lam) + (() if cfg.objective == "volume" else (bw_l, bw_r))
-                asg = self.solved.get(key)
+                asg = self.fixed if not lam else None
+                asg = asg or self.solved.get(key)
                 if asg is None:
                     asg = self.solved[key] = solve(net, shapes, lc, self.allowed, self.tables, extra)[0]
                 tried[alpha] = (lc, asg, *halves(asg, alpha, 0))

@@ -51,8 +51,9 @@ class Measurement:
         rows = [("step", "step_s", None), ("compute (slowest process)", "compute_s", None)]
         rows += [(f"level {k} communication", "level_s", k) for k in range(levels)]
         lines = [f"measured on {self.world} local gloo processes (float32, 1 thread each; median of "
-                 f"{self.steps} steps after a warm-up); 'calibrated': the device file's FLOP/s and bandwidth "
-                 "replaced by those measured at the start of this run", "",
+                 f"{self.steps} steps after a warm-up); 'calibrated': the device file's FLOP/s, bandwidth and "
+                 "latency replaced by those measured at the start of this run; latency (not in the planner's "
+                 f"search) added per exchange round ({sum(self.predicted.get('rounds', []))} per step)", "",
                  f"{'':<28}{'predicted ms':>14}{'calibrated ms':>15}{'measured ms':>13}{'error':>8}"]
         for label, key, k in rows:
             get = (lambda d: d[key]) if k is None else (lambda d: d["level_s"][k])  # noqa: B023
@@ -90,9 +91,11 @@ def _leaves(plan):
     return _leaves(plan.left) + _leaves(plan.right)
 
 
-def rescaled(plan, compute_factor: float, comm_factor: float) -> dict:
-    """The plan's prediction with every compute time times ``compute_factor`` and every exchange
-    time times ``comm_factor`` (one kind of device and link: what a new FLOP/s or bandwidth does)."""
+def rescaled(plan, compute_factor: float = 1.0, comm_factor: float = 1.0, latency_s: float = 0.0,
+             rounds=()) -> dict:
+    """The plan's prediction with every compute time times ``compute_factor``, every exchange time
+    times ``comm_factor`` (one kind of device and link: what a new FLOP/s or bandwidth does), and
+    ``latency_s`` per exchange round (``rounds[level]`` of them per step; the search has no latency)."""
     def walk(g):
         if g.assignment is None:
             return g.compute_s * compute_factor, g.compute_s * compute_factor
@@ -102,8 +105,9 @@ def rescaled(plan, compute_factor: float, comm_factor: float) -> dict:
 
     step, compute = walk(plan)
     seconds, nbytes = predicted_levels(plan)
-    return {"step_s": step, "compute_s": compute, "level_s": [s * comm_factor for s in seconds],
-            "level_bytes": nbytes}
+    level_s = [s * comm_factor + latency_s * (rounds[k] if k < len(rounds) else 0) for k, s in enumerate(seconds)]
+    return {"step_s": step + latency_s * sum(rounds), "compute_s": compute, "level_s": level_s, "level_bytes": nbytes,
+            "latency_s": latency_s, "rounds": list(rounds)}
 
 
 def measure(net, batch: int, plan, devices, steps: int = 3, timeout_s: float = 600.0, check: bool = True,
@@ -133,11 +137,8 @@ def measure(net, batch: int, plan, devices, steps: int = 3, timeout_s: float = 6
     med["level_s"] = [statistics.median(s["level_s"][j] for s in per_step) for j in range(levels)]
     med["level_bytes"] = per_step[0]["level_bytes"]
     med["min_step_s"] = min(s["step_s"] for s in per_step)
-    level_s, level_bytes = predicted_levels(plan)
-    level_s += [0.0] * (levels - len(level_s))
-    level_bytes += [0.0] * (levels - len(level_bytes))
-    predicted = {"step_s": plan.step_s, "compute_s": plan.compute_s, "level_s": level_s[:levels],
-                 "level_bytes": level_bytes[:levels]}
+    latency = max(d.link_latency_s for d in devices)
+    predicted = rescaled(plan, latency_s=latency, rounds=program.rounds)
     leaves = _leaves(plan)
     per_rank = [{"rank": r["rank"], "predicted_compute_s": leaves[r["rank"]].compute_s,
                  "measured_compute_s": statistics.median(s["compute_s"] for s in r["steps"]),
@@ -150,7 +151,8 @@ def measure(net, batch: int, plan, devices, steps: int = 3, timeout_s: float = 6
             d = devices[0]
             flops = min(r["calibration"]["flops_per_s"] for r in results)
             link = min(r["calibration"]["recv_bytes_per_s"] for r in results)
-            calibrated = rescaled(plan, d.flops_per_s / flops, d.link_bytes_per_s / link)
+            round_s = max(r["calibration"]["round_s"] for r in results)
+            calibrated = rescaled(plan, d.flops_per_s / flops, d.link_bytes_per_s / link, round_s, program.rounds)
             calibrated["flops_per_s"], calibrated["link_bytes_per_s"] = flops, link
     result = Measurement(world, steps, predicted, med, calibrated, per_rank)
     if check:

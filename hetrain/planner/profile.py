@@ -4,7 +4,9 @@
 ``hetrain plan --measure`` runs them) and measures, all at once so that they
 share the machine as they will: float32 matmul FLOP/s of each process, and the
 bytes per second each process receives while the two halves of the array
-exchange large tensors both ways (the planner's per-device link figure). The
+exchange large tensors both ways (the planner's per-device link figure), and
+the time of one exchange round as ``--measure`` runs it (a barrier and a tiny
+swap: ``link_latency_us``, which the search ignores but the comparison adds). The
 device file it writes describes one kind, ``cpu``, with the slowest process's
 figures, and an ``array`` of ``workers`` of them.
 
@@ -65,7 +67,19 @@ def calibrate(rank: int, world: int, seconds: float) -> dict:
                 req.wait()
         if ops:
             rates.append(MESSAGE_BYTES / (time.perf_counter() - start))
-    return {"flops_per_s": flops, "recv_bytes_per_s": max(rates) if rates else math.inf}
+    tiny_out, tiny_in = torch.ones(1), torch.empty(1)
+    rounds = []
+    for _ in range(20):  # one exchange round as the executor runs it: a barrier, then a small swap
+        start = time.perf_counter()
+        dist.barrier()
+        if peer < world:
+            for req in dist.batch_isend_irecv([dist.P2POp(dist.isend, tiny_out, peer),
+                                               dist.P2POp(dist.irecv, tiny_in, peer)]):
+                req.wait()
+        rounds.append(time.perf_counter() - start)
+    rounds.sort()
+    return {"flops_per_s": flops, "recv_bytes_per_s": max(rates) if rates else math.inf,
+            "round_s": rounds[len(rounds) // 2]}
 
 
 def profile_local(workers: int, seconds: float = 2.0, timeout_s: float = 120.0) -> dict:
@@ -77,9 +91,10 @@ def profile_local(workers: int, seconds: float = 2.0, timeout_s: float = 120.0) 
     results = run_local(_worker, workers, (seconds,), backend="gloo", timeout_s=timeout_s, job_timeout_s=timeout_s)
     flops = min(r["flops_per_s"] for r in results)
     link = min(r["recv_bytes_per_s"] for r in results)
+    latency = max(r["round_s"] for r in results)
     memory_gib = _memory_gib() / workers
     spec = {"tflops": round(flops / 1e12, 6), "memory_gib": round(memory_gib, 3),
-            "link_gb_per_s": round(link / 1e9, 6)}
+            "link_gb_per_s": round(link / 1e9, 6), "link_latency_us": round(latency * 1e6, 1)}
     return {"workers": results, "device": spec,
             "file": {"devices": {"cpu": spec}, "array": f"cpu:{workers}"}}
 
@@ -99,7 +114,8 @@ def device_yaml(file: dict, comment: str) -> str:
     """The device file as YAML text (the format ``--devices`` reads), with a comment on top."""
     lines = [f"# {line}" for line in comment.splitlines()] + ["devices:"]
     for kind, spec in file["devices"].items():
-        fields = ", ".join(f"{k}: {spec[k]}" for k in ("tflops", "memory_gib", "link_gb_per_s"))
+        fields = ", ".join(f"{k}: {spec[k]}" for k in ("tflops", "memory_gib", "link_gb_per_s", "link_latency_us")
+                           if k in spec)
         lines.append(f"  {kind}: {{{fields}}}")
     lines.append(f"array: {file['array']}")
     return "\n".join(lines) + "\n"

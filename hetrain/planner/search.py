@@ -75,6 +75,24 @@ def allowed_mask(allowed, n: int) -> np.ndarray:
     return mask
 
 
+def fixed_assignment(net: Net, mask: np.ndarray) -> Assignment | None:
+    """The DP's answer when there is nothing to search, else None.
+
+    One allowed type per layer and no joins: those types. Type I everywhere
+    (data parallelism), with joins: every tensor is held as R rows and the joins
+    add in R with their error in R, the only choice that moves nothing (any other
+    layout makes some half receive part of a tensor), so it is the DP's unique optimum.
+    """
+    if not (mask.sum(axis=1) == 1).all():
+        return None
+    types = tuple(int(t) for t in mask.argmax(axis=1))
+    if net.num_adds == 0:
+        return Assignment(types, ())
+    if all(t == 0 for t in types):
+        return Assignment(types, ((0, 0),) * net.num_adds)
+    return None
+
+
 class Level:
     """One level's sizes and tables, as the DP reads them."""
 
