@@ -26,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from hetrain.errors import UsageError  # noqa: E402
 from hetrain.planner.api import compare_plans  # noqa: E402
 from hetrain.planner.baselines import compare, searched  # noqa: E402
 from hetrain.planner.devices import parse_array  # noqa: E402
@@ -62,16 +63,20 @@ def accpar_vgg11():
 
 
 def _times(fn, repeats):
-    out = []
+    """(min, median, fits) over ``repeats`` runs; a plan that does not fit is timed up to its error."""
+    out, fits = [], True
     for _ in range(repeats):
         t0 = time.perf_counter()
-        fn()
+        try:
+            fn()
+        except UsageError:
+            fits = False
         out.append(time.perf_counter() - t0)
-    return min(out), statistics.median(out)
+    return min(out), statistics.median(out), fits
 
 
-def _ms(pair):
-    return f"{pair[0] * 1e3:.0f} / {pair[1] * 1e3:.0f}"
+def _ms(t):
+    return f"{t[0] * 1e3:.0f} / {t[1] * 1e3:.0f}" + ("" if t[2] else " (no fit)")
 
 
 def speed(repeats: int) -> None:

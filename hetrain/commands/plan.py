@@ -42,9 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "--devices, at most 8) and compare the prediction with the measurement; calibrate the "
                              "device file first with `hetrain profile`")
     parser.add_argument("--steps", type=int, default=3, help="--measure: timed steps after a warm-up (default 3)")
-    parser.add_argument("--calibrate-s", type=float, default=2.0,
-                        help="--measure: seconds spent measuring FLOP/s and bandwidth in the same run, for the "
-                             "'calibrated' prediction (0: skip; default 2)")
+    parser.add_argument("--calibrate-s", type=float, default=1.0,
+                        help="--measure: seconds spent measuring FLOP/s and bandwidth before each timed step, for "
+                             "the 'calibrated' prediction (0: skip; default 1)")
     parser.add_argument("--timeout-s", type=float, default=120.0,
                         help="--verify: limit for each run; --measure: for the whole job (seconds)")
 

@@ -249,9 +249,12 @@ class _Step:
 
     def _gather(self, transfers, src_box, src, dst_box, inner, comm, add=False, own=True):
         """A tensor on ``dst_box``: my own overlap of ``src`` (when ``own``), plus what the transfers bring."""
-        out = self._zeros(dst_box, inner)
         from hetrain.planner.boxes import intersect
 
+        if own and src is not None and src_box == dst_box and all(t.dst != self.me for t in transfers):
+            comm.run(transfers, lambda b: _sub(src, src_box, b), None, None)  # only my sends
+            return src  # nothing arrives: no copy
+        out = self._zeros(dst_box, inner)
         if own and src is not None and not _empty(src_box):
             mine = intersect(src_box, dst_box)
             if mine is not None:
@@ -407,21 +410,21 @@ class _Clock:
 
 def worker(ctx, program: Program, dtype_name: str, steps: int, check: bool, calibrate_s: float = 0.0,
            sync: bool = True) -> dict:
-    """One rank (run by :func:`hetrain.runtime.local_job.run_local`): calibration (optional), a warm-up
-    step, ``steps`` timed steps, and the check against the unpartitioned step."""
+    """One rank (run by :func:`hetrain.runtime.local_job.run_local`): a warm-up step, ``steps`` timed
+    steps (each right after ``calibrate_s`` seconds of FLOP/s and bandwidth measurement, when > 0, so
+    that a shared machine's drift affects both alike), and the check against the unpartitioned step."""
     import torch
     import torch.distributed as dist
 
-    result = {"rank": ctx.rank}
-    if calibrate_s:
-        from hetrain.planner.profile import calibrate
+    from hetrain.planner.profile import calibrate
 
-        result["calibration"] = calibrate(ctx.rank, ctx.world_size, calibrate_s)
+    result = {"rank": ctx.rank}
     dtype = getattr(torch, dtype_name)
     levels = max((len(path) for path in program.layout.paths), default=1)
     step = _Step(program, ctx.rank, torch, dist, dtype)
     records, pool = [], {}
     for k in range(steps + 1):  # the first is a warm-up
+        cal = calibrate(ctx.rank, ctx.world_size, calibrate_s) if (k and calibrate_s) else None
         comm, clock = _Comm(torch, dist, ctx.rank, dtype, levels, sync, pool), _Clock()
         dist.barrier()
         start = time.perf_counter()
@@ -429,7 +432,7 @@ def worker(ctx, program: Program, dtype_name: str, steps: int, check: bool, cali
         wall = time.perf_counter() - start
         if k:
             records.append({"step_s": wall, "compute_s": clock.seconds, "level_s": comm.seconds,
-                            "level_bytes": comm.bytes, "wait_s": comm.wait_s})
+                            "level_bytes": comm.bytes, "wait_s": comm.wait_s, "calibration": cal})
     result["steps"] = records
     if check:
         ref_out, ref_grads = step.reference()

@@ -52,7 +52,7 @@ class Measurement:
         rows += [(f"level {k} communication", "level_s", k) for k in range(levels)]
         lines = [f"measured on {self.world} local gloo processes (float32, 1 thread each; median of "
                  f"{self.steps} steps after a warm-up); 'calibrated': the device file's FLOP/s, bandwidth and "
-                 "latency replaced by those measured at the start of this run; latency (not in the planner's "
+                 "latency replaced by those measured just before each step; latency (not in the planner's "
                  f"search) added per exchange round ({sum(self.predicted.get('rounds', []))} per step)", "",
                  f"{'':<28}{'predicted ms':>14}{'calibrated ms':>15}{'measured ms':>13}{'error':>8}"]
         for label, key, k in rows:
@@ -61,6 +61,9 @@ class Measurement:
             err = f"{(c - m) / m * 100:+.0f}%" if m > 0 else "-"
             lines.append(f"{label:<28}{p * 1e3:>14.2f}{c * 1e3:>15.2f}{m * 1e3:>13.2f}{err:>8}")
         lines.append(f"{'waiting at exchanges':<28}{'-':>14}{'-':>15}{self.measured['wait_s'] * 1e3:>13.2f}")
+        other = self.measured["step_s"] - self.measured["compute_s"] - self.measured["wait_s"] - sum(
+            self.measured["level_s"])
+        lines.append(f"{'other (local copies, loss)':<28}{'-':>14}{'-':>15}{other * 1e3:>13.2f}")
         for k, (pb, mb) in enumerate(zip(self.predicted["level_bytes"], self.measured["level_bytes"])):
             lines.append(f"{f'level {k} bytes (all pairs)':<28}{pb / 1e6:>12.2f}MB{mb / 1e6:>12.2f}MB")
         if self.check:
@@ -111,8 +114,9 @@ def rescaled(plan, compute_factor: float = 1.0, comm_factor: float = 1.0, latenc
 
 
 def measure(net, batch: int, plan, devices, steps: int = 3, timeout_s: float = 600.0, check: bool = True,
-            calibrate_s: float = 2.0) -> Measurement:
-    """Run ``plan`` (for ``devices``) for real; ``calibrate_s`` > 0 also measures FLOP/s and bandwidth first."""
+            calibrate_s: float = 1.0) -> Measurement:
+    """Run ``plan`` (for ``devices``) for real; ``calibrate_s`` > 0 also measures FLOP/s, bandwidth and
+    latency for that long before each timed step (the 'calibrated' prediction)."""
     from hetrain.planner.execute import Program, worker
     from hetrain.runtime.local_job import run_local
 
@@ -145,15 +149,21 @@ def measure(net, batch: int, plan, devices, steps: int = 3, timeout_s: float = 6
                  "measured_level_s": [statistics.median(s["level_s"][j] for s in r["steps"]) for j in range(levels)]}
                 for r in results]
     calibrated = {}
-    if calibrate_s:
-        kinds = {d.kind for d in devices}
-        if len(kinds) == 1:  # one kind of device: scale the model's figures by the measured ones
-            d = devices[0]
-            flops = min(r["calibration"]["flops_per_s"] for r in results)
-            link = min(r["calibration"]["recv_bytes_per_s"] for r in results)
-            round_s = max(r["calibration"]["round_s"] for r in results)
-            calibrated = rescaled(plan, d.flops_per_s / flops, d.link_bytes_per_s / link, round_s, program.rounds)
-            calibrated["flops_per_s"], calibrated["link_bytes_per_s"] = flops, link
+    if calibrate_s and len({d.kind for d in devices}) == 1:
+        # one kind of device: the model's figures scaled by those measured just before each step
+        d, each = devices[0], []
+        for k in range(steps):
+            cals = [r["steps"][k]["calibration"] for r in results]
+            flops = min(c["flops_per_s"] for c in cals)
+            link = min(c["recv_bytes_per_s"] for c in cals)
+            round_s = max(c["round_s"] for c in cals)
+            each.append(rescaled(plan, d.flops_per_s / flops, d.link_bytes_per_s / link, round_s, program.rounds))
+            each[-1].update(flops_per_s=flops, link_bytes_per_s=link)
+        calibrated = {key: statistics.median(e[key] for e in each)
+                      for key in ("step_s", "compute_s", "flops_per_s", "link_bytes_per_s", "latency_s")}
+        calibrated["level_s"] = [statistics.median(e["level_s"][j] for e in each) for j in range(levels)]
+        calibrated["level_bytes"], calibrated["rounds"] = each[0]["level_bytes"], each[0]["rounds"]
+        calibrated["step_errors"] = [(e["step_s"] - s["step_s"]) / s["step_s"] for e, s in zip(each, per_step)]
     result = Measurement(world, steps, predicted, med, calibrated, per_rank)
     if check:
         out_rel = max(r["output_err"] for r in results) / max(max(r["output_scale"] for r in results), 1e-30)
