@@ -21,6 +21,7 @@ COMMANDS = {
     "topology": "hetrain.commands.topology",
     "simulate": "hetrain.commands.simulate",
     "plan": "hetrain.commands.plan",
+    "profile": "hetrain.commands.profile",
 }
 
 

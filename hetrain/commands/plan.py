@@ -10,22 +10,43 @@ HELP = "plan per-layer tensor partitioning (HyPar/AccPar) for a model on an acce
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", help="zoo name (alexnet, vgg-a..e, vgg-16, resnet-50, mlp, transformer, ...) "
-                                        "or module:PATH:Class")
+    parser.add_argument("--model", help="zoo name (alexnet, vgg16, resnet50, gpt2, gpt:24x1024, mlp, ...), "
+                                        "torchvision:NAME (needs torchvision) or module:PATH:Class")
     parser.add_argument("--batch", type=int, help="global batch size (samples per step)")
     parser.add_argument("--devices", help="array spec like tpu-v3:4,tpu-v2:4 or a100:8, or a YAML/JSON device file")
     parser.add_argument("--objective", choices=("time", "volume"), default="time",
                         help="minimise step time (default) or communicated bytes (HyPar's objective)")
     parser.add_argument("--types", type=int, choices=(2, 3), default=3,
                         help="3: types I/II/III (AccPar); 2: I/II only (HyPar's space)")
-    parser.add_argument("--dtype-bytes", type=float, default=2.0, help="bytes per tensor element (default 2)")
+    parser.add_argument("--dtype-bytes", type=float, default=None,
+                        help="bytes per tensor element (default 2; 4 with --measure, which runs float32)")
+    parser.add_argument("--optimizer", choices=("sgd", "momentum", "adam", "adam-mixed"), default="adam",
+                        help="optimizer state counted in memory: none, 1 or 2 buffers at --dtype-bytes, or "
+                             "mixed-precision Adam's 12 bytes per weight (default adam)")
+    parser.add_argument("--ignore-memory", action="store_true",
+                        help="report memory per device but do not keep the plan within each device's capacity")
+    parser.add_argument("--search", choices=("greedy", "lookahead"), default="greedy",
+                        help="greedy: level by level (HyPar/AccPar); lookahead: weigh each level's best "
+                             "alternatives by the levels below (never worse, slower)")
+    parser.add_argument("--width", type=int, default=4, help="--search lookahead: alternatives per level (default 4)")
+    parser.add_argument("--depth", type=int, default=1,
+                        help="--search lookahead: levels below planned with look-ahead when weighing (default 1)")
     parser.add_argument("--input-shape", help="one sample's shape for module:PATH:Class models, e.g. 3,224,224")
     parser.add_argument("--json", metavar="OUT", help="write the plan and baselines as JSON to OUT")
     parser.add_argument("--table", action="store_true", help="print the table even when --json is given")
     parser.add_argument("--verify", action="store_true",
                         help="execute a small planned MLP on 2 and 4 gloo processes and compare with "
                              "the unpartitioned computation")
-    parser.add_argument("--timeout-s", type=float, default=120.0, help="--verify: limit for each run (seconds)")
+    parser.add_argument("--measure", action="store_true",
+                        help="run one real training step of the plan on local gloo processes (one per device of "
+                             "--devices, at most 8) and compare the prediction with the measurement; calibrate the "
+                             "device file first with `hetrain profile`")
+    parser.add_argument("--steps", type=int, default=3, help="--measure: timed steps after a warm-up (default 3)")
+    parser.add_argument("--calibrate-s", type=float, default=1.0,
+                        help="--measure: seconds spent measuring FLOP/s and bandwidth before each timed step, for "
+                             "the 'calibrated' prediction (0: skip; default 1)")
+    parser.add_argument("--timeout-s", type=float, default=120.0,
+                        help="--verify: limit for each run; --measure: for the whole job (seconds)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -36,23 +57,44 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--{flag} is required (or use --verify)")
     if args.batch < 1:
         raise UsageError(f"--batch must be at least 1, got {args.batch}")
-    if not args.dtype_bytes > 0:
-        raise UsageError(f"--dtype-bytes must be positive, got {args.dtype_bytes}")
+    dtype_bytes = args.dtype_bytes if args.dtype_bytes is not None else (4.0 if args.measure else 2.0)
+    if not dtype_bytes > 0:
+        raise UsageError(f"--dtype-bytes must be positive, got {dtype_bytes}")
+    if args.measure:
+        if dtype_bytes != 4.0:
+            raise UsageError(f"--measure runs float32: leave --dtype-bytes at 4, not {dtype_bytes:g}")
+        if args.steps < 1 or args.calibrate_s < 0:
+            raise UsageError("--steps must be at least 1 and --calibrate-s not negative")
     from hetrain.planner import api
 
     devices = api.devices(args.devices)
     net = api.model(args.model, _shape(args.input_shape))
-    result = api.compare_plans(net, args.batch, devices, args.objective, args.types, args.dtype_bytes)
+    result = api.compare_plans(net, args.batch, devices, args.objective, args.types, dtype_bytes,
+                               optimizer=args.optimizer, fit_memory=not args.ignore_memory, search=args.search,
+                               width=args.width, depth=args.depth)
+    data = result.json()
+    measured = None
+    if args.measure:
+        from hetrain.planner.execute import Program
+        from hetrain.planner.measure import measure
+
+        Program(net, args.batch, result.plans["plan"])  # unsupported models fail here, before any process starts
+        measured = measure(net, args.batch, result.plans["plan"], devices, steps=args.steps,
+                           timeout_s=args.timeout_s, calibrate_s=args.calibrate_s)
+        data["measure"] = measured.json()
     if args.json:
         from hetrain.outputs import write_json_atomic
 
         try:
-            write_json_atomic(args.json, result.json())
+            write_json_atomic(args.json, data)
         except OSError as exc:
             raise UsageError(f"--json {args.json}: cannot write ({exc.strerror}); choose a writable path") from None
     if not args.json or args.table:
         print(result.table())
-    return 0
+        if measured is not None:
+            print()
+            print(measured.table())
+    return 0 if measured is None or measured.check.get("ok", True) else 1
 
 
 def _shape(text: str | None):

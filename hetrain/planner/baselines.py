@@ -5,14 +5,19 @@
   fully connected layers model parallel by output neurons (type III: each
   device computes its slice of the neurons for the whole batch).
 - ``hypar`` (HyPar, HPCA'19): types I/II only, communication volume as the
-  objective, halves always split 0.5 (HyPar has no notion of unequal devices).
+  objective, halves always split 0.5 (HyPar has no notion of unequal devices),
+  level by level.
 
 Data parallelism and one weird trick use the balanced split ratio like the
 plan, so on a heterogeneous array they are the strongest versions of
 themselves; join layouts of residual blocks are chosen optimally for all.
+Only the plan is kept within the devices' memory; a baseline that does not fit
+is reported as such (``GroupPlan.fits``), with its predicted time all the same.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from hetrain.planner.devices import Device
 from hetrain.planner.hierarchy import GroupPlan, PlanConfig, plan
@@ -36,17 +41,26 @@ def hypar(bytes_per_elem: float = 2.0) -> PlanConfig:
     return PlanConfig(name="hypar", objective="volume", allowed=(0, 1), bytes_per_elem=bytes_per_elem, ratio="equal")
 
 
-def searched(objective: str = "time", types: int = 3, bytes_per_elem: float = 2.0) -> PlanConfig:
-    """The planner's own search: ``types`` 3 (I/II/III, AccPar) or 2 (I/II, HyPar's space)."""
+def searched(objective: str = "time", types: int = 3, bytes_per_elem: float = 2.0, **options) -> PlanConfig:
+    """The planner's own search: ``types`` 3 (I/II/III, AccPar) or 2 (I/II, HyPar's space).
+
+    ``options``: more :class:`PlanConfig` fields (search, width, depth, optimizer, state_bytes, fit_memory).
+    """
     if types not in (2, 3):
         raise ValueError(f"types must be 2 or 3, got {types}")
     allowed = (0, 1, 2) if types == 3 else (0, 1)
-    return PlanConfig(name="plan", objective=objective, allowed=allowed, bytes_per_elem=bytes_per_elem)
+    return PlanConfig(name="plan", objective=objective, allowed=allowed, bytes_per_elem=bytes_per_elem, **options)
 
 
 def compare(net: Net, batch: int, devices: list[Device], objective: str = "time", types: int = 3,
-            bytes_per_elem: float = 2.0) -> dict[str, GroupPlan]:
-    """The plan and every baseline on the same model, batch and array; ``plan`` first."""
-    configs = [searched(objective, types, bytes_per_elem), data_parallel(bytes_per_elem),
-               one_weird_trick(bytes_per_elem), hypar(bytes_per_elem)]
+            bytes_per_elem: float = 2.0, **options) -> dict[str, GroupPlan]:
+    """The plan and every baseline on the same model, batch and array; ``plan`` first.
+
+    ``options`` configure the plan (see :func:`searched`); the baselines share its memory
+    accounting (optimizer state) but are neither searched across levels nor kept within memory.
+    """
+    main = searched(objective, types, bytes_per_elem, **options)
+    memory = {"state_bytes": main.state_bytes, "optimizer": main.optimizer}
+    configs = [main] + [replace(cfg, **memory) for cfg in (data_parallel(bytes_per_elem),
+                                                           one_weird_trick(bytes_per_elem), hypar(bytes_per_elem))]
     return {cfg.name: plan(net, batch, devices, cfg) for cfg in configs}

@@ -35,10 +35,11 @@ class Device:
     flops_per_s: float
     memory_bytes: float
     link_bytes_per_s: float
+    link_latency_s: float = 0.0  # per exchange round; not used by the search, added to --measure's prediction
 
 
-def _dev(kind: str, tflops: float, memory_gib: float, link_gb_per_s: float) -> Device:
-    return Device(kind, tflops * 1e12, memory_gib * GIB, link_gb_per_s * 1e9)
+def _dev(kind: str, tflops: float, memory_gib: float, link_gb_per_s: float, latency_us: float = 0.0) -> Device:
+    return Device(kind, tflops * 1e12, memory_gib * GIB, link_gb_per_s * 1e9, latency_us * 1e-6)
 
 
 CATALOG: dict[str, Device] = {d.kind: d for d in (
@@ -80,15 +81,19 @@ def load_device_file(path: str | Path) -> tuple[dict[str, Device], str | None]:
 
 def _parse_kind(path: Path, kind: str, spec) -> Device:
     fields = ("tflops", "memory_gib", "link_gb_per_s")
-    if not isinstance(spec, dict) or set(spec) != set(fields):
-        raise UsageError(f"device file {path}: device {kind!r} needs exactly the fields {', '.join(fields)}")
+    if not isinstance(spec, dict) or not set(fields) <= set(spec) <= {*fields, "link_latency_us"}:
+        raise UsageError(f"device file {path}: device {kind!r} needs exactly the fields {', '.join(fields)} "
+                         "(and optionally link_latency_us)")
+    latency = spec.get("link_latency_us", 0.0)
+    if isinstance(latency, bool) or not isinstance(latency, (int, float)) or not latency >= 0:
+        raise UsageError(f"device file {path}: device {kind!r}: link_latency_us must be a number >= 0, got {latency!r}")
     values = []
     for name in fields:
         value = spec[name]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isnan(value):
             raise UsageError(f"device file {path}: device {kind!r}: {name} must be a positive number, got {value!r}")
         values.append(float(value))
-    return _dev(kind, *values)
+    return _dev(kind, *values, latency_us=float(latency))
 
 
 def parse_array(spec: str, extra: dict[str, Device] | None = None) -> list[Device]:

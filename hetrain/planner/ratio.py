@@ -6,6 +6,12 @@ the balanced ratio is the root of ``left(alpha) - right(alpha)``; it is found
 by the Illinois variant of regula falsi on a bracket (a handful of trials,
 each of which plans both halves). Without communication and with one half k
 times faster than the other the root is ``k / (k + 1)``.
+
+When the first step away from the guess keeps the gap's sign, the end of the
+bracket is probed at once: if the sign holds there too, the end is the answer
+(with a gap that increases with ``alpha``, the step-by-step walk would have
+reached the same end), which saves the walk's remaining trials (data
+parallelism on a heterogeneous array typically runs to the end).
 """
 
 from __future__ import annotations
@@ -23,15 +29,27 @@ def capacity_ratio(left_flops_per_s: float, right_flops_per_s: float) -> float:
 def balance(gap: Callable[[float], float], guess: float, tol: float = 1e-4, max_trials: int = 40):
     """Find ``alpha`` in (0, 1) where ``gap(alpha) = left_time - right_time`` is zero.
 
-    ``gap`` must increase with ``alpha``. Returns ``(alpha, trials)``. If one
-    half is slower even with (almost) nothing to do, the bracket end is returned.
+    ``gap`` must increase with ``alpha``. Returns ``(alpha, trials)``, trials
+    counting distinct ratios tried. If one half is slower even with (almost)
+    nothing to do, the bracket end is returned.
     """
     trials = 0
+    seen: dict[float, float] = {}
+    probed = []
 
     def f(a):
         nonlocal trials
-        trials += 1
-        return gap(a)
+        if a not in seen:
+            trials += 1
+            seen[a] = gap(a)
+        return seen[a]
+
+    def steps_probe(at, end):
+        """Probe the end once, after the first step that kept the sign."""
+        if probed or at == end:
+            return False
+        probed.append(end)
+        return True
 
     guess = min(max(guess, LO), HI)
     fg = f(guess)
@@ -46,6 +64,8 @@ def balance(gap: Callable[[float], float], guess: float, tol: float = 1e-4, max_
             flo = f(lo)
             if flo <= 0 or lo == LO:
                 break
+            if steps_probe(lo, LO) and f(LO) > 0:
+                return LO, trials
             hi, fhi = lo, flo
         if flo > 0:
             return LO, trials
@@ -57,6 +77,8 @@ def balance(gap: Callable[[float], float], guess: float, tol: float = 1e-4, max_
             fhi = f(hi)
             if fhi >= 0 or hi == HI:
                 break
+            if steps_probe(hi, HI) and f(HI) < 0:
+                return HI, trials
             lo, flo = hi, fhi
         if fhi < 0:
             return HI, trials

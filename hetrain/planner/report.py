@@ -2,9 +2,10 @@
 
 Units: seconds per training step (``*_s``), bytes per step summed over every
 pair of halves at every level (``comm_bytes``), bytes per device
-(``memory_bytes``: weights, their gradients and the activations kept for
-backward, at ``dtype_bytes`` per element). Speedups are the baseline's step
-time divided by the plan's.
+(``memory_bytes_per_device``: the largest of any device: weights and their
+gradients at ``dtype_bytes`` per element, the optimizer's state, and the
+activations kept for backward; ``memory_fits``: every device within its
+capacity). Speedups are the baseline's step time divided by the plan's.
 """
 
 from __future__ import annotations
@@ -25,8 +26,15 @@ def plan_json(p: GroupPlan) -> dict:
             "joins": [LAYOUT_NAMES[m] + LAYOUT_NAMES[m2] for m, m2 in g.assignment.joins],
             "level_comm_s": g.level_comm_s, "level_comm_bytes": g.level_comm_bytes,
         })
-    return {"step_s": p.step_s, "compute_s": p.compute_s, "comm_s": p.comm_s, "comm_bytes": p.comm_bytes,
-            "memory_bytes_per_device": p.memory_bytes, "levels": levels}
+    out = {"step_s": p.step_s, "compute_s": p.compute_s, "comm_s": p.comm_s, "comm_bytes": p.comm_bytes,
+           "memory_bytes_per_device": p.memory_bytes, "levels": levels}
+    if p.worst is not None:
+        out["memory_fits"] = p.fits
+        out["memory_tightest"] = {"device": p.worst.kind, "need_bytes": p.worst.need,
+                                  "capacity_bytes": p.worst.capacity}
+    if p.penalty_weight:
+        out["memory_penalty_weight"] = p.penalty_weight
+    return out
 
 
 def to_json(net: Net, batch: int, devices: str, plans: dict[str, GroupPlan], settings: dict) -> dict:
@@ -46,16 +54,26 @@ def to_json(net: Net, batch: int, devices: str, plans: dict[str, GroupPlan], set
 def table(net: Net, batch: int, devices: str, plans: dict[str, GroupPlan], settings: dict) -> str:
     """A human summary: one row per plan/baseline, then the plan's type per layer and group."""
     main = plans["plan"]
+    search = settings.get("search", "greedy")
+    if search == "lookahead":
+        search += f" (depth {settings['depth']}, width {settings['width']})"
     lines = [f"{net.name} ({net.total_params / 1e6:.1f}M params, {len(net.layers)} weighted layers, "
              f"{net.num_adds} joins), batch {batch}, devices {devices}, objective {settings['objective']}, "
-             f"{settings['types']} types, {settings['dtype_bytes']} bytes/element", ""]
+             f"{settings['types']} types, {settings['dtype_bytes']} bytes/element, search {search}",
+             f"memory per device: weights + gradients + {settings.get('optimizer', 'sgd')} state + kept activations"
+             + (", kept within each device's capacity" if settings.get("memory_enforced") else ", not enforced"), ""]
     head = f"{'scheme':<16} {'step ms':>10} {'compute ms':>11} {'comm ms':>10} {'comm GB':>10} " \
            f"{'mem GiB/dev':>12} {'plan speedup':>13}"
     lines += [head, "-" * len(head)]
     for name, p in plans.items():
         speed = "-" if name == "plan" else f"{p.step_s / main.step_s:.2f}x"
+        mem = f"{p.memory_bytes / 2**30:.3f}" + ("" if p.fits else " !")
         lines.append(f"{name:<16} {p.step_s * 1e3:>10.3f} {p.compute_s * 1e3:>11.3f} {p.comm_s * 1e3:>10.3f} "
-                     f"{p.comm_bytes / 1e9:>10.4f} {p.memory_bytes / 2**30:>12.3f} {speed:>13}")
+                     f"{p.comm_bytes / 1e9:>10.4f} {mem:>12} {speed:>13}")
+    over = [f"{name} (a {p.worst.kind} needs {p.worst.need / 2**30:.2f} of {p.worst.capacity / 2**30:.2f} GiB)"
+            for name, p in plans.items() if not p.fits]
+    if over:
+        lines.append("! does not fit in memory: " + "; ".join(over))
     groups = main.levels()
     shown = groups[:MAX_TABLE_GROUPS]
     lines += ["", "plan: layer type per group (gN: depth, devices, share of the left half)"]

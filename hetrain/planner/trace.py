@@ -3,9 +3,11 @@
 The module is traced with ``torch.fx`` and its shapes propagated on meta
 tensors (no memory, no compute). Linear and Conv2d calls become layers;
 an addition of two tensors that come from different layers becomes a join.
-Every other operation is treated as layout-preserving and free. A model is
-named by a zoo name (``vgg-16``) or ``module:IMPORT_PATH_OR_FILE.py:Class``
-(the class must be constructible without arguments).
+Every other operation is treated as layout-preserving and free. Modules come
+from ``module:IMPORT_PATH_OR_FILE.py:Class`` (the class must be constructible
+without arguments), from ``torchvision:NAME`` (torchvision is optional: built
+with ``weights=None`` on the meta device, nothing is downloaded) or are passed
+as instances. Zoo names do not come here (:mod:`hetrain.planner.zoo`).
 """
 
 from __future__ import annotations
@@ -22,21 +24,45 @@ from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
 from hetrain.errors import UsageError
-from hetrain.planner import zoo
 from hetrain.planner.layers import INPUT, Layer, Net, Node
 
 _ADDS = {operator.add, operator.iadd, torch.add}
 
 
 def load_model(spec: str, input_shape: tuple[int, ...] | None = None) -> Net:
-    """A Net from a zoo name or ``module:path:Class``; ``input_shape`` is per sample (no batch dim)."""
-    if spec.startswith("module:"):
-        module = _import_class(spec)
-        if input_shape is None:
-            raise UsageError(f"--model {spec}: pass --input-shape (one sample's shape, e.g. 3,224,224)")
-        return trace(module, input_shape, spec.split(":")[-1])
-    module, sample = zoo.build(spec)
-    return trace(module, tuple(input_shape or sample), zoo.ALIASES.get(spec.lower(), spec.lower()))
+    """Any model name (zoo, ``torchvision:NAME``, ``module:path:Class``): see :func:`hetrain.planner.models.load`."""
+    from hetrain.planner import models
+
+    return models.load(spec, input_shape)
+
+
+def load_module(spec: str, input_shape: tuple[int, ...] | None = None) -> Net:
+    """Trace ``module:path:Class``; ``input_shape`` is per sample (no batch dim)."""
+    module = _import_class(spec)
+    if input_shape is None:
+        raise UsageError(f"--model {spec}: pass --input-shape (one sample's shape, e.g. 3,224,224)")
+    return trace(module, input_shape, spec.split(":")[-1])
+
+
+def load_torchvision(spec: str, input_shape: tuple[int, ...] | None = None) -> Net:
+    """Trace ``torchvision:NAME`` built with ``weights=None`` on the meta device (default input 3x224x224)."""
+    name = spec.split(":", 1)[1].strip()
+    try:
+        import torchvision.models as tvm
+    except Exception as exc:  # noqa: BLE001 - missing, or built for another torch
+        why = "is not installed" if isinstance(exc, ImportError) else f"cannot be imported ({type(exc).__name__})"
+        raise UsageError(f"--model {spec}: torchvision {why}; install it beside torch, or use a built-in "
+                         "name such as resnet50, vgg16 or alexnet (no torchvision needed)") from None
+    known = set(tvm.list_models())
+    if name not in known:
+        raise UsageError(f"--model {spec}: torchvision has no model {name!r} "
+                         "(see torchvision.models.list_models())")
+    try:
+        with torch.device("meta"):
+            module = tvm.get_model(name, weights=None)
+    except Exception as exc:  # noqa: BLE001
+        raise UsageError(f"--model {spec}: torchvision could not build it ({type(exc).__name__}: {exc})") from None
+    return trace(module, tuple(input_shape or (3, 224, 224)), f"torchvision:{name}")
 
 
 def _import_class(spec: str) -> nn.Module:

@@ -1,6 +1,7 @@
 """`hetrain plan` through hetrain.cli.main: tables, JSON, and one-line errors with exit code 2."""
 
 import json
+import sys
 
 import pytest
 
@@ -76,3 +77,79 @@ def test_json_not_written_on_error(tmp_path, capsys):
     out = tmp_path / "plan.json"
     assert main(["plan", "--model", "nosuchnet", "--batch", "8", "--devices", "a100:2", "--json", str(out)]) == 2
     assert not out.exists()
+
+
+def test_memory_too_small_for_any_plan(capsys, tmp_path):
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--model", "gpt2-xl", "--batch", "64", "--devices", "tpu-v2:4", "--json", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "does not fit" in err and "short by" in err
+    assert not out.exists()
+
+
+def test_memory_kept_within_capacity_and_baselines_flagged(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--model", "gpt2-xl", "--batch", "64", "--devices", "tpu-v2:8", "--json", str(out),
+                 "--table"]) == 0
+    data = json.loads(out.read_text())
+    plan = data["plans"]["plan"]
+    assert plan["memory_fits"] and plan["memory_tightest"]["need_bytes"] <= 16 * 2**30
+    assert not data["plans"]["data-parallel"]["memory_fits"]  # 1.56B weights with Adam state replicated
+    assert "does not fit in memory: data-parallel" in capsys.readouterr().out
+    assert main(["plan", "--model", "gpt2-xl", "--batch", "64", "--devices", "tpu-v2:8", "--ignore-memory",
+                 "--json", str(out)]) == 0
+    assert not json.loads(out.read_text())["plans"]["plan"]["memory_fits"]
+
+
+def test_lookahead_flag(tmp_path):
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--model", "alexnet", "--batch", "512", "--devices", "a100:16", "--objective", "volume",
+                 "--search", "greedy", "--json", str(out)]) == 0
+    greedy = json.loads(out.read_text())["plans"]["plan"]["comm_bytes"]
+    assert main(["plan", "--model", "alexnet", "--batch", "512", "--devices", "a100:16", "--objective", "volume",
+                 "--search", "lookahead", "--width", "8", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["search"] == "lookahead" and data["width"] == 8
+    assert data["plans"]["plan"]["comm_bytes"] <= greedy
+
+
+def test_torchvision_missing_is_one_line(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "torchvision", None)  # import torchvision raises ImportError
+    monkeypatch.setitem(sys.modules, "torchvision.models", None)
+    assert main(["plan", "--model", "torchvision:resnet50", "--batch", "8", "--devices", "a100:2"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "torchvision is not installed" in err and "resnet50" in err
+
+
+def test_torchvision_through_its_api(monkeypatch, tmp_path, capsys):
+    """torchvision:NAME calls list_models() and get_model(name, weights=None): a stand-in package with both."""
+    pkg = tmp_path / "torchvision"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "models.py").write_text(
+        "from torch import nn\n"
+        "class Tiny(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.conv = nn.Conv2d(3, 8, 3)\n"
+        "        self.fc = nn.Linear(8, 10)\n"
+        "    def forward(self, x):\n        return self.fc(self.conv(x).mean((2, 3)))\n"
+        "CALLS = []\n"
+        "def list_models():\n    return ['tiny']\n"
+        "def get_model(name, weights='default'):\n    CALLS.append((name, weights))\n    return Tiny()\n")
+    for name in ("torchvision", "torchvision.models"):  # recorded, so the stand-in is gone afterwards
+        monkeypatch.setitem(sys.modules, name, None)
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--model", "torchvision:tiny", "--batch", "8", "--devices", "a100:2", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["model"] == "torchvision:tiny" and [la["name"] for la in data["layers"]] == ["conv", "fc"]
+    assert sys.modules["torchvision.models"].CALLS == [("tiny", None)]
+    assert main(["plan", "--model", "torchvision:nosuch", "--batch", "8", "--devices", "a100:2"]) == 2
+    assert "torchvision has no model 'nosuch'" in capsys.readouterr().err
+
+
+def test_real_torchvision_model():
+    pytest.importorskip("torchvision", reason="torchvision is optional and not installed here")
+    from hetrain.planner.models import load
+
+    assert load("torchvision:resnet50").total_params == 25_557_032

@@ -70,3 +70,47 @@ def test_ten_layer_chain_dp_equals_exhaustive():
         lc = LevelCost(alpha, 2.0, 1e9, 3e9, "time")
         shapes = Shapes.full(net, batch)
         assert _close(solve(net, shapes, lc)[1], exhaustive(net, shapes, lc)[1])
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(dims, min_size=6, max_size=6), st.sampled_from([1, 32, 512]), levels, st.integers(2, 12))
+def test_alternatives_are_exact_and_ranked(widths, batch, lc, k):
+    """Each alternative's claimed cost is its exact cost; the optimum comes first; all are distinct."""
+    from hetrain.planner.alternatives import alternatives
+
+    w = widths
+    layers = [Layer("stem", "linear", w[0], w[1]), Layer("a1", "linear", w[1], w[2]), Layer("a2", "linear", w[2], w[1]),
+              Layer("short", "linear", w[1], w[1]), Layer("head", "linear", w[1], w[3])]
+    nodes = [Node("layer", 0, (-1,)), Node("layer", 1, (0,)), Node("layer", 2, (1,)), Node("layer", 3, (0,)),
+             Node("add", 0, (2, 3)), Node("layer", 4, (4,))]
+    net = Net("res", layers, nodes)
+    shapes = Shapes.full(net, batch)
+    alts = alternatives(net, shapes, lc, k=k)
+    assert alts[0] == solve(net, shapes, lc) and 1 <= len(alts) <= k
+    assert len({a for a, _ in alts}) == len(alts)
+    costs = [c for _, c in alts]
+    assert all(b >= a * (1 - 1e-12) for a, b in zip(costs, costs[1:]))  # ranked (up to rounding)
+    for asg, cost in alts:
+        assert _close(evaluate(net, shapes, lc, asg)[0], cost)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(dims, min_size=6, max_size=6), st.sampled_from([1, 32, 512]), levels,
+       st.lists(st.sampled_from([0, 1, 2]), min_size=5, max_size=5), st.booleans())
+def test_fixed_assignment_is_what_the_dp_finds(widths, batch, lc, fixed, residual):
+    """The shortcut for fixed-type baselines: data parallelism with joins, any fixed types on a chain."""
+    from hetrain.planner.search import allowed_mask, fixed_assignment
+
+    w = widths
+    if residual:
+        layers = [Layer("stem", "linear", w[0], w[1]), Layer("a1", "linear", w[1], w[2]),
+                  Layer("a2", "linear", w[2], w[1]), Layer("short", "linear", w[1], w[1]),
+                  Layer("head", "linear", w[1], w[3])]
+        nodes = [Node("layer", 0, (-1,)), Node("layer", 1, (0,)), Node("layer", 2, (1,)), Node("layer", 3, (0,)),
+                 Node("add", 0, (2, 3)), Node("layer", 4, (4,))]
+        net, fixed = Net("res", layers, nodes), [0] * 5
+    else:
+        net = chain_net("chain", [Layer(f"l{i}", "linear", a, b) for i, (a, b) in enumerate(zip(w[:-1], w[1:]))])
+    mask = allowed_mask([(t,) for t in fixed], len(net.layers))
+    shortcut = fixed_assignment(net, mask)
+    assert shortcut is not None and shortcut == solve(net, Shapes.full(net, batch), lc, mask)[0]
