@@ -28,7 +28,7 @@ WORKLOAD_DEFAULTS = {
 DEFAULT_LR = {"sgd": 0.1, "adamw": 1e-3}
 # CLI flags whose names differ from the Python field (the rest are --field-with-dashes)
 FLAG_NAMES = {"num_workers": "--workers", "time_budget_s": "--time-budget", "eval_interval_s": "--eval-interval",
-              "timeout_s": "--timeout"}
+              "timeout_s": "--timeout", "checkpoint_every_s": "--checkpoint-every"}
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,11 @@ class RunConfig:
     eval_interval_s: float | None = None  # None: the workload's (0.5 s; 5 s for lm)
     device: str = "cpu"
     timeout_s: float = 60.0
+    checkpoint_dir: str | None = None  # each worker's state is written here (atomically)
+    checkpoint_every_s: float | None = None  # None: only at the end (when checkpoint_dir is set)
+    resume: bool = False  # continue from checkpoint_dir's checkpoints (a fresh start when it has none)
+    fail: str = "none"  # fault injection: none | W@Ts[,V@Us] | random:rate=R (hetrain.faults)
+    on_failure: str | None = None  # abort | continue; None: the protocol's default (registry)
     options: dict[str, Any] = field(default_factory=dict)  # the protocol's options, by Python name
 
     def replace(self, **changes) -> RunConfig:
@@ -86,7 +91,7 @@ class RunConfig:
                 raise OptionError(f"{{{name}}} must be at least {minimum}, got {value}")
         if self.compute_ms is not None and self.compute_ms < 0:
             raise OptionError(f"{{compute_ms}} must be >= 0, got {self.compute_ms}")
-        for name in ("time_budget_s", "lr", "target_loss", "eval_interval_s", "timeout_s"):
+        for name in ("time_budget_s", "lr", "target_loss", "eval_interval_s", "timeout_s", "checkpoint_every_s"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise OptionError(f"{{{name}}} must be positive, got {value}")
@@ -96,6 +101,20 @@ class RunConfig:
             raise OptionError(f"unknown {{optimizer}} {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
         if not 0 < self.target_accuracy <= 1:
             raise OptionError(f"{{target_accuracy}} must be in (0, 1], got {self.target_accuracy}")
+        from hetrain.faults import parse_fail
+        from hetrain.protocols.membership import ON_FAILURE
+
+        parse_fail(self.fail, self.seed).check_workers(self.num_workers)
+        if self.on_failure is not None and self.on_failure not in ON_FAILURE:
+            raise OptionError(f"unknown {{on_failure}} {self.on_failure!r}; choose one of {', '.join(ON_FAILURE)}")
+        if self.on_failure == "continue" and spec.on_failure == "abort":
+            raise OptionError(f"{self.protocol} cannot continue without a worker (DDP's collectives need everyone): "
+                              "use {on_failure} abort, with checkpoints to restart from")
+        if self.on_failure == "continue" and spec.default_on_failure(spec.make_options(self.options)) == "abort":
+            raise OptionError("the static schedule has no Group Generator to route around a death: use "
+                              "{on_failure} abort, or another {gg} mode")
+        if (self.checkpoint_every_s is not None or self.resume) and not self.checkpoint_dir:
+            raise OptionError("{checkpoint_every_s} and {resume} need {checkpoint_dir}: where checkpoints live")
         if self.device not in ("cpu", "cuda"):
             raise OptionError(f"{{device}} must be cpu or cuda, got {self.device!r}")
         unknown = sorted(set(self.options) - set(spec.option_names()))
@@ -104,6 +123,12 @@ class RunConfig:
                               f"{', '.join(spec.option_names()) or 'none'}")
         spec.make_options(self.options, self.num_workers)
         return self
+
+    def resolved_on_failure(self) -> str:
+        from hetrain.registry import get_spec
+
+        spec = get_spec(self.protocol)
+        return self.on_failure or spec.default_on_failure(spec.make_options(self.options))
 
     def protocol_options(self):
         """The protocol's options object (defaults filled in), validated for this run's workers."""

@@ -121,6 +121,14 @@ class ShardSampler:
         self._pos += self.batch_size
         return self.x[index], self.y[index]
 
+    def state_dict(self) -> dict:
+        return {"generator": self.gen.get_state(), "order": self._order.clone(), "pos": self._pos}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.gen.set_state(state["generator"])
+        self._order = state["order"]
+        self._pos = int(state["pos"])
+
 
 EVAL_CHUNK = 128  # samples per forward pass when evaluating (a 25M synthetic model's hidden layer
 # on 1,024 test samples at once was 1.4 GB per activation: the largest memory peak of a run)

@@ -19,6 +19,7 @@ def build_metrics(
     wall_time_s: float,
     batch_size: int,
     standalone_iteration_s: list[float],
+    alive_fraction: list[float] | None = None,
     accuracy_curve: list[dict] | None = None,
     target_accuracy: float | None = None,
     target_loss: float | None = None,
@@ -35,7 +36,9 @@ def build_metrics(
     (``updates_stale``, ``max_iteration_gap``, ...) are kept and summed/maxed.
     ``standalone_iteration_s[i]``: worker i's own seconds per iteration when it
     never waits (emulated compute time times its slowdown). Heterogeneity
-    efficiency = achieved samples/s divided by the sum of standalone speeds.
+    efficiency = achieved samples/s divided by the sum of standalone speeds,
+    each weighted by the fraction of the run the worker was alive
+    (``alive_fraction``; 1 for survivors).
     ``time_to_target_s``: the first curve point whose averaged model reaches
     ``target_loss`` (validation loss at or below it) when given, else
     ``target_accuracy``. Workers that report ``throughput_series`` (windows of
@@ -44,7 +47,8 @@ def build_metrics(
     """
     total_iterations = sum(w["iterations"] for w in workers)
     samples_per_s = total_iterations * batch_size / wall_time_s if wall_time_s > 0 else 0.0
-    ideal = sum(batch_size / t for t in standalone_iteration_s if t > 0)
+    alive = alive_fraction or [1.0] * len(standalone_iteration_s)
+    ideal = sum(batch_size / t * a for t, a in zip(standalone_iteration_s, alive) if t > 0)
     time_to_target = _time_to_target(accuracy_curve or [], target_accuracy, target_loss)
     series = job_series([w["throughput_series"] for w in workers if w.get("throughput_series")])
     record = {
@@ -180,6 +184,12 @@ def format_summary(m: dict) -> str:
                      f"  at end {_fmt(m['rss_mb_all_workers_at_end'], '.0f')} MB")
     if m.get("interrupted"):
         lines.append("  interrupted (Ctrl-C): figures cover the run up to the stop")
+    if m.get("workers_lost"):
+        recoveries = [d.get("recovery_s") for d in m.get("deaths") or m.get("recoveries") or []]
+        shown = ", ".join("-" if r is None else f"{r:.2f} s" for r in recoveries)
+        goodput = m.get("goodput_samples_per_s")
+        lines.append(f"  workers lost {m['workers_lost']}; survivors moved on after {shown}"
+                     + (f"; goodput {goodput:.1f} samples/s" if goodput is not None else ""))
     lines.append("  worker  iterations  compute_s  wait_s  peak_rss_mb")
     for w in m["workers"]:
         lines.append(f"  {w['rank']:>6}  {w['iterations']:>10}  {w['compute_s']:>9.2f}  {w['wait_s']:>6.2f}"

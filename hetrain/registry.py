@@ -41,6 +41,8 @@ class ProtocolSpec:
     whose keyword arguments include the options' fields; ``simulator`` names
     ``factory(setup, options, seed)`` returning an object with ``run()``.
     ``seeded``: the runtime class takes ``seed`` (random group formation).
+    ``on_failure``: what a worker's death does by default (``continue``: the
+    survivors go on; ``abort``: the job fails, as DDP must).
     """
 
     name: str
@@ -49,6 +51,8 @@ class ProtocolSpec:
     runtime: str
     simulator: str
     seeded: bool = False
+    on_failure: str = "continue"
+    scheduler: str | None = None  # "module:function(num_workers, options, seed)": a Group Generator to serve
 
     def make_options(self, values: dict | None = None, num_workers: int | None = None) -> Any:
         """This protocol's options from ``values`` (Python names; others ignored), validated if ``num_workers``."""
@@ -61,12 +65,32 @@ class ProtocolSpec:
     def runtime_class(self) -> type:
         return _resolve(self.runtime)
 
-    def build(self, model, optimizer, options, *, seed: int = 0, process_group=None, timeout_s: float = 60.0):
-        """The runtime protocol for this worker (collective: every member of the group calls it)."""
+    def default_on_failure(self, options) -> str:
+        """``continue`` unless the protocol (or a mode of it) cannot route around a death."""
+        if getattr(options, "gg", None) == "static":  # no Group Generator to stop grouping the dead
+            return "abort"
+        return self.on_failure
+
+    def build(self, model, optimizer, options, *, seed: int = 0, process_group=None, timeout_s: float = 60.0,
+              **runtime):
+        """The runtime protocol for this worker (collective: every member of the group calls it).
+
+        ``runtime``: keyword arguments of the runtime class beyond the options (``on_failure``,
+        ``dead_workers``, ``gg_address``); ``gg_address`` only reaches protocols with a scheduler.
+        """
         kwargs = dataclasses.asdict(options)
         if self.seeded:
             kwargs["seed"] = seed
-        return self.runtime_class()(model, optimizer, process_group=process_group, timeout_s=timeout_s, **kwargs)
+        if self.scheduler is None:
+            runtime.pop("gg_address", None)
+        return self.runtime_class()(model, optimizer, process_group=process_group, timeout_s=timeout_s,
+                                    **kwargs, **runtime)
+
+    def make_scheduler(self, num_workers: int, options, seed: int = 0):
+        """The Group Generator a launcher serves for this protocol (None: it has none, or computes it locally)."""
+        if self.scheduler is None or getattr(options, "gg", None) == "static":
+            return None
+        return _resolve(self.scheduler)(num_workers, options, seed)
 
     def simulator_factory(self):
         return _resolve(self.simulator)
@@ -76,15 +100,18 @@ PROTOCOLS: dict[str, ProtocolSpec] = {
     spec.name: spec
     for spec in (
         ProtocolSpec("allreduce", "synchronous baseline: PyTorch's DistributedDataParallel", AllReduceOptions,
-                     "hetrain.runtime.allreduce:AllReduce", "hetrain.sim.allreduce_sim:make_sim"),
+                     "hetrain.runtime.allreduce:AllReduce", "hetrain.sim.allreduce_sim:make_sim",
+                     on_failure="abort"),
         ProtocolSpec("dpsgd", "decentralized: every iteration waits for every in-neighbour", DPSGDOptions,
                      "hetrain.runtime.hop:DPSGD", "hetrain.sim.hop_sim:make_sim"),
         ProtocolSpec("hop", "Hop: update/token queues, backup workers, staleness, skipping", HopOptions,
                      "hetrain.runtime.hop:Hop", "hetrain.sim.hop_sim:make_sim"),
         ProtocolSpec("prague", "Prague: P-Reduce in groups from a Group Generator", PragueOptions,
-                     "hetrain.runtime.prague:Prague", "hetrain.sim.prague_sim:make_prague_sim", seeded=True),
+                     "hetrain.runtime.prague:Prague", "hetrain.sim.prague_sim:make_prague_sim", seeded=True,
+                     scheduler="hetrain.protocols.group_generator:scheduler_for"),
         ProtocolSpec("adpsgd", "AD-PSGD: atomic pairwise averaging, active/passive split", ADPSGDOptions,
-                     "hetrain.runtime.adpsgd:ADPSGD", "hetrain.sim.prague_sim:make_adpsgd_sim", seeded=True),
+                     "hetrain.runtime.adpsgd:ADPSGD", "hetrain.sim.prague_sim:make_adpsgd_sim", seeded=True,
+                     scheduler="hetrain.protocols.adpsgd_pairing:scheduler_for"),
         ProtocolSpec("ps", "parameter server on rank 0 (synchronous, or asynchronous with staleness)", PSOptions,
                      "hetrain.runtime.parameter_server:ParameterServer", "hetrain.sim.ps_sim:make_sim"),
     )

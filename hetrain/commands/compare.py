@@ -9,6 +9,8 @@ DIR/<protocol>/.
 
 from __future__ import annotations
 
+import os
+
 from hetrain.commands.run_options import (
     add_protocol_options,
     add_run_options,
@@ -58,6 +60,8 @@ def run(args) -> int:
     if args.iterations is None and args.time_budget_s is None:
         args.time_budget_s = COMPARE_DEFAULTS.time_budget_s
     configs = [config_from_args(args, protocol=p) for p in protocols]
+    if args.checkpoint_dir:  # one checkpoint directory per protocol
+        configs = [c.replace(checkpoint_dir=os.path.join(args.checkpoint_dir, c.protocol)) for c in configs]
     summary = run_comparison(configs, args.out, progress=not args.no_progress)
     print(summary["table_markdown"])
     print(f"wrote {args.out}/summary.json, summary.md, over_time.png")

@@ -44,6 +44,12 @@ def add_run_options(parser: argparse.ArgumentParser, defaults: RunConfig) -> Non
                    help="time_to_target_s is to this test accuracy of the averaged model (default 0.95)")
     g.add_argument("--target-loss", type=float, default=defaults.target_loss,
                    help="lm: time_to_target_s is to this validation loss in nats/byte (default 2.5)")
+    f = parser.add_argument_group("failures")
+    f.add_argument("--fail", default=defaults.fail,
+                   help="kill workers for real (SIGKILL): none | W@Ts[,V@Us] (e.g. 3@20s) | random:rate=R per minute")
+    f.add_argument("--on-failure", choices=("abort", "continue"), default=defaults.on_failure, dest="on_failure",
+                   help="when a worker dies: abort the job, or continue with the survivors "
+                        "(default: continue; abort for allreduce)")
 
 
 def add_runtime_options(parser: argparse.ArgumentParser, defaults: RunConfig) -> None:
@@ -54,6 +60,13 @@ def add_runtime_options(parser: argparse.ArgumentParser, defaults: RunConfig) ->
     g.add_argument("--device", choices=("cpu", "cuda"), default=defaults.device, help="cpu (gloo) or cuda (NCCL)")
     g.add_argument("--timeout", type=float, default=defaults.timeout_s, dest="timeout_s",
                    help="seconds any blocking wait may last before the job fails")
+    c = parser.add_argument_group("checkpoints")
+    c.add_argument("--checkpoint-dir", default=None,
+                   help="write each worker's model, optimizer, data position, RNG and protocol state here")
+    c.add_argument("--checkpoint-every", type=float, default=None, dest="checkpoint_every_s", metavar="SECONDS",
+                   help="checkpoint every SECONDS of training (default: only at the end)")
+    c.add_argument("--resume", action="store_true",
+                   help="continue from --checkpoint-dir's checkpoints (a fresh start when it holds none)")
 
 
 def add_protocol_options(parser: argparse.ArgumentParser) -> None:
@@ -90,9 +103,10 @@ def config_from_args(args: argparse.Namespace, **overrides) -> RunConfig:
         momentum=args.momentum, target_loss=args.target_loss,
         seed=args.seed, slowdown=args.slowdown, compute_ms=args.compute_ms, iterations=args.iterations,
         time_budget_s=args.time_budget_s, target_accuracy=args.target_accuracy,
+        fail=args.fail, on_failure=args.on_failure,
         options={k: v for k, v in values.items() if k in spec.option_names()},
     )
-    for name in ("eval_interval_s", "device", "timeout_s"):
+    for name in ("eval_interval_s", "device", "timeout_s", "checkpoint_dir", "checkpoint_every_s", "resume"):
         if hasattr(args, name):
             fields[name] = getattr(args, name)
     fields.update(overrides)

@@ -68,3 +68,8 @@ class ActivePassivePairing:
 
     def stats(self) -> dict:
         return self.ledger.stats(self.mode, sum(self.requests))
+
+
+def scheduler_for(num_workers: int, options: ADPSGDOptions, seed: int = 0) -> ActivePassivePairing:
+    options.validate(num_workers)
+    return ActivePassivePairing(num_workers, seed=seed, cache_size=options.communicator_cache)

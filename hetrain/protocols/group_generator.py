@@ -375,3 +375,10 @@ class GroupGenerator:
         for entry in passed + repeats:
             heapq.heappush(heap, entry)
         return chosen
+
+
+def scheduler_for(num_workers: int, options: PragueOptions, seed: int = 0) -> GroupGenerator:
+    """Prague's Group Generator for ``options`` (every mode; ``static`` computes its schedule locally)."""
+    options.validate(num_workers)
+    return GroupGenerator(num_workers, options.group_size, options.gg, seed=seed,
+                          workers_per_node=options.workers_per_node, cache_size=options.communicator_cache)

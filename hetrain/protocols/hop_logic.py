@@ -83,6 +83,40 @@ class HopWorker:
         self.skipped_iterations = 0
         self.queued_updates = 0  # updates held in all queues now (each is a model: this is memory)
         self.queued_updates_max = 0
+        self.backup = config.backup  # lowered when deaths leave fewer in-neighbours than backup + 1
+        self.neighbours_lost = 0
+
+    def reconfigure(self, in_weights: dict[int, float], self_weight: float, out_neighbors: list[int]) -> list[int]:
+        """Adopt new neighbours after deaths (see :mod:`hetrain.protocols.membership`); return the new
+        out-neighbours, to which the driver must send the last model it sent (with that model's
+        iteration): they may be waiting for it, having become this worker's out-neighbours after it
+        was sent, while this worker waits for theirs (found by the property test).
+
+        Queues of continuing in-neighbours are kept, those of removed ones dropped
+        (counted as dropped updates); a new in-neighbour starts with an empty queue.
+        A new out-neighbour starts with ``max_ig`` tokens, like every edge at the
+        start; a removed one's tokens are forgotten, so nobody waits on the dead.
+        Backup workers are lowered to in-degree - 1 when fewer remain.
+        """
+        new_out = [m for m in out_neighbors if m not in self.out_neighbors]
+        for gone in set(self.in_weights) - set(in_weights):
+            queue = self.queues.pop(gone)
+            self.updates_dropped += len(queue)
+            self.queued_updates -= len(queue)
+            self.finished_senders.discard(gone)
+            self.neighbours_lost += 1
+        for new in set(in_weights) - set(self.in_weights):
+            self.queues[new] = deque()
+        for gone in set(self.out_neighbors) - set(out_neighbors):
+            self.tokens.pop(gone, None)
+            self.finished_token_sources.discard(gone)
+        for new in set(out_neighbors) - set(self.out_neighbors):
+            self.tokens[new] = self.config.max_ig or 0
+        self.in_weights = dict(in_weights)
+        self.self_weight = self_weight
+        self.out_neighbors = list(out_neighbors)
+        self.backup = min(self.config.backup, max(0, len(in_weights) - 1))
+        return new_out
 
     @classmethod
     def for_rank(cls, topology, rank: int, config: HopConfig) -> HopWorker:
@@ -172,7 +206,7 @@ class HopWorker:
         return sum(self._usable(j) is not None for j in self.in_weights)
 
     def needed_count(self) -> int:
-        return len(self.in_weights) - self.config.backup
+        return len(self.in_weights) - self.backup
 
     def ready_to_average(self) -> bool:
         return self.usable_count() >= self.needed_count()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from hetrain.protocols.adpsgd_pairing import ActivePassivePairing, ADPSGDOptions
+from hetrain.protocols.adpsgd_pairing import ADPSGDOptions, scheduler_for
 from hetrain.runtime.job import DEFAULT_TIMEOUT_S
 from hetrain.runtime.prague import GroupProtocol
 
@@ -30,10 +30,12 @@ class ADPSGD(GroupProtocol):
     name = "adpsgd"
 
     def __init__(self, model, optimizer=None, *, communicator_cache: int = 60, seed: int = 0,
-                 process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S):
+                 process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort",
+                 dead_workers=None, gg_address: tuple[str, str] | None = None):
         world = dist.get_world_size(process_group) if dist.is_initialized() else 1
-        options = ADPSGDOptions(communicator_cache).validate(world)
-        scheduler = ActivePassivePairing(world, seed=seed, cache_size=options.communicator_cache)
+        options = ADPSGDOptions(communicator_cache)
+        scheduler = scheduler_for(world, options, seed)
         super().__init__(model, optimizer, scheduler, communicator_cache=options.communicator_cache,
-                         local_scheduler=False, process_group=process_group, timeout_s=timeout_s)
+                         local_scheduler=False, process_group=process_group, timeout_s=timeout_s,
+                         on_failure=on_failure, dead_workers=dead_workers, gg_address=gg_address)
         self.stats.extra["role"] = "active" if scheduler.is_active(self.job.rank) else "passive"

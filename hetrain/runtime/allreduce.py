@@ -18,6 +18,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from hetrain.errors import WorkerError
+from hetrain.protocols.options import OptionError
 from hetrain.runtime.consensus import average_state
 from hetrain.runtime.job import DEFAULT_TIMEOUT_S
 from hetrain.runtime.protocol import SyncProtocol
@@ -71,13 +72,19 @@ class AllReduce(SyncProtocol):
     name = "allreduce"
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
-                 process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S):
+                 process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort",
+                 dead_workers=None):
+        if on_failure != "abort":
+            raise OptionError("allreduce cannot continue without a worker (DDP's collectives need everyone): "
+                              "use {on_failure} abort, with checkpoints to restart from")
         super().__init__(model, optimizer, process_group=process_group, timeout_s=timeout_s)
         device_ids = [self.job.device.index] if self.job.device.type == "cuda" else None
         self.ddp = DistributedDataParallel(model, device_ids=device_ids, process_group=process_group)
         self._timer = _HookTimer(process_group)
         self.ddp.register_comm_hook(self._timer, _timed_allreduce_hook)
-        self._flag = torch.zeros(1, device=self.job.device)
+        self._flag = torch.zeros(2, device=self.job.device)  # [stop wish, checkpoint wish], MAX over workers
+        self._checkpoint_wish = False
+        self._checkpoint_agreed = False
         self.restart_clock()
 
     @property
@@ -95,7 +102,8 @@ class AllReduce(SyncProtocol):
         if self.stats.iterations % STOP_CHECK_EVERY:
             return False  # every worker skips the vote at the same iterations
         began = time.perf_counter()
-        self._flag.fill_(1.0 if local_done else 0.0)
+        self._flag[0] = 1.0 if local_done else 0.0
+        self._flag[1] = 1.0 if self._checkpoint_wish else 0.0
         try:
             dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self.job.group,
                             async_op=True).wait(timeout=self.job.timeout)
@@ -105,7 +113,16 @@ class AllReduce(SyncProtocol):
         spent = time.perf_counter() - began
         self.stats.wait_s += spent
         self.stats.compute_s -= spent  # the gap between steps counts as compute
-        return bool(self._flag.item() > 0)
+        self._checkpoint_agreed = bool(self._flag[1].item() > 0)
+        return bool(self._flag[0].item() > 0)
+
+    def checkpoint_due(self, wish: bool) -> bool:
+        """Checkpoints happen at a stop vote where some worker wished one: the same iteration everywhere."""
+        self._checkpoint_wish = self._checkpoint_wish or wish
+        agreed, self._checkpoint_agreed = self._checkpoint_agreed, False
+        if agreed:
+            self._checkpoint_wish = False
+        return agreed
 
     def _finish(self) -> None:
         self.stats.extra["consensus_distance"] = average_state(self.state, self.job)

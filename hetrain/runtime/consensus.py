@@ -1,6 +1,19 @@
-"""Final model consensus over the whole group, shared by every protocol's ``finish``."""
+"""Final model consensus, shared by every protocol's ``finish``: over the group, or over its survivors.
+
+After a death (``on_failure="continue"``) the group's own collectives would
+wait for the dead, so the survivors build a group of their own on the job's
+store, named after the set of the dead (a new *membership generation*: the
+same on every survivor that knows the same deaths), as torchft re-creates a
+ProcessGroupGloo over a fresh PrefixStore at each reconfiguration. If a
+survivor dies during it, the others rebuild with the larger dead set and try
+again, until the timeout.
+"""
 
 from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -9,25 +22,76 @@ from hetrain.errors import WorkerError
 from hetrain.runtime.flat_state import FlatState
 from hetrain.runtime.job import JobView
 
+_RETRY_PAUSE_S = 0.5
+_DEATH_NOTICE_S = 3.0  # how long a failed collective waits for the launcher to name a dead worker
 
-def average_state(state: FlatState, job: JobView) -> float:
-    """Replace every worker's model by the group-wide average; return the consensus distance.
+
+def average_state(state: FlatState, job: JobView, dead_workers: Callable[[], set[int]] | None = None) -> float:
+    """Replace every surviving worker's model by the survivors' average; return the consensus distance.
 
     Consensus distance = sqrt(mean_i ||x_i - mean_x||^2), measured before averaging
-    (0 when all workers already agree). A collective: every worker must call it.
+    (0 when all workers already agree). A collective: every survivor must call it.
     """
     if job.world_size == 1:
         return 0.0
-    try:
-        mean = state.gather()
-        dist.all_reduce(mean, group=job.group, async_op=True).wait(timeout=job.timeout)
-        mean /= job.world_size
-        own = state.gather().sub_(mean)  # x_i - mean, in place: one model-sized buffer, not four
-        spread = torch.tensor([float(torch.linalg.vector_norm(own)) ** 2], dtype=torch.float64, device=mean.device)
-        del own
-        dist.all_reduce(spread, group=job.group, async_op=True).wait(timeout=job.timeout)
-    except Exception as exc:
-        raise WorkerError(f"worker {job.rank} waited for the final average over all {job.world_size} workers: "
-                          f"{str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}") from None
+    dead = set(dead_workers()) if dead_workers else set()
+    if not dead:
+        try:
+            return _average(state, job.group, job.world_size, job.timeout, private=False)
+        except Exception as exc:
+            if dead_workers is None or not wait_for_death_notice(dead_workers):
+                raise WorkerError(f"worker {job.rank} waited for the final average over all {job.world_size} "
+                                  f"workers: {_first_line(exc)}") from None
+    deadline = time.monotonic() + job.timeout_s
+    while True:
+        dead = set(dead_workers())
+        survivors = [w for w in range(job.world_size) if w not in dead]
+        try:
+            group = survivor_group(job, dead)
+            return _average(state, group, len(survivors), job.timeout, private=True)
+        except Exception as exc:
+            if time.monotonic() > deadline:
+                raise WorkerError(f"worker {job.rank} waited for the final average over the survivors "
+                                  f"{survivors}: {_first_line(exc)}") from None
+            time.sleep(_RETRY_PAUSE_S)  # someone else died meanwhile: the launcher says so shortly
+
+
+def wait_for_death_notice(dead_workers: Callable[[], set[int]], known: set[int] = frozenset()) -> set[int]:
+    """New deaths the launcher reports within a few seconds of a failure (empty: it was not a death)."""
+    deadline = time.monotonic() + _DEATH_NOTICE_S
+    while time.monotonic() < deadline:
+        new = set(dead_workers()) - set(known)
+        if new:
+            return new
+        time.sleep(0.05)
+    return set()
+
+
+def survivor_group(job: JobView, dead: set[int], name: str = "survivors"):
+    """A gloo group of the workers not in ``dead``, built on the store under a name of that set."""
+    survivors = [w for w in range(job.world_size) if w not in dead]
+    prefix = f"{name}/{'-'.join(map(str, sorted(dead))) or 'none'}/"
+    return dist.ProcessGroupGloo(dist.PrefixStore(prefix, job.store), survivors.index(job.rank), len(survivors),
+                                 job.timeout)
+
+
+def _average(state: FlatState, group, size: int, timeout: datetime.timedelta, *, private: bool) -> float:
+    """Average ``state`` over ``group`` (a registered torch group, or a ``private`` one built on the store)."""
+    def all_reduce(tensor: torch.Tensor) -> None:
+        work = group.allreduce([tensor]) if private else dist.all_reduce(tensor, group=group, async_op=True)
+        work.wait(timeout)
+
+    mean = state.gather()
+    all_reduce(mean)
+    mean /= size
+    own = state.gather().sub_(mean)  # x_i - mean, in place: one model-sized buffer, not four
+    spread = torch.tensor([float(torch.linalg.vector_norm(own)) ** 2], dtype=torch.float64, device=mean.device)
+    del own
+    all_reduce(spread)
     state.scatter(mean)
-    return float(torch.sqrt(spread / job.world_size).item())
+    return float(torch.sqrt(spread / size).item())
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc)
+    return text.splitlines()[0][:200] if text else type(exc).__name__

@@ -18,7 +18,9 @@ class WorkerContext:
     The default process group is initialised before ``fn(ctx, ...)`` runs, so
     protocols built inside take ``process_group=None``. ``report(message)``
     sends a picklable message to the launcher (progress); ``stop_requested()``
-    turns True once the launcher asks the workers to stop (Ctrl-C).
+    turns True once the launcher asks the workers to stop (Ctrl-C);
+    ``dead_workers()`` is the set of ranks the launcher has found dead, which
+    the protocols repair around when ``continue_on_death``.
     """
 
     rank: int
@@ -27,6 +29,8 @@ class WorkerContext:
     timeout_s: float = DEFAULT_TIMEOUT_S
     report: Callable[[object], None] | None = None
     stop_requested: Callable[[], bool] | None = None
+    dead_workers: Callable[[], set[int]] | None = None  # ranks the launcher found dead (continue mode)
+    continue_on_death: bool = False
 
     @property
     def timeout(self) -> datetime.timedelta:

@@ -235,17 +235,28 @@ class SocketClient(_Client):
     """A worker's connection to the job's GG; every wait is bounded by ``timeout_s``."""
 
     def __init__(self, worker: int, store, timeout_s: float):
-        self.worker = worker
-        self.timeout_s = timeout_s
         try:
             store.wait([ADDRESS_KEY], datetime.timedelta(seconds=timeout_s))
-            host, port = store.get(ADDRESS_KEY).decode().rsplit(":", 1)
+            address = store.get(ADDRESS_KEY).decode()
             secret = store.get(SECRET_KEY).decode()
         except Exception as exc:  # c10d raises its own store timeout types
             raise WorkerError(
                 f"worker {worker} waited {timeout_s:.0f} s for the Group Generator's address "
                 f"(rank 0 publishes it): {exc}"
             ) from None
+        self._connect(worker, address, secret, timeout_s)
+
+    @classmethod
+    def to(cls, worker: int, address: str, secret: str, *, timeout_s: float) -> SocketClient:
+        """A client of the GG at ``address`` (host:port) that knows the job's ``secret``."""
+        client = cls.__new__(cls)
+        client._connect(worker, address, secret, timeout_s)
+        return client
+
+    def _connect(self, worker: int, address: str, secret: str, timeout_s: float) -> None:
+        self.worker = worker
+        self.timeout_s = timeout_s
+        host, port = address.rsplit(":", 1)
         try:
             self._sock = socket.create_connection((host, int(port)), timeout=timeout_s)
         except OSError as exc:

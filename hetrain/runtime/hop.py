@@ -24,11 +24,15 @@ from torch import nn
 from hetrain.errors import UsageError, WorkerError
 from hetrain.protocols.hop_config import DPSGDOptions, HopOptions
 from hetrain.protocols.hop_logic import AveragePlan, HopWorker
+from hetrain.protocols.membership import neighbour_weights, repair
 from hetrain.runtime.consensus import average_state
 from hetrain.runtime.job import DEFAULT_TIMEOUT_S
 from hetrain.runtime.peer_channels import STOP, TOKEN, UPDATE, Message, PeerChannels
 from hetrain.runtime.protocol import SyncProtocol
 from hetrain.topology import Topology, make_topology
+
+DEATH_POLL_S = 0.1  # continue mode: how often a waiting worker looks for deaths
+SUSPECT_GRACE_S = 3.0  # continue mode: a lost peer the launcher has not named dead by then is an error
 
 
 class Hop(SyncProtocol):
@@ -53,8 +57,10 @@ class Hop(SyncProtocol):
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
                  topology: str | Topology = "ring", backup: int | None = None, staleness: int | None = None,
                  max_ig: int | None = None, skip_threshold: int | None = None,
-                 process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S):
-        super().__init__(model, optimizer, process_group=process_group, timeout_s=timeout_s)
+                 process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort",
+                 dead_workers=None):
+        super().__init__(model, optimizer, process_group=process_group, timeout_s=timeout_s,
+                         on_failure=on_failure, dead_workers=dead_workers)
         options = self._options(topology, backup, staleness, max_ig, skip_threshold)
         self.topology = topology if isinstance(topology, Topology) else make_topology(topology, self.job.world_size)
         self.config = options.config_for(self.topology)
@@ -65,9 +71,12 @@ class Hop(SyncProtocol):
         self.logic = HopWorker.for_rank(self.topology, rank, self.config)
         self._cond = threading.Condition()
         self._channel_errors: list[str] = []
+        self._suspects: dict[int, tuple[float, str]] = {}  # continue mode: peers lost, not yet known dead
+        self._last_sent: tuple[int, torch.Tensor] | None = None  # continue mode: (iteration, model) last sent
+        self._resend: tuple | None = None  # (new out-neighbours, iteration, model) owed after a repair
         self._neighbors_stopped = False
         self.channels = PeerChannels(self.job, self.state.numel, self.state.dtype, self._on_message,
-                                     self._on_channel_error)
+                                     self._on_channel_error, tolerate_lost_peers=on_failure == "continue")
         self.channels.handshake(self.topology.out_neighbors[rank], self.topology.in_neighbors[rank])
         self.channels.listen("update", self.topology.in_neighbors[rank])
         self.channels.listen("token", self.topology.out_neighbors[rank] if self.config.uses_tokens else [])
@@ -91,16 +100,68 @@ class Hop(SyncProtocol):
                 self.logic.token_source_finished(message.src)
             self._cond.notify_all()
 
-    def _on_channel_error(self, error: str) -> None:
+    def _on_channel_error(self, peer: int, error: str) -> None:
         with self._cond:
-            self._channel_errors.append(error)
+            if self.on_failure == "continue":
+                self._suspects.setdefault(peer, (time.monotonic(), error))
+            else:
+                self._channel_errors.append(error)
             self._cond.notify_all()
+
+    # ----- deaths (continue mode) ----------------------------------------------------------
+    def _check_deaths(self) -> None:
+        """With the lock held: adopt deaths the launcher reported; a lost peer it never reports is an error."""
+        if self.on_failure != "continue":
+            return
+        new = self.new_deaths()
+        if self.dead_workers is None:  # no launcher: a lost connection is all there is to go by
+            new |= set(self._suspects) - self.dead
+            self.dead |= new
+        now = time.monotonic()
+        for peer, (since, error) in list(self._suspects.items()):
+            if peer in self.dead:
+                del self._suspects[peer]
+            elif now - since > SUSPECT_GRACE_S:
+                self._channel_errors.append(error)  # lost, yet alive: not a death we can route around
+                del self._suspects[peer]
+        if new:
+            self._apply_deaths(new)
+
+    def _send_owed_models(self) -> None:
+        """With the lock held once: send a repair's owed model, releasing the lock meanwhile (a send may
+        wait for room in a peer's window, whose receiver thread may need this worker's lock)."""
+        if self._resend is None:
+            return
+        targets, iteration, model = self._resend
+        self._resend = None
+        self._cond.release()
+        try:
+            self.channels.send("update", targets, UPDATE, iteration, 0, model)
+        finally:
+            self._cond.acquire()
+
+    def _apply_deaths(self, new: set[int]) -> None:
+        """Repair the graph around the dead and adopt the new neighbours (see hetrain.protocols.membership)."""
+        for peer in new:
+            self.channels.forget(peer)
+        self.topology = repair(self.topology, self.dead)
+        in_weights, self_weight, out_neighbors = neighbour_weights(self.topology, self.job.rank)
+        new_out = self.logic.reconfigure(in_weights, self_weight, out_neighbors)
+        self.channels.listen("update", in_weights)
+        self.channels.listen("token", out_neighbors if self.config.uses_tokens else [])
+        if self._last_sent is not None and new_out:  # they may be waiting for the model already sent
+            self._resend = (new_out, *self._last_sent)
+        self.stats.extra["graph_repairs"] = self.stats.extra.get("graph_repairs", 0) + 1
 
     # ----- the protocol -------------------------------------------------------------
     def _wait(self, ready) -> bool:
         """Wait (holding the lock) until ``ready()``; False if stopped neighbours make it impossible."""
         deadline = time.monotonic() + self.job.timeout_s
+        tick = DEATH_POLL_S if self.on_failure == "continue" else 1.0
+        self._check_deaths()
         while not ready():
+            self._check_deaths()
+            self._send_owed_models()
             if self._channel_errors:
                 raise WorkerError(self._channel_errors[0])
             if self.logic.blocked_by_stopped_neighbors():
@@ -110,7 +171,7 @@ class Hop(SyncProtocol):
                 raise WorkerError(
                     f"worker {self.job.rank} waited {self.job.timeout_s:.0f} s for {self.logic.waiting_for()}"
                 )
-            self._cond.wait(timeout=min(remaining, 1.0))
+            self._cond.wait(timeout=min(remaining, tick))
         return True
 
     def _apply(self, plan: AveragePlan, own: torch.Tensor) -> None:
@@ -141,16 +202,19 @@ class Hop(SyncProtocol):
                 plan = self.logic.apply_skip(skip)
             self._apply(plan, self.state.gather())
             # out-neighbours may be waiting for a skipped iteration's model: send this one
-            self.channels.send("update", self.logic.out_neighbors, UPDATE, self.logic.iteration - 1, 0,
-                               self.state.gather())
+            self._send_model(self.logic.iteration - 1, self.state.gather())
 
     def _sync(self) -> None:
+        if self.on_failure == "continue":
+            with self._cond:
+                self._check_deaths()
+                self._send_owed_models()
         if not self.logic.started and not self._neighbors_stopped:
             self._begin_iteration()  # the first iteration: take its tokens now
         if self._neighbors_stopped:
             return
         own = self.state.gather()
-        self.channels.send("update", self.logic.out_neighbors, UPDATE, self.logic.iteration, 0, own)
+        self._send_model(self.logic.iteration, own)
         with self._cond:
             if not self._wait(self.logic.ready_to_average):
                 self._neighbors_stopped = True
@@ -160,19 +224,34 @@ class Hop(SyncProtocol):
         self._begin_iteration()
         self.stats.iteration = self.logic.iteration
 
+    def _send_model(self, iteration: int, model: torch.Tensor) -> None:
+        self.channels.send("update", self.logic.out_neighbors, UPDATE, iteration, 0, model)
+        if self.on_failure == "continue":
+            self._last_sent = (iteration, model)
+        if self._resend is not None:  # a repair while this worker was not waiting
+            with self._cond:
+                self._send_owed_models()
+
     def should_stop(self, local_done: bool) -> bool:
         return bool(local_done) or self._neighbors_stopped
 
     def _finish(self) -> None:
-        """Tell neighbours we stopped, wait for theirs, then average every worker's model."""
+        """Tell neighbours we stopped, wait for theirs, then average every worker's model.
+
+        Continue mode does not wait for the neighbours' STOPs (a neighbour may learn of a
+        death later than this worker and never count it as one): the survivors' final
+        average is the barrier, and unsent messages are dropped with the channels.
+        """
+        with self._cond:
+            self._check_deaths()
         self.channels.send("update", self.logic.out_neighbors, STOP)
-        self.channels.send("token", self.topology.in_neighbors[self.job.rank] if self.config.uses_tokens else [],
-                           STOP)
-        self.channels.join()
-        self.channels.flush()
+        self.channels.send("token", list(self.logic.in_weights) if self.config.uses_tokens else [], STOP)
+        if self.on_failure != "continue":
+            self.channels.join()
+            self.channels.flush()
         if self._channel_errors:
             raise WorkerError(self._channel_errors[0])
-        self.stats.extra["consensus_distance"] = average_state(self.state, self.job)
+        self.stats.extra["consensus_distance"] = average_state(self.state, self.job, self.dead_workers)
 
     def _release(self) -> None:
         self.channels.close()
@@ -211,8 +290,10 @@ class DPSGD(Hop):
     name = "dpsgd"
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
-                 topology: str | Topology = "ring", process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S):
-        super().__init__(model, optimizer, topology=topology, process_group=process_group, timeout_s=timeout_s)
+                 topology: str | Topology = "ring", process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 on_failure: str = "abort", dead_workers=None):
+        super().__init__(model, optimizer, topology=topology, process_group=process_group, timeout_s=timeout_s,
+                         on_failure=on_failure, dead_workers=dead_workers)
 
     @staticmethod
     def _options(topology, *unused):

@@ -13,7 +13,13 @@ watches the children:
   killed launcher leaves no orphans;
 - Ctrl-C (SIGINT) asks the workers to stop at their next iteration
   (``ctx.stop_requested()``) and returns what they have, marked
-  ``interrupted``; a second Ctrl-C kills them.
+  ``interrupted``; a second Ctrl-C kills them;
+- with ``on_failure="continue"`` a worker that *dies* (exits without a
+  result) does not end the job: the launcher records the death, publishes it
+  to the survivors through shared memory (``ctx.dead_workers()``; protocols
+  repair around it) and waits for the others. A worker that *reports an
+  error* still fails the job. ``kills`` injects deaths for real (SIGKILL at a
+  given training time, from the workers' progress reports).
 """
 
 from __future__ import annotations
@@ -40,12 +46,17 @@ _FAILURE_GRACE_S = 1.5  # after a first failure: time to hear from the rest (who
 
 
 class JobResults(list):
-    """Results by rank; ``interrupted`` is True when Ctrl-C stopped the job early."""
+    """Results by rank (None for a worker that died); ``interrupted`` when Ctrl-C stopped the job early;
+    ``deaths``: one dict per worker lost (rank, how, training time, recovery time of the survivors);
+    ``last_progress``: each worker's last progress report."""
 
     interrupted: bool = False
+    deaths: list = []
+    last_progress: dict = {}
 
 
-def _child(fn, rank, world_size, store_path, backend, timeout_s, args, results, messages, parent_pid, stop):
+def _child(fn, rank, world_size, store_path, backend, timeout_s, args, results, messages, parent_pid, stop,
+           dead, continue_on_death):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))  # one node, as torchrun says it
     die_with_parent(parent_pid)
@@ -66,10 +77,13 @@ def _child(fn, rank, world_size, store_path, backend, timeout_s, args, results, 
         else:
             device = torch.device("cpu")
         ctx = WorkerContext(rank, world_size, device, timeout_s,
-                            report=lambda message: messages.put((rank, message)), stop_requested=stop.is_set)
+                            report=lambda message: messages.put((rank, message)), stop_requested=stop.is_set,
+                            dead_workers=lambda: {w for w in range(world_size) if dead[w]},
+                            continue_on_death=continue_on_death)
         result = fn(ctx, *args)
         results.put((rank, "ok", result, None))
-        dist.barrier()  # nobody leaves while another rank may still talk to it
+        if not continue_on_death:
+            dist.barrier()  # nobody leaves while another rank may still talk to it (a dead rank never would)
     except BaseException as exc:  # report every failure to the parent, then die
         kind = "usage" if isinstance(exc, UsageError) else "error"
         detail = traceback.format_exc()
@@ -113,6 +127,9 @@ def run_local(
     job_timeout_s: float | None = None,
     on_message: Callable[[int, Any], None] | None = None,
     log_path: str | os.PathLike | None = None,
+    on_failure: str = "abort",
+    kills: list[tuple[float, int]] | None = None,
+    on_death: Callable[[int], None] | None = None,
 ) -> JobResults:
     """Run ``fn(ctx, *args)`` on ``num_workers`` processes; return their results by rank.
 
@@ -123,12 +140,22 @@ def run_local(
     ``timeout_s`` bounds each blocking wait inside the job; ``job_timeout_s``
     bounds the whole job (default: no bound beyond the per-wait timeouts).
     ``log_path``: where a failed job writes every worker's full traceback.
+    ``on_failure``: ``abort`` (a death fails the job) or ``continue`` (see the module
+    docstring); ``kills``: ``(training_time_s, rank)`` pairs to SIGKILL; ``on_death(rank)``
+    runs in the launcher when a worker is found dead (e.g. to tell a Group Generator).
     """
-    return _LocalJob(fn, num_workers, args, backend, timeout_s, job_timeout_s, on_message, log_path).run()
+    return _LocalJob(fn, num_workers, args, backend, timeout_s, job_timeout_s, on_message, log_path,
+                     on_failure, kills or [], on_death).run()
 
 
 class _LocalJob:
-    def __init__(self, fn, num_workers, args, backend, timeout_s, job_timeout_s, on_message, log_path):
+    def __init__(self, fn, num_workers, args, backend, timeout_s, job_timeout_s, on_message, log_path,
+                 on_failure, kills, on_death):
+        if on_failure not in ("abort", "continue"):
+            raise ValueError(f"on_failure must be abort or continue, got {on_failure!r}")
+        self.continue_on_death = on_failure == "continue"
+        self.kills = sorted(kills)
+        self.on_death = on_death
         self.n = num_workers
         self.timeout_s = timeout_s
         self.job_timeout_s = job_timeout_s
@@ -137,13 +164,14 @@ class _LocalJob:
         ctx_mp = mp.get_context("spawn")
         self.results, self.messages = ctx_mp.Queue(), ctx_mp.Queue()
         self.stop = ctx_mp.Event()
+        self.dead = ctx_mp.Array("b", num_workers, lock=False)  # the survivors read who died (no lock: bytes)
         self.tmp = tempfile.mkdtemp(prefix="hetrain-job-")
         store_path = os.path.join(self.tmp, "store")
         self.procs = [
             ctx_mp.Process(
                 target=_child, name=f"hetrain-worker-{rank}",
                 args=(fn, rank, num_workers, store_path, backend, timeout_s, args, self.results, self.messages,
-                      os.getpid(), self.stop),
+                      os.getpid(), self.stop, self.dead, self.continue_on_death),
                 daemon=True,
             )
             for rank in range(num_workers)
@@ -152,6 +180,8 @@ class _LocalJob:
         self.failures: dict[int, tuple[str, str, str | None]] = {}  # rank -> (kind, summary, detail)
         self.interrupts = 0
         self.stop_deadline: float | None = None
+        self.deaths: dict[int, dict] = {}  # rank -> what we know of its death
+        self.progress: dict[int, dict] = {}  # rank -> its last progress report (with "at": launcher clock)
 
     # -- the watch loop ------------------------------------------------------------
     def run(self) -> JobResults:
@@ -160,10 +190,14 @@ class _LocalJob:
         try:
             for proc in self.procs:
                 proc.start()
-            while len(self.done) < self.n:
+            while len(self.done) + len(self.deaths) < self.n:
                 self._drain_messages()
                 self._collect(_POLL_S)
-                if self.failures or self._dead_without_result():
+                self._inject_kills()
+                dead = [r for r in self._dead_without_result() if r not in self.deaths]
+                if self.continue_on_death and dead and not self.failures:
+                    self._record_deaths(dead)
+                elif self.failures or dead:
                     self._fail()
                 now = time.monotonic()
                 if deadline is not None and now > deadline:
@@ -175,8 +209,13 @@ class _LocalJob:
             self._drain_messages()
             for proc in self.procs:
                 proc.join(timeout=self.timeout_s)
-            results = JobResults(self.done[rank] for rank in range(self.n))
+            deaths = sorted(self.deaths.values(), key=lambda d: d["wall_s"])
+            if len(deaths) == self.n:
+                raise WorkerError(f"every worker died; the last, worker {deaths[-1]['rank']}, {deaths[-1]['how']}")
+            results = JobResults(self.done.get(rank) for rank in range(self.n))
             results.interrupted = self.interrupts > 0
+            results.deaths = [{k: v for k, v in d.items() if not k.startswith("_")} for d in deaths]
+            results.last_progress = dict(self.progress)
             return results
         finally:
             self._restore_interrupt_handler(previous)
@@ -204,8 +243,50 @@ class _LocalJob:
                 rank, message = self.messages.get_nowait()
             except queue.Empty:
                 return
+            if isinstance(message, dict):
+                self.progress[rank] = dict(message, at=time.monotonic())
+                self._note_recoveries()
             if self.on_message is not None:
                 self.on_message(rank, message)
+
+    # -- deaths (continue mode) and injected kills --------------------------------------------
+    def _training_time_s(self) -> float:
+        return max((p.get("t_s", 0.0) for p in self.progress.values()), default=0.0)
+
+    def _inject_kills(self) -> None:
+        while self.kills and self.progress and self._training_time_s() >= self.kills[0][0]:
+            _, rank = self.kills.pop(0)
+            proc = self.procs[rank]
+            if rank not in self.done and proc.is_alive():
+                os.kill(proc.pid, signal.SIGKILL)
+
+    def _record_deaths(self, ranks: list[int]) -> None:
+        now = time.monotonic()
+        for rank in ranks:
+            self.dead[rank] = 1  # the survivors see it at their next check
+            survivors = {r: self.progress.get(r, {}).get("computed", 0) for r in range(self.n)
+                         if r != rank and r not in self.deaths and r not in self.done}
+            self.deaths[rank] = {"rank": rank, "how": describe_exit(self.procs[rank].exitcode),
+                                 "t_s": self._training_time_s(), "wall_s": now,
+                                 "computed": self.progress.get(rank, {}).get("computed", 0),
+                                 "recovery_s": None, "_awaiting": survivors}
+            if self.on_death is not None:
+                self.on_death(rank)
+        self._note_recoveries()
+
+    def _note_recoveries(self) -> None:
+        """A death's recovery ends when every survivor has computed again (from progress reports)."""
+        for event in self.deaths.values():
+            awaiting = event.get("_awaiting")
+            if not awaiting:
+                continue
+            for rank in list(awaiting):
+                report = self.progress.get(rank, {})
+                if rank in self.deaths or report.get("done") or report.get("computed", 0) > awaiting[rank]:
+                    del awaiting[rank]
+            if not awaiting:
+                event["recovery_s"] = time.monotonic() - event["wall_s"]
+                event.pop("_awaiting")
 
     def _dead_without_result(self) -> list[int]:
         return [rank for rank, proc in enumerate(self.procs)

@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from hetrain.errors import UsageError, WorkerError
 from hetrain.protocols.ps_logic import ParameterServerLogic, PSOptions, ServerStep
+from hetrain.runtime.consensus import survivor_group, wait_for_death_notice
 from hetrain.runtime.job import DEFAULT_TIMEOUT_S, private_group
 from hetrain.runtime.protocol import SyncProtocol
 from hetrain.runtime.send_window import SendWindow
@@ -102,8 +103,9 @@ class ParameterServer(SyncProtocol):
     name = "ps"
 
     def __init__(self, model, optimizer=None, *, staleness: int = 0, process_group=None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S):
-        super().__init__(model, optimizer, process_group=process_group, timeout_s=timeout_s)
+                 timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort", dead_workers=None):
+        super().__init__(model, optimizer, process_group=process_group, timeout_s=timeout_s,
+                         on_failure=on_failure, dead_workers=dead_workers)
         job = self.job
         self.staleness = PSOptions(staleness).validate(job.world_size).staleness
         if job.world_size > 1 and job.store is None:
@@ -147,14 +149,24 @@ class ParameterServer(SyncProtocol):
     def _push_local(self, delta: torch.Tensor) -> torch.Tensor:
         server = self._server
         server.push(0, delta)
+        deadline = time.monotonic() + self.job.timeout_s
         with server.cond:
-            if not server.cond.wait_for(lambda: server.local_reply is not None or server.error, self.job.timeout_s):
-                waiting = server.logic.waiting_for() if self.staleness == 0 else "the slowest worker"
-                raise WorkerError(f"worker 0 waited {self.job.timeout_s:.0f} s for the server to answer "
-                                  f"(waiting for {waiting})")
+            while server.local_reply is None and not server.error:
+                self._drop_the_dead()
+                if time.monotonic() > deadline:
+                    waiting = server.logic.waiting_for() if self.staleness == 0 else "the slowest worker"
+                    raise WorkerError(f"worker 0 waited {self.job.timeout_s:.0f} s for the server to answer "
+                                      f"(waiting for {waiting})")
+                server.cond.wait(_POLL_S)
             self._raise_server_error()
             reply, server.local_reply = server.local_reply, None
         return reply
+
+    def _drop_the_dead(self) -> None:
+        """Rank 0, continue mode: workers the launcher found dead are no longer waited for."""
+        for worker in sorted(self.new_deaths()):
+            if worker not in self._server.logic.left:
+                self._server.leave(worker)
 
     def _send(self, tensor: torch.Tensor, tag: int) -> None:
         self._wait(self._up.send([tensor], 0, tag), "the parameter server (rank 0) to take its message")
@@ -171,8 +183,9 @@ class ParameterServer(SyncProtocol):
         server = self._server
         remote_left = 0
         header = torch.zeros(3, dtype=torch.int64)
-        try:
-            while remote_left < self.job.world_size - 1:
+        deaths_seen: set[int] = set()
+        while remote_left < self.job.world_size - 1:
+            try:
                 self._up.recv_anysource([header], _TAG_HEADER).wait(self.job.timeout)
                 worker, kind, _ = (int(v) for v in header)
                 if kind == _LEAVE:
@@ -182,10 +195,15 @@ class ParameterServer(SyncProtocol):
                 delta = torch.empty_like(self._pulled)
                 self._up.recv([delta], worker, _TAG_DELTA).wait(self.job.timeout)
                 server.push(worker, delta)
-        except Exception as exc:
-            with server.cond:
-                server.error = f"parameter server on rank 0 stopped: {str(exc).splitlines()[0][:200]}"
-                server.cond.notify_all()
+            except Exception as exc:
+                new = wait_for_death_notice(self.dead_workers, deaths_seen) if self.dead_workers else set()
+                if new:  # a worker died (rank 0's loop stops waiting for it): serve the others
+                    deaths_seen |= new
+                    continue
+                with server.cond:
+                    server.error = f"parameter server on rank 0 stopped: {str(exc).splitlines()[0][:200]}"
+                    server.cond.notify_all()
+                return
 
     def _raise_server_error(self) -> None:
         if self._server is not None and self._server.error:
@@ -208,8 +226,16 @@ class ParameterServer(SyncProtocol):
             final = torch.empty_like(self._pulled)
         if job.world_size > 1:
             final = final.to(job.device)
-            root = dist.get_global_rank(job.group, 0) if job.group is not None else 0
-            self._wait(dist.broadcast(final, src=root, group=job.group, async_op=True), "the final model from rank 0")
+            dead = set(self.dead_workers()) if self.dead_workers else set()
+            if dead:  # a group of the survivors (rank 0 among them: its death would have ended the job)
+                group = survivor_group(job, dead, name="ps-final")
+                options = dist.BroadcastOptions()
+                options.rootRank = sorted(set(range(job.world_size)) - dead).index(0)
+                self._wait(group.broadcast([final], options), "the final model from rank 0")
+            else:
+                root = dist.get_global_rank(job.group, 0) if job.group is not None else 0
+                self._wait(dist.broadcast(final, src=root, group=job.group, async_op=True),
+                           "the final model from rank 0")
         self.state.scatter(final)
         self.stats.extra.update(pushes=self.stats.iterations)
         if self._server is not None:
@@ -217,7 +243,8 @@ class ParameterServer(SyncProtocol):
 
     def _join_server(self) -> None:
         server, seen, deadline = self._server, -1, time.monotonic() + self.job.timeout_s
-        while self._thread.is_alive():
+        while self._thread.is_alive() and server.logic.active():
+            self._drop_the_dead()
             self._thread.join(_POLL_S)
             if server.messages != seen:
                 seen, deadline = server.messages, time.monotonic() + self.job.timeout_s
@@ -234,4 +261,20 @@ class ParameterServer(SyncProtocol):
         self._up = self._down = None
 
     def _extra_state(self) -> dict:
-        return {"pushes": self._server.logic.pushes if self._server is not None else None}
+        if self._server is None:
+            return {}
+        return {"server_model": self._server.model.clone(), "pushes": list(self._server.logic.pushes)}
+
+    def _load_extra_state(self, state: dict) -> None:
+        """Rank 0 restores the global model and push counts, then every worker pulls that model
+        (a collective: every worker loads its state at the same point)."""
+        if self._server is not None and "server_model" in state:
+            self._server.model.copy_(state["server_model"])
+            self._server.logic.pushes = [int(p) for p in state["pushes"]]
+        model = self._server.model.clone() if self._server is not None else torch.empty_like(self._pulled)
+        if self.job.world_size > 1:
+            model = model.to(self.job.device)
+            root = dist.get_global_rank(self.job.group, 0) if self.job.group is not None else 0
+            self._wait(dist.broadcast(model, src=root, group=self.job.group, async_op=True), "the resumed model")
+        self._pulled = model.cpu().clone()
+        self.state.scatter(model)

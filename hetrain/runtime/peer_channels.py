@@ -51,17 +51,21 @@ class Message:
 
 class PeerChannels:
     def __init__(self, job: JobView, payload_numel: int, payload_dtype: torch.dtype,
-                 on_message: Callable[[Message], None], on_error: Callable[[str], None], *,
-                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, name: str = "peers"):
-        """``on_message`` and ``on_error`` run on receiver threads; ``max_in_flight`` bounds the messages
-        (both channels) outstanding to each peer."""
+                 on_message: Callable[[Message], None], on_error: Callable[[int, str], None], *,
+                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, name: str = "peers", tolerate_lost_peers: bool = False):
+        """``on_message(message)`` and ``on_error(peer, text)`` run on receiver threads; ``max_in_flight``
+        bounds the messages (both channels) outstanding to each peer. With ``tolerate_lost_peers`` a
+        failed send is reported through ``on_error`` instead of raised (the protocol decides whether the
+        peer died), and :meth:`forget` drops a peer known dead."""
         self.job = job
         self.payload_numel = payload_numel
         self.payload_dtype = payload_dtype
         self.on_message = on_message
         self.on_error = on_error
         self.max_in_flight = max_in_flight
-        self._threads: list[threading.Thread] = []
+        self.tolerate_lost_peers = tolerate_lost_peers
+        self.forgotten: set[int] = set()
+        self._threads: dict[tuple[str, int], threading.Thread] = {}
         self._windows: dict[int, SendWindow] = {}
         self._receive_timeout = job.timeout * RECEIVER_TIMEOUT_FACTOR
         self.group = private_group(job, name, RECEIVER_TIMEOUT_FACTOR * job.timeout_s)
@@ -86,12 +90,22 @@ class PeerChannels:
                 f"within {self.job.timeout_s:.0f} s: {str(exc).splitlines()[0][:160]}"
             ) from None
 
-    def listen(self, channel: str, sources: list[int]) -> None:
+    def listen(self, channel: str, sources) -> None:
+        """Start a receiver thread per source not listened to yet on ``channel``."""
         for src in sources:
+            if (channel, src) in self._threads or src in self.forgotten:
+                continue
             thread = threading.Thread(target=self._receive_loop, args=(channel, src), daemon=True,
                                       name=f"hetrain-recv-{channel}-{src}")
             thread.start()
-            self._threads.append(thread)
+            self._threads[(channel, src)] = thread
+
+    def forget(self, peer: int) -> None:
+        """``peer`` is dead: no more sends to it (what was in flight is dropped)."""
+        self.forgotten.add(peer)
+        window = self._windows.pop(peer, None)
+        if window is not None:
+            window.close()
 
     def _receive_loop(self, channel: str, src: int) -> None:
         tag = CHANNEL_TAGS[channel]
@@ -109,7 +123,8 @@ class PeerChannels:
                 if kind == STOP:
                     return
         except Exception as exc:  # surfaced in the main thread
-            self.on_error(str(exc))
+            if src not in self.forgotten:
+                self.on_error(src, str(exc))
 
     def _recv(self, tensor: torch.Tensor, src: int, tag: int, what: str) -> None:
         work = self.group.recv([tensor], src, tag)
@@ -132,13 +147,24 @@ class PeerChannels:
         tag = CHANNEL_TAGS[channel]
         header = torch.tensor([kind, iteration, count], dtype=torch.int64, device=self.job.device)
         for dst in dsts:
+            if dst in self.forgotten:
+                continue
+
             def start(dst=dst):
                 works = [self.group.send([header], dst, tag)]
                 if payload is not None:
                     works.append(self.group.send([payload], dst, tag))
                 return works
 
-            self._window(dst).post(start, header, payload)
+            try:
+                self._window(dst).post(start, header, payload)
+            except Exception as exc:  # gloo raises at once on a pair whose peer is gone
+                error = str(exc) if isinstance(exc, WorkerError) else (
+                    f"worker {self.job.rank} lost worker {dst} while sending to it (did it exit?): "
+                    f"{str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__}")
+                if not self.tolerate_lost_peers:
+                    raise WorkerError(error) from None
+                self.on_error(dst, error)
 
     def _window(self, dst: int) -> SendWindow:
         window = self._windows.get(dst)
@@ -163,7 +189,7 @@ class PeerChannels:
 
     def join(self) -> None:
         """Wait for every receiver thread to see its peer's STOP (bounded by the timeout)."""
-        for thread in self._threads:
+        for thread in self._threads.values():
             thread.join(timeout=self.job.timeout_s)
             if thread.is_alive():
                 raise WorkerError(

@@ -20,12 +20,13 @@ import torch
 import torch.distributed as dist
 
 from hetrain.errors import UsageError, WorkerError
-from hetrain.protocols.group_generator import GroupGenerator, PragueOptions
+from hetrain.protocols.group_generator import PragueOptions, scheduler_for
 from hetrain.protocols.ledger import GroupScheduler
+from hetrain.protocols.options import OptionError
 from hetrain.runtime.consensus import average_state
 from hetrain.runtime.gg_service import GGServer, LocalClient, SchedulerHost, SocketClient
 from hetrain.runtime.job import DEFAULT_TIMEOUT_S
-from hetrain.runtime.preduce import PReduce
+from hetrain.runtime.preduce import MemberDied, PReduce
 from hetrain.runtime.protocol import SyncProtocol
 
 _STATUS_POLL_S = 0.02
@@ -37,17 +38,24 @@ class GroupProtocol(SyncProtocol):
     name = "group"
 
     def __init__(self, model, optimizer, scheduler: GroupScheduler, *, communicator_cache: int,
-                 local_scheduler: bool, process_group, timeout_s: float):
-        super().__init__(model, optimizer, process_group=process_group, timeout_s=timeout_s)
+                 local_scheduler: bool, process_group, timeout_s: float, on_failure: str = "abort",
+                 dead_workers=None, gg_address: tuple[str, str] | None = None):
+        super().__init__(model, optimizer, process_group=process_group, timeout_s=timeout_s,
+                         on_failure=on_failure, dead_workers=dead_workers)
         job = self.job
         if job.store is None and job.world_size > 1:
             raise UsageError(f"{self.name} needs the job's c10d store (torch.distributed initialised)")
         self.scheduler = scheduler
-        self.preduce = PReduce(job.store, job.rank, cache_size=communicator_cache, timeout_s=job.timeout_s)
+        is_dead = (lambda rank: rank in self.dead or rank in self.dead_workers()) if self.dead_workers else None
+        self.preduce = PReduce(job.store, job.rank, cache_size=communicator_cache, timeout_s=job.timeout_s,
+                               is_dead=is_dead)
         self._server = None
+        self._groups_failed = 0
         self._local = local_scheduler or job.world_size == 1
         if self._local:
             self.gg = LocalClient(job.rank, SchedulerHost(scheduler))
+        elif gg_address is not None:  # served by the launcher: no worker's death takes it down
+            self.gg = SocketClient.to(job.rank, *gg_address, timeout_s=job.timeout_s)
         elif job.rank == 0:
             self._server = GGServer(scheduler, multi_node=job.multi_node)
             self._server.publish(job.store)
@@ -78,8 +86,14 @@ class GroupProtocol(SyncProtocol):
         flat = self.state.gather()
         for group in groups:
             start = time.perf_counter()
-            self.preduce(flat, group.members, group.comm_id)
-            self._member_wait_s += time.perf_counter() - start
+            try:
+                self.preduce(flat, group.members, group.comm_id)
+            except MemberDied as exc:  # continue mode: the group's model average is lost, the job is not
+                self.dead.update(exc.dead)
+                self._groups_failed += 1
+                continue
+            finally:
+                self._member_wait_s += time.perf_counter() - start
             self._groups_run += 1
             self._members_run += len(group.members)
         self.state.scatter(flat)
@@ -93,7 +107,7 @@ class GroupProtocol(SyncProtocol):
         if self.job.world_size > 1:
             if not self._local:
                 self._wait_all_left()
-            self.stats.extra["consensus_distance"] = average_state(self.state, self.job)
+            self.stats.extra["consensus_distance"] = average_state(self.state, self.job, self.dead_workers)
         if self._server is not None:
             self.stats.extra.update(self.scheduler.stats())
         self._update_extra()
@@ -124,6 +138,7 @@ class GroupProtocol(SyncProtocol):
     def _update_extra(self) -> None:
         self.stats.extra.update(
             groups_formed=self._groups_run,
+            groups_failed=self._groups_failed,
             mean_group_size=self._members_run / self._groups_run if self._groups_run else 0.0,
             empty_syncs=self._empty_syncs,
             gg_wait_s=self._gg_wait_s,
@@ -139,7 +154,9 @@ class Prague(GroupProtocol):
     ``division`` or ``static``; ``group_size``: members per group (2 by default,
     docs/prague.md); ``communicator_cache``: communicators kept per worker;
     ``workers_per_node``: node size for the node-aware static schedule; ``seed``:
-    the GG's random draws (the same on every worker).
+    the GG's random draws (the same on every worker). ``gg_address=(host:port,
+    secret)`` uses a Group Generator served elsewhere (the local launcher serves
+    one, so no worker's death takes it down); otherwise rank 0 serves it.
 
     Example::
 
@@ -153,14 +170,18 @@ class Prague(GroupProtocol):
 
     def __init__(self, model, optimizer=None, *, gg: str = "smart", group_size: int = 2,
                  communicator_cache: int = 60, workers_per_node: int | None = None, seed: int = 0,
-                 process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S):
+                 process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort",
+                 dead_workers=None, gg_address: tuple[str, str] | None = None):
         world = dist.get_world_size(process_group) if dist.is_initialized() else 1
-        options = PragueOptions(gg, group_size, communicator_cache, workers_per_node).validate(world)
-        scheduler = GroupGenerator(world, options.group_size, options.gg, seed=seed,
-                                   workers_per_node=options.workers_per_node, cache_size=options.communicator_cache)
+        options = PragueOptions(gg, group_size, communicator_cache, workers_per_node)
+        scheduler = scheduler_for(world, options, seed)
         self.gg_mode = options.gg
+        if options.gg == "static" and on_failure == "continue":
+            raise OptionError("the static schedule has no Group Generator to route around a death: use "
+                              "{on_failure} abort, or another {gg} mode")
         super().__init__(model, optimizer, scheduler, communicator_cache=options.communicator_cache,
-                         local_scheduler=options.gg == "static", process_group=process_group, timeout_s=timeout_s)
+                         local_scheduler=options.gg == "static", process_group=process_group, timeout_s=timeout_s,
+                         on_failure=on_failure, dead_workers=dead_workers, gg_address=gg_address)
         self.stats.extra["gg_mode"] = options.gg
 
     def should_stop(self, local_done: bool) -> bool:

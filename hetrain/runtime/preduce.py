@@ -41,7 +41,9 @@ issue groups in an order on which every member's cache evicts the same sets.
 from __future__ import annotations
 
 import datetime
+import threading
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -54,6 +56,16 @@ from hetrain.runtime.job import job_store
 
 _DIAGNOSE_GRACE_S = 2.0  # how long a timed-out member waits for the others' arrival marks
 _EXCHANGE_TAG = 0
+_DEATH_POLL_S = 0.05
+_DEATH_NOTICE_S = 3.0  # a failed call waits this long for the launcher to name a dead member
+
+
+class MemberDied(WorkerError):
+    """A P-Reduce gave up because a member of its group is dead (continue mode: skip the group)."""
+
+    def __init__(self, rank: int, members: tuple, dead: list[int]):
+        super().__init__(f"worker {rank}: P-Reduce on group {list(members)} abandoned: worker(s) {dead} died")
+        self.members, self.dead = members, dead
 
 
 class PReduce:
@@ -66,6 +78,9 @@ class PReduce:
     ``direct_max_bytes`` is the largest buffer averaged by a direct exchange
     instead of the ring all-reduce (0: always the all-reduce); every member
     must use the same value.
+    ``is_dead(rank)``, when given (continue mode), lets a call give up at once on a
+    group with a dead member instead of waiting out the timeout; the buffer is then
+    left as it was (every reduction works on a copy and writes back only on success).
     Counters: ``hits``, ``misses``, ``evictions``, ``calls``.
     """
 
@@ -78,6 +93,7 @@ class PReduce:
         timeout_s: float = 60.0,
         namespace: str = "preduce",
         direct_max_bytes: int = DIRECT_MAX_BYTES,
+        is_dead: Callable[[int], bool] | None = None,
     ):
         if cache_size < 1:
             raise OptionError(f"{{cache_size}} must be >= 1, got {cache_size}")
@@ -90,6 +106,7 @@ class PReduce:
         self.timeout_s = timeout_s
         self.namespace = namespace
         self.direct_max_bytes = direct_max_bytes
+        self.is_dead = is_dead
         self.cache = CommunicatorLRU(cache_size)
         self._comms: dict[tuple, object] = {}
         self._uses: dict[tuple, int] = {}
@@ -107,22 +124,66 @@ class PReduce:
         uses = self._uses[comm_key]
         self._uses[comm_key] = uses + 1
         self.calls += 1
+        work_buf = buf.clone() if self.is_dead is not None else buf  # continue mode: commit only on success
         try:
             if comm_key not in self._comms:
-                self._comms[comm_key] = self._create(members, comm_key, buf)
+                self._comms[comm_key] = self._create_watching(members, comm_key, buf)
             comm, timeout = self._comms[comm_key], datetime.timedelta(seconds=self.timeout_s)
             if self._direct(buf, len(members)):
-                self._exchange(comm, buf, members.index(self.rank), len(members), timeout)
-                return buf
-            comm.allreduce([buf]).wait(timeout)
+                self._exchange(comm, work_buf, members.index(self.rank), len(members), timeout)
+            else:
+                comm.allreduce([work_buf]).wait(timeout)
+                work_buf.div_(len(members))
+        except MemberDied as exc:
+            raise exc from None
         except Exception as exc:  # gloo/NCCL raise RuntimeError on timeouts and lost peers
+            dead = self._dead_members(members, grace_s=_DEATH_NOTICE_S)
+            if dead:
+                raise MemberDied(self.rank, members, dead) from None
             missing = self._diagnose(members, comm_key, uses)
             raise WorkerError(
                 f"worker {self.rank}: P-Reduce on group {list(members)} failed after waiting up to "
                 f"{self.timeout_s:.0f} s; members that did not arrive: {missing or 'unknown'} ({exc})"
             ) from None
-        buf.div_(len(members))
+        if work_buf is not buf:
+            buf.copy_(work_buf)
         return buf
+
+    def _dead_members(self, members: tuple, grace_s: float = 0.0) -> list[int]:
+        """Members known dead, waiting up to ``grace_s`` for the launcher's notice (a lost peer is
+        seen before its death is announced)."""
+        if self.is_dead is None:
+            return []
+        deadline = time.monotonic() + grace_s
+        while True:
+            dead = [m for m in members if self.is_dead(m)]
+            if dead or time.monotonic() >= deadline:
+                return dead
+            time.sleep(_DEATH_POLL_S)
+
+    def _create_watching(self, members: tuple, key: tuple, buf: torch.Tensor):
+        """Create the communicator; in continue mode give up as soon as a member is known dead
+        (creation blocks until every member joins, which a dead one never does)."""
+        if self.is_dead is None:
+            return self._create(members, key, buf)
+        result: dict = {}
+
+        def create():
+            try:
+                result["comm"] = self._create(members, key, buf)
+            except Exception as exc:  # reported below unless a death explains it
+                result["error"] = exc
+
+        thread = threading.Thread(target=create, daemon=True, name="hetrain-preduce-create")
+        thread.start()
+        while thread.is_alive():
+            thread.join(_DEATH_POLL_S)
+            dead = self._dead_members(members)
+            if dead and thread.is_alive():
+                raise MemberDied(self.rank, members, dead)  # the creating thread is abandoned
+        if "error" in result:
+            raise result["error"]
+        return result["comm"]
 
     def _direct(self, buf: torch.Tensor, size: int) -> bool:
         return not buf.is_cuda and uses_direct_exchange(buf.numel() * buf.element_size(), size, self.direct_max_bytes)
@@ -142,6 +203,7 @@ class PReduce:
         for row in gathered[1:]:
             total.add_(row)
         buf.copy_(total.reshape(buf.shape)).div_(size)
+
 
     def _lookup(self, members: tuple, comm_id: int | None, buf: torch.Tensor) -> tuple:
         if comm_id is None:  # standalone: the set's current communicator, or a new generation (ids < 0)

@@ -20,16 +20,25 @@ waiting (communication the protocol could not hide); ``restart_clock()`` marks
 the start of the first iteration's compute (default: the end of construction).
 Subclasses implement ``_sync`` and, where they hold resources, ``_finish``,
 ``_release`` and ``_extra_state``/``_load_extra_state``.
+
+Failures: with ``on_failure="abort"`` (default) a lost peer fails the worker
+with an error naming it. With ``"continue"``, ``dead_workers()`` (the local
+launcher's record of who died) tells the protocol whom to route around:
+Hop/D-PSGD repair their graph, Prague and AD-PSGD skip groups with the dead
+(their Group Generator stops grouping them), the parameter server stops
+waiting for them; ``finish`` averages over the survivors.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
 from torch import nn
 
+from hetrain.protocols.options import OptionError
 from hetrain.runtime.flat_state import FlatState
 from hetrain.runtime.job import DEFAULT_TIMEOUT_S, JobView, model_device
 
@@ -60,8 +69,14 @@ class SyncProtocol:
     name = "base"
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
-                 process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S):
+                 process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort",
+                 dead_workers: Callable[[], set[int]] | None = None):
+        if on_failure not in ("abort", "continue"):
+            raise OptionError(f"{{on_failure}} must be abort or continue, got {on_failure!r}")
         self.model = model
+        self.on_failure = on_failure
+        self.dead_workers = dead_workers if on_failure == "continue" else None
+        self.dead: set[int] = set()  # workers this one knows to be dead
         self.job = JobView.of(process_group, model_device(model), timeout_s, self.name)
         self.state = FlatState(model)
         self.stats = ProtocolStats()
@@ -111,6 +126,11 @@ class SyncProtocol:
         """
         return bool(local_done)
 
+    def checkpoint_due(self, wish: bool) -> bool:
+        """Whether to checkpoint now, given this worker's ``wish``. Workers checkpoint on their own,
+        except where they must agree on the iteration (All-Reduce: at its stop votes)."""
+        return wish
+
     def finish(self) -> None:
         """Drain what is in flight, leave every worker with the consensus model, release resources."""
         if self._finished:
@@ -132,7 +152,17 @@ class SyncProtocol:
         self._release()
 
     def metrics(self) -> dict:
+        if self.dead:
+            self.stats.extra["workers_known_dead"] = sorted(self.dead)
         return self.stats.as_dict()
+
+    def new_deaths(self) -> set[int]:
+        """Deaths the launcher reported since the last call (continue mode; empty otherwise)."""
+        if self.dead_workers is None:
+            return set()
+        new = set(self.dead_workers()) - self.dead
+        self.dead |= new
+        return new
 
     def state_dict(self) -> dict:
         """The protocol's own state (counters and, per protocol, what resuming needs); not the model's."""
@@ -142,8 +172,8 @@ class SyncProtocol:
     def load_state_dict(self, state: dict) -> None:
         if state.get("protocol") != self.name:
             raise ValueError(f"a {state.get('protocol')!r} state cannot be loaded into {self.name}")
-        self.stats.iteration = int(state["iteration"])
-        self.stats.iterations = int(state["iterations"])
+        self.stats.iteration = int(state["iteration"])  # the counter goes on; ``iterations`` counts this run
+        self.stats.extra["iterations_before_resume"] = int(state["iterations"])
         self._load_extra_state(state)
 
     # -- for subclasses -----------------------------------------------------------------------

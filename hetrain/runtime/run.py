@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 import numpy as np
 import torch
@@ -23,6 +24,7 @@ from hetrain.data import build_model, evaluate, load_dataset
 from hetrain.metrics import build_metrics, format_summary
 from hetrain.outputs import prepare_out_dir, write_json_atomic, write_text_atomic
 from hetrain.protocols.options import OptionError
+from hetrain.runtime import checkpoint
 from hetrain.runtime.flat_state import FlatState
 from hetrain.runtime.local_job import run_local
 from hetrain.runtime.process_guard import die_with_parent
@@ -46,18 +48,50 @@ def under_torchrun() -> bool:
 def run_training(config: RunConfig, out_dir: str | None, progress: bool = True, label: str | None = None) -> dict:
     """Spawn the local job, then evaluate and record it; returns the metrics record."""
     check_run_config(config)
+    if config.checkpoint_dir:  # checked before anything is written
+        config = config.replace(resume=checkpoint.prepare(config.checkpoint_dir, config, config.resume))
     out = prepare_out_dir(out_dir) if out_dir else None
+    if config.checkpoint_dir:
+        checkpoint.start(config.checkpoint_dir, config, config.resume)
     bar = _ProgressBar(config, label or config.protocol, enabled=progress)
+    gg = _launcher_gg(config)  # served here, so no worker's death takes it down
+    services = {"gg_address": (f"{gg.host}:{gg.port}", gg.secret)} if gg is not None else {}
+
+    def on_death(rank: int) -> None:
+        bar.lost(rank)
+        if gg is not None:  # the Group Generator stops grouping the dead
+            gg.handle({"op": "leave", "worker": rank})
+
     try:
         results = run_local(
-            train_worker, config.num_workers, (config,),
+            train_worker, config.num_workers, (config, services),
             backend="nccl" if config.device == "cuda" else "gloo",
             timeout_s=config.timeout_s, job_timeout_s=_job_timeout_s(config), on_message=bar.update,
             log_path=out / "errors.log" if out is not None else None,
+            on_failure=config.resolved_on_failure(), kills=_kills(config), on_death=on_death,
         )
     finally:
         bar.close()
-    return finalize_run(config, results, out, interrupted=results.interrupted)
+        if gg is not None:
+            gg.close()
+    return finalize_run(config, results, out, interrupted=results.interrupted, deaths=results.deaths,
+                        gg_stats=gg.scheduler.stats() if gg is not None else None)
+
+
+def _launcher_gg(config: RunConfig):
+    """The Group Generator of a local Prague / AD-PSGD job, served by the launcher (None for the others)."""
+    from hetrain.registry import get_spec
+    from hetrain.runtime.gg_service import GGServer
+
+    scheduler = get_spec(config.protocol).make_scheduler(config.num_workers, config.protocol_options(), config.seed)
+    return GGServer(scheduler, host="127.0.0.1") if scheduler is not None and config.num_workers > 1 else None
+
+
+def _kills(config: RunConfig) -> list[tuple[float, int]]:
+    from hetrain.faults import parse_fail
+
+    horizon = config.time_budget_s if config.time_budget_s is not None else 10**9
+    return parse_fail(config.fail, config.seed).kills(config.num_workers, horizon)
 
 
 def run_training_torchrun(config: RunConfig, out_dir: str | None) -> dict | None:
@@ -71,9 +105,24 @@ def run_training_torchrun(config: RunConfig, out_dir: str | None) -> dict | None
     device = init("nccl" if config.device == "cuda" else "gloo", timeout_s=config.timeout_s)
     ctx = WorkerContext(dist.get_rank(), dist.get_world_size(), device, config.timeout_s)
     config = config.replace(num_workers=ctx.world_size)
+    if config.resolved_on_failure() == "continue":
+        # no launcher of ours watches the ranks: torchrun restarts the job (--max-restarts) from checkpoints
+        if config.on_failure == "continue" and ctx.rank == 0:
+            warnings.warn("--on-failure continue applies to local jobs; under torchrun a death ends the job "
+                          "and torchrun --max-restarts restarts it from --checkpoint-dir", stacklevel=2)
+        config = config.replace(on_failure="abort")
+    if config.fail != "none":
+        raise OptionError("{fail} injects failures in local jobs; under torchrun, kill ranks yourself")
     check_run_config(config)
     out = prepare_out_dir(out_dir) if out_dir and ctx.rank == 0 else None
-    result = train_worker(ctx, config)
+    if config.checkpoint_dir:  # rank 0 checks (and on a fresh start writes the manifest); all learn the verdict
+        verdict = [None]
+        if ctx.rank == 0:
+            verdict[0] = checkpoint.prepare(config.checkpoint_dir, config, config.resume)
+            checkpoint.start(config.checkpoint_dir, config, verdict[0])
+        dist.broadcast_object_list(verdict, src=0)
+        config = config.replace(resume=verdict[0])
+    result = train_worker(ctx, config, {})
     gathered = [None] * ctx.world_size if ctx.rank == 0 else None
     dist.gather_object(result, gathered, dst=0)
     dist.barrier()
@@ -82,15 +131,22 @@ def run_training_torchrun(config: RunConfig, out_dir: str | None) -> dict | None
     return finalize_run(config, gathered, out)
 
 
-def finalize_run(config: RunConfig, results: list[dict], out, interrupted: bool = False) -> dict:
-    workers = [r["worker"] for r in results]
-    curve = evaluation_curve(config, [r["snapshots"] for r in results])
+def finalize_run(config: RunConfig, results: list[dict | None], out, interrupted: bool = False,
+                 deaths: list[dict] | None = None, gg_stats: dict | None = None) -> dict:
+    """Build, write and return the run's record. ``results`` has None for workers that died."""
+    deaths = deaths or []
+    survivors = [r for r in results if r is not None]
+    workers = [r["worker"] for r in survivors]
+    wall_s = max(w["loop_s"] for w in workers)
+    curve = evaluation_curve(config, [r["snapshots"] for r in survivors])
+    lost = _lost_workers(config, workers, deaths, wall_s)
     metrics = build_metrics(
         protocol=config.protocol,
-        workers=workers,
-        wall_time_s=max(w["loop_s"] for w in workers),
+        workers=workers + lost,
+        wall_time_s=wall_s,
         batch_size=config.batch_size,
-        standalone_iteration_s=[w["standalone_iteration_s"] for w in workers],
+        standalone_iteration_s=[w["standalone_iteration_s"] for w in workers + lost],
+        alive_fraction=[1.0] * len(workers) + [w["alive_fraction"] for w in lost],
         accuracy_curve=curve,
         target_accuracy=config.target_accuracy,
         target_loss=config.resolved_target_loss(),
@@ -98,12 +154,28 @@ def finalize_run(config: RunConfig, results: list[dict], out, interrupted: bool 
         final_accuracy_worst_worker=min(w["local_accuracy"] for w in workers),
         final_loss_avg_model=workers[0]["consensus_loss"],
         consensus_distance=workers[0].get("consensus_distance"),
-        extra={"interrupted": interrupted, "config": dict(vars(config))},
+        extra={"interrupted": interrupted, "resumed": config.resume, "on_failure": config.resolved_on_failure(),
+               "workers_lost": len(deaths), "workers_joined": 0, "deaths": deaths, **(gg_stats or {}),
+               "config": dict(vars(config))},
     )
+    # iterations that count: a dead worker's last gradient may never have left it
+    metrics["goodput_samples_per_s"] = max(0, metrics["total_iterations"] - len(deaths)) * config.batch_size / wall_s
     if out is not None:
         write_json_atomic(out / "metrics.json", metrics)
         write_text_atomic(out / "summary.txt", format_summary(metrics) + "\n")
     return metrics
+
+
+def _lost_workers(config: RunConfig, survivors: list[dict], deaths: list[dict], wall_s: float) -> list[dict]:
+    """What is known of the dead: their last reported gradient count and their share of the run's time."""
+    if not deaths:
+        return []
+    slowdown = parse_slowdown(config.slowdown, config.seed)
+    math_s = sorted(w["math_s"] for w in survivors)[len(survivors) // 2]
+    base_s = config.compute_ms / 1000.0 if config.compute_ms else math_s
+    return [{"rank": d["rank"], "iterations": d["computed"], "compute_s": 0.0, "wait_s": 0.0, "died": d["how"],
+             "standalone_iteration_s": max(base_s * slowdown.expected_factor(d["rank"]), math_s),
+             "alive_fraction": min(1.0, d["t_s"] / wall_s) if wall_s > 0 else 0.0} for d in deaths]
 
 
 def evaluation_curve(config: RunConfig, snapshots_by_worker: list[list]) -> list[dict]:
@@ -150,6 +222,7 @@ class _ProgressBar:
         self.by_time = config.iterations is None
         total = config.time_budget_s if self.by_time else config.iterations
         self.state: dict[int, dict] = {}
+        self.dead: set[int] = set()
         self.bar = tqdm(total=total, desc=label, unit="s" if self.by_time else "it", file=sys.stderr,
                         disable=not enabled, leave=False, dynamic_ncols=True,
                         mininterval=0.1 if sys.stderr.isatty() else 5.0,
@@ -157,11 +230,16 @@ class _ProgressBar:
 
     def update(self, rank: int, message: dict) -> None:
         self.state[rank] = message
-        values = [m["t_s"] if self.by_time else m["iteration"] for m in self.state.values()]
+        live = {r: m for r, m in self.state.items() if r not in self.dead}
+        values = [m["t_s"] if self.by_time else m["iteration"] for m in live.values()] or [0]
         self.bar.n = min(max(values) if self.by_time else min(values), self.bar.total)
         computed = sum(m["computed"] for m in self.state.values())
-        self.bar.set_postfix_str(f"{computed} gradients, {len(self.state)} workers reporting", refresh=False)
+        lost = f", {len(self.dead)} lost" if self.dead else ""
+        self.bar.set_postfix_str(f"{computed} gradients, {len(live)} workers live{lost}", refresh=False)
         self.bar.update(0)  # redraws at most every mininterval
+
+    def lost(self, rank: int) -> None:
+        self.dead.add(rank)
 
     def close(self) -> None:
         self.bar.close()

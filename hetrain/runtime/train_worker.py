@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import time
 
+import torch
 import torch.distributed as dist
 from torch import nn
 
 from hetrain.config import RunConfig
 from hetrain.data import build_model, evaluate, load_dataset, loss_fn, make_optimizer, make_sampler
 from hetrain.registry import get_spec
+from hetrain.runtime import checkpoint
 from hetrain.runtime.context import WorkerContext
 from hetrain.runtime.emulation import ComputeEmulator
 from hetrain.runtime.meter import WindowMeter, peak_rss_mb
@@ -42,8 +44,11 @@ def measure_math_s(model: nn.Module, sampler, iterations: int = CALIBRATION_ITER
     return times[len(times) // 2]
 
 
-def train_worker(ctx: WorkerContext, config: RunConfig) -> dict:
-    """Run one worker; return its counters, snapshots and final accuracies (picklable)."""
+def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = None) -> dict:
+    """Run one worker; return its counters, snapshots and final accuracies (picklable).
+
+    ``services``: what the launcher serves the job (``gg_address``: its Group Generator).
+    """
     data = load_dataset(config.workload, config.seed)
     model = build_model(config.workload, config.model_params, config.seed).to(ctx.device)
     sampler = make_sampler(config.workload, data, ctx.rank, ctx.world_size, config.batch_size, config.seed)
@@ -56,8 +61,15 @@ def train_worker(ctx: WorkerContext, config: RunConfig) -> dict:
                                config.momentum)
     # no optimizer hook: the loop calls step() itself, so the emulator's overhead timing of
     # optimizer.step() never includes the protocol's waiting
-    protocol = get_spec(config.protocol).build(model, None, config.protocol_options(), seed=config.seed,
-                                               timeout_s=config.timeout_s)
+    continue_on_death = config.resolved_on_failure() == "continue"
+    protocol = get_spec(config.protocol).build(
+        model, None, config.protocol_options(), seed=config.seed, timeout_s=config.timeout_s,
+        on_failure="continue" if continue_on_death else "abort",
+        dead_workers=ctx.dead_workers if continue_on_death and ctx.dead_workers else None,
+        **(services or {}))
+    if config.resume:
+        _restore(checkpoint.load_worker(config.checkpoint_dir, ctx.rank), model, optimizer, sampler, protocol)
+    checkpoints = checkpoint.CheckpointTimer(config.checkpoint_every_s) if config.checkpoint_dir else None
     state = protocol.state
     snapshots = SnapshotKeeper(config.resolved_eval_interval_s(), state.nbytes)
     meter = WindowMeter()
@@ -80,6 +92,9 @@ def train_worker(ctx: WorkerContext, config: RunConfig) -> dict:
         ) or stop_requested()
         if protocol.should_stop(local_done):
             break
+        if checkpoints is not None and protocol.checkpoint_due(checkpoints.due()):
+            _save(config, ctx.rank, model, optimizer, sampler, protocol)
+            checkpoints.mark()
         emulator.sleep(base_s * slowdown.factor(ctx.rank, computed))
         began = time.perf_counter()
         x, y = sampler.next()
@@ -100,6 +115,9 @@ def train_worker(ctx: WorkerContext, config: RunConfig) -> dict:
     local_accuracy, local_loss = evaluate(model, x_test, y_test)
     snapshots.take_final(loop_s, protocol.stats.iteration, state.gather)
     protocol.finish()
+    if checkpoints is not None:  # the consensus model: a later --resume trains on from it
+        _save(config, ctx.rank, model, optimizer, sampler, protocol)
+        checkpoints.mark()
     consensus_accuracy, consensus_loss = evaluate(model, x_test, y_test)
     if ctx.report is not None:
         ctx.report({"iteration": protocol.stats.iteration, "computed": computed, "t_s": loop_s, "done": True})
@@ -107,7 +125,23 @@ def train_worker(ctx: WorkerContext, config: RunConfig) -> dict:
     worker.update(rank=ctx.rank, standalone_iteration_s=standalone_s, math_s=math_s, loop_s=loop_s,
                   local_accuracy=local_accuracy, local_loss=local_loss, consensus_accuracy=consensus_accuracy,
                   consensus_loss=consensus_loss, peak_rss_mb=round(peak_rss_mb(), 1),
-                  throughput_series=meter.finish(loop_s))
+                  throughput_series=meter.finish(loop_s), checkpoints_saved=checkpoints.saved if checkpoints else 0)
     # numpy, not tensors: tensors sent through a multiprocessing queue need the sender alive
     return {"worker": worker,
             "snapshots": [(due, t, it, flat.cpu().numpy()) for due, t, it, flat in snapshots.snapshots]}
+
+
+def _save(config: RunConfig, rank: int, model, optimizer, sampler, protocol) -> None:
+    checkpoint.save_worker(config.checkpoint_dir, rank, {
+        "model": model.state_dict(), "optimizer": optimizer.state_dict(), "sampler": sampler.state_dict(),
+        "rng": torch.get_rng_state(), "protocol": protocol.state_dict(),
+    })
+
+
+def _restore(state: dict, model, optimizer, sampler, protocol) -> None:
+    """Load a worker checkpoint (every worker does this at the same point: PS's resume is a collective)."""
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    sampler.load_state_dict(state["sampler"])
+    torch.set_rng_state(state["rng"])
+    protocol.load_state_dict(state["protocol"])

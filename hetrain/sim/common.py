@@ -35,6 +35,7 @@ class SimSetup:
     time_budget_s: float | None = None  # stop every worker at this simulated time
     timelines: bool = False
     progress: Callable[[int], None] | None = None  # called with the number of new gradients
+    kills: tuple = ()  # (time_s, worker): workers that die then (``--fail``), survivors continue
 
 
 @dataclass
@@ -57,6 +58,31 @@ class Recorder:
         self.finish_s = [None] * n
         self.timeline = [[] for _ in range(n)] if self.timelines else None
         self._pending = 0
+        self.dead: set[int] = set()
+        self.recoveries: list[dict] = []  # per death: when, who, and how long until every survivor moved on
+        self._awaiting: list[tuple[dict, set]] = []
+
+    def died(self, worker: int, time_s: float) -> None:
+        """``worker`` was killed at ``time_s``: recovery ends when every survivor computes again."""
+        self.dead.add(worker)
+        self.finished(worker, time_s)
+        event = {"worker": worker, "t_s": time_s, "recovery_s": None}
+        self.recoveries.append(event)
+        survivors = {w for w in range(self.num_workers) if w not in self.dead and self.finish_s[w] is None}
+        self._awaiting.append((event, survivors))
+
+    def completed(self, worker: int, time_s: float) -> None:
+        """``worker`` finished an iteration (its averaging too): closes the recoveries it was awaited by."""
+        if not self._awaiting:
+            return
+        still = []
+        for event, waiting in self._awaiting:
+            waiting.discard(worker)
+            if waiting:
+                still.append((event, waiting))
+            else:
+                event["recovery_s"] = time_s - event["t_s"]
+        self._awaiting = still
 
     def computed(self, worker: int, start_s: float, duration_s: float, iteration: int) -> None:
         """Worker computed one gradient (iteration ``iteration``) in [start_s, start_s + duration_s]."""
@@ -108,4 +134,8 @@ class Recorder:
         return True
 
     def wall_time_s(self) -> float:
-        return max((t for t in self.finish_s if t is not None), default=0.0)
+        alive = [t for w, t in enumerate(self.finish_s) if t is not None and w not in self.dead]
+        return max(alive or [t for t in self.finish_s if t is not None] or [0.0])
+
+    def failure_metrics(self) -> dict:
+        return {"workers_lost": len(self.dead), "recoveries": self.recoveries}

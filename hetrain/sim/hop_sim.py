@@ -10,17 +10,23 @@ and messages: models of ``model_bytes`` and tokens of TOKEN_BYTES through the
 network model, FIFO per (kind, src, dst) channel.
 
 D-PSGD is HopWorker with HopConfig() (b = s = 0, no tokens).
+
+Deaths (``--fail``): a killed worker stops at once (its unfinished computation
+is lost, messages it already sent still arrive); every survivor adopts the
+repaired graph (:func:`hetrain.protocols.membership.repair`, the runtime's own)
+and its HopWorker is reconfigured, so nobody waits for the dead.
 """
 
 from __future__ import annotations
 
 from hetrain.protocols.hop_config import HopConfig, validate_hop_config
 from hetrain.protocols.hop_logic import make_hop_workers
+from hetrain.protocols.membership import neighbour_weights, repair
 from hetrain.sim.common import Recorder, SimSetup, SimulationError
 from hetrain.sim.network import TOKEN_BYTES
 from hetrain.topology import Topology
 
-IDLE, COMPUTING, WAITING, DONE = 0, 1, 2, 3
+IDLE, COMPUTING, WAITING, DONE, DEAD = 0, 1, 2, 3, 4
 
 
 class HopSim:
@@ -36,6 +42,7 @@ class HopSim:
         self.compute_start = [0.0] * n
         self.rec = Recorder(n, setup.timelines, setup.progress)
         self.neighbors = [sorted(set(topology.in_neighbors[i]) | set(topology.out_neighbors[i])) for i in range(n)]
+        self.last_sent: list[tuple | None] = [None] * n  # (iteration, payload) of each worker's last model sent
 
     # ----- the worker loop ----------------------------------------------------------
     def _begin(self, i: int) -> None:
@@ -66,6 +73,8 @@ class HopSim:
         engine.after(duration, self._computed, i, duration)
 
     def _computed(self, i: int, duration: float) -> None:
+        if self.state[i] == DEAD:
+            return  # killed mid-computation: the work is lost
         setup = self.setup
         engine, net, math = setup.engine, setup.network, setup.math
         w = self.workers[i]
@@ -79,6 +88,7 @@ class HopSim:
         now, nbytes = engine.now, setup.model_bytes
         for m in w.out_neighbors:
             engine.at(net.send(now, i, m, nbytes), self._update_arrives, m, i, k, payload)
+        self.last_sent[i] = (k, payload)
         self.state[i] = WAITING
         self._try_complete(i)
 
@@ -90,6 +100,7 @@ class HopSim:
             return
         plan = w.complete()
         engine = self.setup.engine
+        self.rec.completed(i, engine.now)
         engine.log("complete", i, (plan.iteration, tuple((t.src, t.iteration) for t in plan.terms)))
         math = self.setup.math
         if math.enabled:
@@ -106,6 +117,8 @@ class HopSim:
 
     # ----- arrivals -------------------------------------------------------------------
     def _update_arrives(self, dst: int, src: int, k: int, payload) -> None:
+        if self.state[dst] == DEAD or src not in self.workers[dst].in_weights:
+            return  # to the dead, or along an edge the repair removed
         self.workers[dst].receive_update(src, k, payload)
         state = self.state[dst]
         if state == WAITING:
@@ -114,6 +127,8 @@ class HopSim:
             self._begin(dst)  # a newer update may let it skip
 
     def _tokens_arrive(self, dst: int, src: int, count: int) -> None:
+        if self.state[dst] == DEAD or src not in self.workers[dst].tokens:
+            return
         self.workers[dst].receive_tokens(src, count)
         if self.state[dst] == IDLE:
             self._begin(dst)
@@ -130,26 +145,57 @@ class HopSim:
             engine.at(net.send(now, i, j, TOKEN_BYTES), self._neighbor_stopped, j, i)
 
     def _neighbor_stopped(self, dst: int, src: int) -> None:
+        if self.state[dst] == DEAD:
+            return
         w = self.workers[dst]
         w.sender_finished(src)  # one FIFO link carries both kinds of message here
         w.token_source_finished(src)
         if self.state[dst] in (IDLE, WAITING) and w.blocked_by_stopped_neighbors():
             self._finish(dst)
 
+    # ----- deaths ---------------------------------------------------------------------------
+    def _kill(self, d: int) -> None:
+        if self.state[d] in (DEAD, DONE):
+            return
+        self.state[d] = DEAD
+        engine = self.setup.engine
+        engine.log("killed", d, self.workers[d].iteration)
+        self.rec.died(d, engine.now)
+        self.topology = repair(self.topology, self.rec.dead)
+        for i, w in enumerate(self.workers):
+            if self.state[i] == DEAD:
+                continue
+            in_weights, self_weight, out = neighbour_weights(self.topology, i)
+            if in_weights != w.in_weights or out != w.out_neighbors:
+                new_out = w.reconfigure(in_weights, self_weight, out)
+                self.neighbors[i] = sorted(set(in_weights) | set(out))
+                if self.last_sent[i] is not None:  # new out-neighbours may wait for the model already sent
+                    k, payload = self.last_sent[i]
+                    net, now = self.setup.network, engine.now
+                    for m in new_out:
+                        engine.at(net.send(now, i, m, self.setup.model_bytes), self._update_arrives, m, i, k, payload)
+                if self.state[i] == WAITING:
+                    self._try_complete(i)
+                elif self.state[i] == IDLE:
+                    self._begin(i)
+
     # ----- running ----------------------------------------------------------------------
     def run(self) -> dict:
         engine = self.setup.engine
         for i in range(self.setup.num_workers):
             engine.at(0.0, self._begin, i)
+        for time_s, worker in self.setup.kills:
+            engine.at(time_s, self._kill, worker)
         cut = self.rec.run_engine(self.setup)
-        stuck = [i for i, s in enumerate(self.state) if s != DONE]
+        stuck = [i for i, s in enumerate(self.state) if s not in (DONE, DEAD)]
         if stuck and not cut:
             i = stuck[0]
             raise SimulationError(f"simulated {len(stuck)} worker(s) deadlocked; worker {i} waits for "
                                   f"{self.workers[i].waiting_for()}")
         counters = [w.counters() for w in self.workers]
         return {"workers": self.rec.worker_records(counters), "wall_time_s": self.rec.wall_time_s(),
-                "extra": {"topology": self.topology.name, "hop_config": vars(self.config).copy()},
+                "extra": {"topology": self.topology.name, "hop_config": vars(self.config).copy(),
+                          **self.rec.failure_metrics()},
                 "timeline": self.rec.timeline}
 
 

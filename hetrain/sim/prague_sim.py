@@ -48,8 +48,12 @@ class GroupSim:
         self.compute_start = [0.0] * n
         self.rec = Recorder(n, setup.timelines, setup.progress)
         self.groups_run = 0
+        self.groups_failed = 0
         self.communicators_created = 0
         self.preduce_s = 0.0
+        self.dead: set[int] = set()
+        self.waiting_in: dict[int, object] = {}  # worker -> the group it arrived at and waits in
+        self.running: set[int] = set()  # seq of groups whose P-Reduce is under way
 
     # ----- the worker loop ------------------------------------------------------------
     def _begin(self, i: int) -> None:
@@ -63,6 +67,8 @@ class GroupSim:
         setup.engine.after(duration, self._computed, i, duration)
 
     def _computed(self, i: int, duration: float) -> None:
+        if i in self.dead:
+            return  # killed mid-computation: the work is lost
         setup = self.setup
         engine = setup.engine
         k = self.iteration[i]
@@ -85,27 +91,37 @@ class GroupSim:
         engine.at(self.gg_free_s, self._gg_serve, i)
 
     def _gg_serve(self, i: int) -> None:
+        if i in self.dead:
+            return
         engine = self.setup.engine
         groups = self.scheduler.request(i, engine.now)
         nbytes = REQUEST_BYTES * (1 + len(groups))
         engine.at(self.setup.network.send(engine.now, self.gg_endpoint, i, nbytes), self._run_groups, i, groups)
 
     def _run_groups(self, i: int, groups) -> None:
+        if i in self.dead:
+            return
         self.pending[i].extend(groups)
         self._next_group(i)
 
     def _next_group(self, i: int) -> None:
         queue = self.pending[i]
         if not queue:
+            self.rec.completed(i, self.setup.engine.now)  # this iteration's averaging is done
             if self.leaving[i]:
                 self._finish(i)
             else:
                 self._begin(i)
             return
         group = queue.popleft()
+        if self.dead.intersection(group.members):  # a member died: the others skip this group
+            self.groups_failed += 1
+            self._next_group(i)
+            return
         count = self.arrived.get(group.seq, 0) + 1
         if count < len(group.members):
             self.arrived[group.seq] = count
+            self.waiting_in[i] = group
             return
         self.arrived.pop(group.seq, None)
         setup = self.setup
@@ -114,12 +130,22 @@ class GroupSim:
         if group.comm_id == group.seq:  # first use of this communicator: members create it
             now += setup.network.params.new_group_ms / 1000.0
             self.communicators_created += 1
+        self.running.add(group.seq)
         start, end = setup.network.collective(now, group.members, setup.model_bytes, preduce=True)
         self.preduce_s += end - start
         engine.log("preduce", -1, (group.seq, group.members))
         engine.at(end, self._group_done, group)
 
     def _group_done(self, group) -> None:
+        self.running.discard(group.seq)
+        for m in group.members:
+            self.waiting_in.pop(m, None)
+        if self.dead.intersection(group.members):  # a member died during the P-Reduce: it failed
+            self.groups_failed += 1
+            for m in group.members:
+                if m not in self.dead:
+                    self._next_group(m)
+            return
         self.groups_run += 1
         math = self.setup.math
         if math.enabled:
@@ -130,6 +156,24 @@ class GroupSim:
                 math.params[m] = mean.copy()
         for m in group.members:
             self._next_group(m)
+
+    def _kill(self, d: int) -> None:
+        if d in self.dead or self.done[d]:
+            return
+        self.dead.add(d)
+        engine = self.setup.engine
+        engine.log("killed", d, self.iteration[d])
+        self.rec.died(d, engine.now)
+        self.done[d] = True
+        self.pending[d].clear()
+        self.scheduler.leave(d, engine.now)  # the GG stops grouping it; what it owed is void
+        for i, group in list(self.waiting_in.items()):
+            if d in group.members and i not in self.dead and group.seq not in self.running:
+                # waiting for the dead in a group that never started: give up on it
+                del self.waiting_in[i]
+                self.arrived.pop(group.seq, None)
+                self.groups_failed += 1
+                self._next_group(i)
 
     def _finish(self, i: int) -> None:
         if not self.done[i]:
@@ -142,6 +186,8 @@ class GroupSim:
         engine = self.setup.engine
         for i in range(self.setup.num_workers):
             engine.at(0.0, self._begin, i)
+        for time_s, worker in self.setup.kills:
+            engine.at(time_s, self._kill, worker)
         cut = self.rec.run_engine(self.setup)
         stuck = [i for i, d in enumerate(self.done) if not d]
         if stuck and not cut:
@@ -149,21 +195,20 @@ class GroupSim:
                                   f"{self.pending[stuck[0]][0] if self.pending[stuck[0]] else '?'}")
         stats = dict(self.scheduler.stats())
         stats.update({"groups_formed": stats.get("gg_groups_formed", self.groups_run), "groups_run": self.groups_run,
-                      "communicators_created": self.communicators_created, "preduce_s": self.preduce_s})
+                      "groups_failed": self.groups_failed, "communicators_created": self.communicators_created,
+                      "preduce_s": self.preduce_s, **self.rec.failure_metrics()})
         return {"workers": self.rec.worker_records(), "wall_time_s": self.rec.wall_time_s(),
                 "extra": stats, "timeline": self.rec.timeline}
 
 
 def make_prague_sim(setup: SimSetup, options, seed: int) -> GroupSim:
-    from hetrain.protocols.group_generator import GroupGenerator
+    from hetrain.protocols.group_generator import scheduler_for
 
-    gg = GroupGenerator(setup.num_workers, options.group_size, options.gg, seed=seed,
-                        workers_per_node=options.workers_per_node, cache_size=options.communicator_cache)
-    return GroupSim(setup, gg, local_schedule=options.gg == "static", name="prague")
+    return GroupSim(setup, scheduler_for(setup.num_workers, options, seed), local_schedule=options.gg == "static",
+                    name="prague")
 
 
 def make_adpsgd_sim(setup: SimSetup, options, seed: int) -> GroupSim:
-    from hetrain.protocols.adpsgd_pairing import ActivePassivePairing
+    from hetrain.protocols.adpsgd_pairing import scheduler_for
 
-    pairing = ActivePassivePairing(setup.num_workers, seed=seed, cache_size=options.communicator_cache)
-    return GroupSim(setup, pairing, name="adpsgd")
+    return GroupSim(setup, scheduler_for(setup.num_workers, options, seed), name="adpsgd")

@@ -27,6 +27,7 @@ class ParameterServerSim:
         self.compute_start = [0.0] * n
         self.rec = Recorder(n, setup.timelines, setup.progress)
         self.model = setup.math.snapshot(0) if setup.math.enabled else None
+        self.aborted: float | None = None  # when the server's death ended the job
 
     def _begin(self, i: int) -> None:
         setup = self.setup
@@ -39,6 +40,8 @@ class ParameterServerSim:
         setup.engine.after(duration, self._computed, i, duration)
 
     def _computed(self, i: int, duration: float) -> None:
+        if i in self.rec.dead:
+            return
         setup = self.setup
         self.rec.computed(i, self.compute_start[i], duration, self.logic.pushes[i])
         grad = setup.math.worker_gradient(i) if setup.math.enabled else None
@@ -47,6 +50,8 @@ class ParameterServerSim:
         setup.engine.at(arrival, self._push_arrives, i, grad)
 
     def _push_arrives(self, i: int, grad) -> None:
+        if i in self.rec.dead:
+            return  # the push of a worker killed while it travelled: the server hears of the death first
         self._carry_out(self.logic.push(i, grad))
 
     def _carry_out(self, step: ServerStep) -> None:
@@ -66,18 +71,36 @@ class ParameterServerSim:
         setup.engine.at(arrival, self._pull_arrives, j, model)
 
     def _pull_arrives(self, j: int, model) -> None:
+        if j in self.rec.dead or self.aborted:
+            return
+        self.rec.completed(j, self.setup.engine.now)
         if model is not None:
             self.setup.math.set_params(j, model)
         self._begin(j)
+
+    def _kill(self, d: int) -> None:
+        if d in self.rec.dead or self.rec.finish_s[d] is not None or self.aborted:
+            return
+        now = self.setup.engine.now
+        self.rec.died(d, now)
+        if d == self.server:  # the server holds the only global model: the job cannot go on
+            self.aborted = now
+            for i in range(self.setup.num_workers):
+                self.rec.finished(i, now)
+            return
+        self._carry_out(self.logic.leave(d))  # no longer waited for
 
     def run(self) -> dict:
         engine = self.setup.engine
         for i in range(self.setup.num_workers):
             engine.at(0.0, self._begin, i)
+        for time_s, worker in self.setup.kills:
+            engine.at(time_s, self._kill, worker)
         self.rec.run_engine(self.setup)
         mode = "synchronous" if self.staleness == 0 else f"asynchronous (staleness {self.staleness})"
         return {"workers": self.rec.worker_records(), "wall_time_s": self.rec.wall_time_s(),
-                "extra": {"ps_mode": mode}, "timeline": self.rec.timeline}
+                "extra": {"ps_mode": mode, "aborted_at_s": self.aborted, **self.rec.failure_metrics()},
+                "timeline": self.rec.timeline}
 
 
 def make_sim(setup: SimSetup, options, seed: int) -> ParameterServerSim:

@@ -83,11 +83,16 @@ def simulate(config: RunConfig, options: SimOptions = SimOptions(), model_params
     else:
         math = NullMath()
     engine = Engine(trace=options.trace)
+    kills = _kills(config, compute_ms, slowdown)
+    budget_s, aborted_at_s = config.time_budget_s, None
+    if kills and config.resolved_on_failure() == "abort":  # the first death ends the job
+        aborted_at_s = kills[0][0]
+        budget_s, kills = min(budget_s or aborted_at_s, aborted_at_s), ()
     extra_endpoints = 1  # the Group Generator's endpoint (prague, adpsgd); unused by the others
     bar, update = _progress_bar(total, options.progress, f"simulate {config.protocol} x{n}")
     setup = SimSetup(n, iterations, compute_ms / 1000.0, slowdown, 4.0 * params, engine,
-                     Network(options.network, n + extra_endpoints), math, config.seed, config.time_budget_s,
-                     options.timelines, update)
+                     Network(options.network, n + extra_endpoints), math, config.seed, budget_s,
+                     options.timelines, update, kills)
     started = time.perf_counter()
     try:
         result = _protocol_sim(config, setup).run()
@@ -114,6 +119,8 @@ def simulate(config: RunConfig, options: SimOptions = SimOptions(), model_params
         "events_per_s": engine.events / runtime_s if runtime_s > 0 else None,
     }
     extra.update(result.get("extra", {}))
+    if aborted_at_s is not None:
+        extra.update(aborted_at_s=aborted_at_s, workers_lost=1)
     record = build_metrics(
         protocol=config.protocol,
         workers=result["workers"],
@@ -133,6 +140,20 @@ def simulate(config: RunConfig, options: SimOptions = SimOptions(), model_params
     if options.trace:
         record["trace"] = engine.trace
     return record
+
+
+def _kills(config: RunConfig, compute_ms: float, slowdown) -> tuple:
+    """``--fail``'s (time_s, worker) kills, up to the run's horizon."""
+    from hetrain.faults import parse_fail
+
+    spec = parse_fail(config.fail, config.seed)
+    if not spec.active:
+        return ()
+    horizon = config.time_budget_s
+    if horizon is None:  # an iteration-limited run: at most every iteration at the slowest worker's pace
+        slowest = max(slowdown.expected_factor(i) for i in range(config.num_workers))
+        horizon = 10.0 * config.iterations * compute_ms / 1000.0 * slowest
+    return tuple(spec.kills(config.num_workers, horizon))
 
 
 def _protocol_sim(config: RunConfig, setup: SimSetup):

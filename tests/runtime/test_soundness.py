@@ -116,10 +116,10 @@ def test_a_worker_killed_by_sigkill_is_named_with_its_signal(tmp_path):
 class _Launch:
     """``hetrain train`` in its own process group (like a shell job), its stderr read as it comes."""
 
-    def __init__(self, tmp_path):
+    def __init__(self, tmp_path, *extra):
         self.out = tmp_path / "run"
         cmd = [sys.executable, "-m", "hetrain", "train", "--protocol", "hop", "--workers", "3",
-               "--compute-ms", "50", "--time-budget", "60", "--out", str(self.out)]
+               "--compute-ms", "50", "--time-budget", "60", "--out", str(self.out), *extra]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      start_new_session=True)
         self.pid = self.proc.pid
@@ -202,7 +202,7 @@ def test_killing_the_launcher_leaves_no_worker_behind(tmp_path):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_worker_killed_from_outside_fails_the_cli_in_one_line_naming_it(tmp_path):
-    job = _Launch(tmp_path)
+    job = _Launch(tmp_path, "--on-failure", "abort")
     job.wait_until_training()
     os.kill(_workers_of(job.pid)[-1], signal.SIGKILL)
     assert job.finish() == 1

@@ -1,0 +1,148 @@
+"""Checkpoints: each worker's model, optimizer, data position, RNG and protocol state, written atomically.
+
+Layout of ``--checkpoint-dir DIR``:
+
+- ``DIR/manifest.json``: the run's configuration fingerprint (what must match
+  to resume: protocol, workers, workload, model size, batch, optimizer, seed,
+  protocol options), written by the launcher before any worker starts;
+- ``DIR/worker-<rank>.pt``: one file per worker, replaced atomically (written
+  to a temporary file in DIR, then ``os.replace``), so a crash mid-write leaves
+  the previous checkpoint intact.
+
+Loading uses ``torch.load(weights_only=True)``: a checkpoint holds tensors,
+numbers, strings and containers only and can execute nothing. ``--resume``
+continues from the checkpoints in DIR (or starts fresh when DIR holds none,
+so the same command line works for a job's first start and for torchrun's
+restarts); a checkpoint of another configuration, or a missing or unreadable
+worker file, is refused before any worker starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from hetrain.errors import UsageError
+
+FORMAT = 1
+MANIFEST = "manifest.json"
+FINGERPRINT_FIELDS = ("protocol", "num_workers", "workload", "model_params", "batch_size", "momentum", "seed")
+
+
+def fingerprint(config) -> dict:
+    """What a resumed run must share with the run that wrote the checkpoint (resolved values)."""
+    data = {name: getattr(config, name) for name in FINGERPRINT_FIELDS}
+    data.update(optimizer=config.resolved_optimizer(), lr=config.resolved_lr(),
+                options=dict(sorted(config.options.items())))
+    return data
+
+
+def worker_path(directory, rank: int) -> Path:
+    return Path(directory) / f"worker-{rank}.pt"
+
+
+def prepare(directory: str, config, resume: bool) -> bool:
+    """Launcher side, before anything is written: True when the run resumes from DIR's checkpoints.
+
+    Refuses (one-line UsageError) a DIR that is not a directory, checkpoints of
+    another configuration, missing or unreadable worker files, and checkpoints that
+    a run without ``--resume`` would overwrite. Writes nothing: :func:`start` does.
+    """
+    path = Path(directory)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--checkpoint-dir {path}: exists and is not a directory")
+    manifest = path / MANIFEST
+    has_checkpoints = manifest.exists() or any(path.glob("worker-*.pt")) if path.exists() else False
+    if not resume:
+        if has_checkpoints:
+            raise UsageError(f"--checkpoint-dir {path} holds checkpoints of a run; pass --resume to continue it, "
+                             "or choose an empty directory")
+        return False
+    if not has_checkpoints:
+        return False  # nothing to resume from: a fresh start (a torchrun job's first attempt)
+    try:
+        saved = json.loads(manifest.read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--resume: {manifest} is missing or unreadable ({exc}); it is not a hetrain "
+                         "checkpoint directory") from None
+    expected = json.loads(json.dumps(fingerprint(config)))  # the same JSON round trip as the saved one
+    differing = sorted(k for k in set(saved) | set(expected) if saved.get(k) != expected.get(k))
+    if differing:
+        name = differing[0]
+        raise UsageError(f"--resume: the checkpoint in {path} is of another configuration ({name} was "
+                         f"{saved.get(name)!r}, now {expected.get(name)!r}); run with the same settings "
+                         "or another --checkpoint-dir")
+    for rank in range(config.num_workers):
+        load_worker(path, rank)  # every worker file present and readable, before anyone starts
+    return True
+
+
+def start(directory: str, config, resumed: bool) -> None:
+    """Create DIR and, on a fresh start, write its manifest (after every check passed)."""
+    if not resumed:
+        _write_manifest(Path(directory), config)
+
+
+def _write_manifest(path: Path, config) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        _write_atomic(path / MANIFEST, (json.dumps(fingerprint(config), indent=2) + "\n").encode())
+    except OSError as exc:
+        raise UsageError(f"--checkpoint-dir {path}: not writable ({exc.strerror})") from None
+
+
+def load_worker(directory, rank: int) -> dict:
+    """Worker ``rank``'s checkpoint (weights_only: tensors, numbers, strings, containers)."""
+    file = worker_path(directory, rank)
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise UsageError(f"--resume: {file} is missing (a checkpoint needs every worker's file)") from None
+    except Exception as exc:  # torch raises several types for truncated or foreign files
+        raise UsageError(f"--resume: {file} is not a readable checkpoint ({type(exc).__name__}); "
+                         "remove the directory or resume from another") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT or state.get("rank") != rank:
+        raise UsageError(f"--resume: {file} is not a hetrain worker checkpoint for worker {rank}")
+    return state
+
+
+def save_worker(directory, rank: int, state: dict) -> None:
+    """Write worker ``rank``'s checkpoint atomically."""
+    file = worker_path(directory, rank)
+    fd, tmp = tempfile.mkstemp(dir=file.parent, prefix=f".{file.name}.")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            torch.save({"format": FORMAT, "rank": rank, **state}, handle)
+        os.replace(tmp, file)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _write_atomic(file: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=file.parent, prefix=f".{file.name}.")
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+    os.replace(tmp, file)
+
+
+class CheckpointTimer:
+    """When a worker's next checkpoint is due: every ``every_s`` seconds of this run's training."""
+
+    def __init__(self, every_s: float | None):
+        self.every_s = every_s
+        self._last = time.perf_counter()
+        self.saved = 0
+
+    def due(self) -> bool:
+        return self.every_s is not None and time.perf_counter() - self._last >= self.every_s
+
+    def mark(self) -> None:
+        self._last = time.perf_counter()
+        self.saved += 1

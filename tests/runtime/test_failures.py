@@ -1,0 +1,152 @@
+"""A worker dies, training goes on (continue), or the job fails naming it (abort); checkpoints resume.
+
+Deaths are real: the launcher SIGKILLs the worker process (``--fail W@Ts``) at a training time read
+from the workers' progress reports. The default set kills at a few chosen points; ``-m slow`` sweeps
+20 seeds of random points per protocol.
+"""
+
+import json
+import random
+
+import pytest
+
+from hetrain.cli import main
+from hetrain.config import RunConfig
+from hetrain.errors import WorkerError
+from hetrain.runtime.run import run_training
+
+BASE = dict(num_workers=4, compute_ms=20.0, slowdown="0:2x", time_budget_s=6.0, timeout_s=20.0)
+
+
+def _survive(protocol, fail, **options):
+    config = RunConfig(protocol=protocol, fail=fail, on_failure="continue", options=options, **BASE)
+    metrics = run_training(config, None, progress=False)
+    dead = {d["rank"] for d in metrics["deaths"]}
+    assert metrics["workers_lost"] == len(dead) >= 1
+    assert all("SIGKILL" in d["how"] for d in metrics["deaths"])
+    survivors = [w for w in metrics["workers"] if w["rank"] not in dead]
+    assert len(survivors) == 4 - len(dead)
+    assert all(w["iterations"] > 0 for w in survivors)
+    assert metrics["final_accuracy_avg_model"] > 0.8  # the survivors trained on, and ended in consensus
+    return metrics
+
+
+@pytest.mark.parametrize("protocol, options", [
+    ("hop", {}), ("dpsgd", {}), ("prague", {"gg": "smart"}), ("prague", {"gg": "random"}), ("adpsgd", {}),
+    ("ps", {}),
+])
+def test_survivors_go_on_when_a_worker_is_killed_mid_training(protocol, options):
+    metrics = _survive(protocol, "2@3s", **options)
+    assert [d["rank"] for d in metrics["deaths"]] == [2]
+    assert metrics["deaths"][0]["recovery_s"] is not None  # every survivor computed again after it
+
+
+def test_prague_survives_the_death_of_rank_0_whose_group_generator_lives_in_the_launcher():
+    _survive("prague", "0@3s", gg="smart")
+
+
+def test_two_deaths_in_a_ring_are_repaired_around():
+    metrics = _survive("hop", "1@2s,2@4s")
+    assert sorted(d["rank"] for d in metrics["deaths"]) == [1, 2]
+
+
+@pytest.mark.parametrize("protocol", ["hop", "prague", "ps"])
+def test_abort_fails_the_job_naming_the_dead_worker(protocol):
+    config = RunConfig(protocol=protocol, fail="1@3s", on_failure="abort", **BASE)
+    with pytest.raises(WorkerError, match="^worker 1 was killed by SIGKILL"):
+        run_training(config, None, progress=False)
+
+
+def test_the_parameter_servers_own_death_ends_the_job():
+    config = RunConfig(protocol="ps", fail="0@3s", on_failure="continue", **BASE)
+    with pytest.raises(WorkerError, match="^worker 0 was killed by SIGKILL"):
+        run_training(config, None, progress=False)
+
+
+def _random_points(protocol, seed):
+    rng = random.Random(seed)
+    worker = rng.randrange(4)
+    # before the first iteration, mid-run, or in the last moments (during finish: the budget is 6 s)
+    when = rng.choice([0.0, rng.uniform(0.5, 5.5), 6.05])
+    if protocol == "ps" and worker == 0:
+        worker = 1  # the server's death ends a ps job by design (tested above)
+    return f"{worker}@{when:.2f}s"
+
+
+@pytest.mark.parametrize("protocol", ["hop", "prague", "adpsgd", "ps"])
+@pytest.mark.parametrize("seed", [0])
+def test_sigkill_at_random_points_never_hangs(protocol, seed):
+    config = RunConfig(protocol=protocol, fail=_random_points(protocol, seed), on_failure="continue", **BASE)
+    metrics = run_training(config, None, progress=False)  # the job ends (rc 0) with the survivors' results
+    assert metrics["workers_lost"] <= 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("protocol", ["hop", "prague", "adpsgd", "ps"])
+@pytest.mark.parametrize("seed", range(1, 21))
+def test_sigkill_at_random_points_over_twenty_seeds(protocol, seed):
+    test_sigkill_at_random_points_never_hangs(protocol, seed)
+
+
+# ----- the command line --------------------------------------------------------------------------
+
+def test_train_continues_and_records_the_death(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["train", "--protocol", "hop", "--workers", "4", "--compute-ms", "20", "--time-budget", "6",
+                 "--fail", "3@3s", "--no-progress", "--out", str(out)])
+    assert code == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["workers_lost"] == 1 and metrics["deaths"][0]["rank"] == 3
+    assert "workers lost 1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--fail", "3@"], "--fail '3@'"),
+    (["--fail", "random:rate=0"], "random takes rate=R"),
+    (["--fail", "7@5s"], "names worker 7"),
+    (["--protocol", "allreduce", "--on-failure", "continue"], "allreduce cannot continue"),
+    (["--protocol", "prague", "--gg", "static", "--on-failure", "continue"], "static schedule has no Group"),
+    (["--resume"], "--checkpoint-every and --resume need --checkpoint-dir"),
+])
+def test_bad_failure_and_checkpoint_input_is_one_line_exit_2(tmp_path, capsys, args, message):
+    out = tmp_path / "out"
+    code = main(["train", "--workers", "4", "--iterations", "5", "--no-progress", "--out", str(out), *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and message in err[0], err
+    assert not out.exists()
+
+
+# ----- checkpoints -------------------------------------------------------------------------------
+
+def _train(tmp_path, name, *extra):
+    return main(["train", "--protocol", "hop", "--workers", "3", "--compute-ms", "20", "--iterations", "120",
+                 "--checkpoint-dir", str(tmp_path / "ckpt"), "--no-progress", "--out", str(tmp_path / name), *extra])
+
+
+def test_a_killed_job_resumes_from_its_checkpoints_and_finishes_its_iterations(tmp_path):
+    # the whole job dies mid-run: every worker is killed (abort), as a lost machine would
+    assert _train(tmp_path, "first", "--checkpoint-every", "0.5", "--fail", "1@2s", "--on-failure", "abort") == 1
+    saved = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert "manifest.json" in saved and {"worker-0.pt", "worker-1.pt", "worker-2.pt"} <= set(saved)
+    assert _train(tmp_path, "second", "--resume") == 0
+    metrics = json.loads((tmp_path / "second" / "metrics.json").read_text())
+    assert metrics["resumed"] is True
+    for w in metrics["workers"]:
+        assert w["iteration"] >= 120  # the counter went on from the checkpoint...
+        assert 0 < w["iterations"] < 120 and w["iterations_before_resume"] > 0  # ...this run computed the rest
+    assert metrics["final_accuracy_avg_model"] > 0.9
+
+
+def test_resume_refuses_another_configuration_and_a_corrupt_checkpoint(tmp_path, capsys):
+    assert _train(tmp_path, "first") == 0
+    assert _train(tmp_path, "again") == 2  # would overwrite checkpoints without --resume
+    assert "pass --resume" in capsys.readouterr().err
+    code = main(["train", "--protocol", "hop", "--workers", "3", "--compute-ms", "20", "--iterations", "120",
+                 "--checkpoint-dir", str(tmp_path / "ckpt"), "--resume", "--lr", "0.5", "--no-progress",
+                 "--out", str(tmp_path / "other")])
+    err = capsys.readouterr().err
+    assert code == 2 and "another configuration (lr was 0.1, now 0.5)" in err and not (tmp_path / "other").exists()
+    (tmp_path / "ckpt" / "worker-1.pt").write_bytes(b"not a checkpoint")
+    assert _train(tmp_path, "broken", "--resume") == 2
+    assert "worker-1.pt is not a readable checkpoint" in capsys.readouterr().err
+    assert not (tmp_path / "broken").exists()
