@@ -69,15 +69,10 @@ class SendWindow:
         ``tensors`` are kept alive until the works complete (gloo reads them while sending).
         """
         with self._cond:
-            deadline = time.monotonic() + self.timeout_s
-            while len(self._queue) >= self.max_in_flight and self._error is None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise WorkerError(
-                        f"{self.owner} waited {self.timeout_s:.0f} s for worker {self.peer} to receive its "
-                        f"messages ({len(self._queue)} in flight; did worker {self.peer} stop receiving?)"
-                    )
-                self._cond.wait(min(remaining, 1.0))
+            self._wait_while(lambda: len(self._queue) >= self.max_in_flight, self.timeout_s,
+                             lambda: f"{self.owner} waited {self.timeout_s:.0f} s for worker {self.peer} to receive "
+                                     f"its messages ({len(self._queue)} in flight; did worker {self.peer} stop "
+                                     "receiving?)")
             self._raise_error()
             self._queue.append((start(), tensors))
             self.posted += 1
@@ -87,17 +82,20 @@ class SendWindow:
     def drain(self, timeout_s: float | None = None) -> None:
         """Wait until every posted message has been sent (at most ``timeout_s``, default the window's)."""
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + timeout_s
         with self._cond:
-            while self._queue and self._error is None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise WorkerError(
-                        f"{self.owner} waited {timeout_s:.0f} s for worker {self.peer} to receive its last "
-                        f"{len(self._queue)} message(s)"
-                    )
-                self._cond.wait(min(remaining, 1.0))
+            self._wait_while(lambda: bool(self._queue), timeout_s,
+                             lambda: f"{self.owner} waited {timeout_s:.0f} s for worker {self.peer} to receive its "
+                                     f"last {len(self._queue)} message(s)")
             self._raise_error()
+
+    def _wait_while(self, busy, timeout_s: float, describe) -> None:
+        """With the lock held: wait while ``busy()`` and no send failed; WorkerError(describe()) at the timeout."""
+        deadline = time.monotonic() + timeout_s
+        while busy() and self._error is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise WorkerError(describe())
+            self._cond.wait(min(remaining, 1.0))
 
     def close(self) -> None:
         """Stop the reaper (after what is queued); messages still queued are dropped without waiting."""
