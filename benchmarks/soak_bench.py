@@ -22,7 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-from hetrain.config import PROTOCOLS, RunConfig
+from hetrain.config import RunConfig
+from hetrain.registry import PROTOCOL_NAMES
 from hetrain.runtime.run import run_training
 
 MODELS = {
@@ -68,7 +69,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/soak")
     parser.add_argument("--duration", type=float, default=600.0, help="seconds per run (default 600)")
-    parser.add_argument("--protocols", default=",".join(PROTOCOLS))
+    parser.add_argument("--protocols", default=",".join(PROTOCOL_NAMES))
     parser.add_argument("--workers", default="4,8")
     parser.add_argument("--models", default=",".join(MODELS), help=f"from {', '.join(MODELS)}")
     parser.add_argument("--timeout", type=float, default=300.0, help="per-wait timeout of the runs (seconds)")

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 from hetrain.protocols.comm_lru import CommunicatorLRU, agree_comm_id
 from hetrain.protocols.ledger import Group, GroupLedger
-from hetrain.protocols.options import OptionError, option
+from hetrain.protocols.options import OptionError, check_at_least, option
 
 GG_MODES = ("random", "buffer", "division", "static", "smart")
 _EMA = 0.3  # weight of the newest compute time in the smart mode's speed estimate
@@ -85,9 +85,13 @@ class PragueOptions:
     group_size: int = option(2, help="prague: P-Reduce group size s (default 2, see docs/prague.md)")
     communicator_cache: int = option(60, help="prague/adpsgd: communicators kept per worker (default 60)")
     workers_per_node: int | None = option(help="prague: node size for the node-aware static schedule")
+    gg_prefetch_ms: float = option(5.0, type=float,
+                                   help="prague: ask the Group Generator this many ms before the compute is "
+                                        "expected to end, hiding the round trip (default 5; 0: ask after it)")
 
     def validate(self, num_workers: int) -> PragueOptions:
         validate_gg(num_workers, self.group_size, self.gg, self.communicator_cache, self.workers_per_node)
+        check_at_least("gg_prefetch_ms", self.gg_prefetch_ms, 0)
         return self
 
 

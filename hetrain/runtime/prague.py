@@ -23,7 +23,9 @@ from hetrain.errors import UsageError, WorkerError
 from hetrain.protocols.group_generator import PragueOptions, scheduler_for
 from hetrain.protocols.ledger import GroupScheduler
 from hetrain.protocols.options import OptionError
+from hetrain.protocols.request_timing import ComputeEstimate, ask_after_s
 from hetrain.runtime.consensus import average_state
+from hetrain.runtime.gg_prefetch import GroupPrefetch
 from hetrain.runtime.gg_service import GGServer, LocalClient, SchedulerHost, SocketClient
 from hetrain.runtime.job import DEFAULT_TIMEOUT_S
 from hetrain.runtime.preduce import MemberDied, PReduce
@@ -39,7 +41,7 @@ class GroupProtocol(SyncProtocol):
 
     def __init__(self, model, optimizer, scheduler: GroupScheduler, *, communicator_cache: int,
                  local_scheduler: bool, process_group, timeout_s: float, on_failure: str = "abort",
-                 dead_workers=None, gg_address: tuple[str, str] | None = None):
+                 dead_workers=None, gg_address: tuple[str, str] | None = None, gg_prefetch_ms: float = 0.0):
         super().__init__(model, optimizer, process_group=process_group, timeout_s=timeout_s,
                          on_failure=on_failure, dead_workers=dead_workers)
         job = self.job
@@ -62,6 +64,11 @@ class GroupProtocol(SyncProtocol):
             self.gg = LocalClient(0, self._server)
         else:
             self.gg = SocketClient(job.rank, job.store, job.timeout_s)
+        # ask the GG before the compute ends (not for a local schedule: no round trip to hide)
+        self._lead_ms = gg_prefetch_ms
+        self._prefetch = None if self._local or gg_prefetch_ms <= 0 else \
+            GroupPrefetch(self.gg.request, f"worker {job.rank}", job.timeout_s)
+        self._compute = ComputeEstimate()
         self._groups_run = 0
         self._members_run = 0
         self._empty_syncs = 0
@@ -73,13 +80,17 @@ class GroupProtocol(SyncProtocol):
     # -- the loop --------------------------------------------------------------
     def _sync(self) -> None:
         start = time.perf_counter()
-        groups = self.gg.request()
+        prefetch = self._prefetch
+        groups = prefetch.take() if prefetch is not None and prefetch.pending else self.gg.request()
         self._gg_wait_s += time.perf_counter() - start
         self.stats.iteration = self.stats.iterations
         if groups:
             self._run(groups)
         else:
             self._empty_syncs += 1
+        if prefetch is not None:
+            self._compute.add(start - self._last_step_end)
+            prefetch.schedule(time.perf_counter() + ask_after_s(self._compute.value, self._lead_ms))
         self._update_extra()
 
     def _run(self, groups) -> None:
@@ -101,7 +112,8 @@ class GroupProtocol(SyncProtocol):
     # -- leaving -----------------------------------------------------------------
     def _finish(self) -> None:
         """Leave the GG, run the groups still owed, wait for all to leave, average over everyone."""
-        owed = self.gg.leave()
+        owed = self._prefetch.withdraw() if self._prefetch is not None else []
+        owed = owed + self.gg.leave()
         if owed:
             self._run(owed)
         if self.job.world_size > 1:
@@ -113,6 +125,8 @@ class GroupProtocol(SyncProtocol):
         self._update_extra()
 
     def _release(self) -> None:
+        if self._prefetch is not None:
+            self._prefetch.close()
         if self._server is not None:
             self._server.close()
         self.gg.close()
@@ -143,6 +157,7 @@ class GroupProtocol(SyncProtocol):
             empty_syncs=self._empty_syncs,
             gg_wait_s=self._gg_wait_s,
             member_wait_s=self._member_wait_s,
+            gg_requests_early=self._prefetch.sent_early if self._prefetch is not None else 0,
             **self.preduce.stats(),
         )
 
@@ -153,7 +168,9 @@ class Prague(GroupProtocol):
     ``gg``: ``smart`` (heterogeneity-aware, the default), ``random``, ``buffer``,
     ``division`` or ``static``; ``group_size``: members per group (2 by default,
     docs/prague.md); ``communicator_cache``: communicators kept per worker;
-    ``workers_per_node``: node size for the node-aware static schedule; ``seed``:
+    ``workers_per_node``: node size for the node-aware static schedule;
+    ``gg_prefetch_ms``: ask the GG this long before the compute is expected to
+    end, hiding the round trip (0: ask after it; :mod:`~hetrain.runtime.gg_prefetch`); ``seed``:
     the GG's random draws (the same on every worker). ``gg_address=(host:port,
     secret)`` uses a Group Generator served elsewhere (the local launcher serves
     one, so no worker's death takes it down); otherwise rank 0 serves it.
@@ -169,11 +186,11 @@ class Prague(GroupProtocol):
     name = "prague"
 
     def __init__(self, model, optimizer=None, *, gg: str = "smart", group_size: int = 2,
-                 communicator_cache: int = 60, workers_per_node: int | None = None, seed: int = 0,
-                 process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort",
+                 communicator_cache: int = 60, workers_per_node: int | None = None, gg_prefetch_ms: float = 5.0,
+                 seed: int = 0, process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort",
                  dead_workers=None, gg_address: tuple[str, str] | None = None):
         world = dist.get_world_size(process_group) if dist.is_initialized() else 1
-        options = PragueOptions(gg, group_size, communicator_cache, workers_per_node)
+        options = PragueOptions(gg, group_size, communicator_cache, workers_per_node, gg_prefetch_ms)
         scheduler = scheduler_for(world, options, seed)
         self.gg_mode = options.gg
         if options.gg == "static" and on_failure == "continue":
@@ -181,7 +198,8 @@ class Prague(GroupProtocol):
                               "{on_failure} abort, or another {gg} mode")
         super().__init__(model, optimizer, scheduler, communicator_cache=options.communicator_cache,
                          local_scheduler=options.gg == "static", process_group=process_group, timeout_s=timeout_s,
-                         on_failure=on_failure, dead_workers=dead_workers, gg_address=gg_address)
+                         on_failure=on_failure, dead_workers=dead_workers, gg_address=gg_address,
+                         gg_prefetch_ms=options.gg_prefetch_ms)
         self.stats.extra["gg_mode"] = options.gg
 
     def should_stop(self, local_done: bool) -> bool:

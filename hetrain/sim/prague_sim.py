@@ -16,13 +16,17 @@ This module supplies time and messages only:
   exchange for small models, a ring all-reduce otherwise, as the runtime does),
   plus ``new_group_ms`` when the group's communicator is created (``comm_id == seq``:
   a cache miss on the members);
-* a worker that reaches its last iteration ``leave``\\ s and runs the groups it still owes.
+* a worker that reaches its last iteration ``leave``\\ s and runs the groups it still owes;
+* with ``gg_prefetch_ms`` (Prague's default), the request leaves ``gg_prefetch_ms``
+  before the compute is expected to end (:mod:`hetrain.protocols.request_timing`,
+  as the runtime does), and an answer that arrives early waits for the compute.
 """
 
 from __future__ import annotations
 
 from collections import deque
 
+from hetrain.protocols.request_timing import ComputeEstimate, ask_after_s
 from hetrain.sim.common import Recorder, SimSetup, SimulationError
 
 GG_SERVICE_S = 20e-6  # scheduler time per request (pure-Python request handling)
@@ -32,7 +36,8 @@ REQUEST_BYTES = 64  # a request or a reply line
 class GroupSim:
     """Simulate a group-averaging protocol whose groups come from ``scheduler``."""
 
-    def __init__(self, setup: SimSetup, scheduler, *, local_schedule: bool = False, name: str = "prague"):
+    def __init__(self, setup: SimSetup, scheduler, *, local_schedule: bool = False, name: str = "prague",
+                 prefetch_ms: float = 0.0):
         self.setup = setup
         self.scheduler = scheduler
         self.local = local_schedule
@@ -54,6 +59,12 @@ class GroupSim:
         self.dead: set[int] = set()
         self.waiting_in: dict[int, object] = {}  # worker -> the group it arrived at and waits in
         self.running: set[int] = set()  # seq of groups whose P-Reduce is under way
+        # asking before the compute ends: per worker None, "sent" (computing), "awaiting" (computed,
+        # no answer yet) or "answered" (answer in early_groups, still computing)
+        self.prefetch_ms = 0.0 if local_schedule else prefetch_ms
+        self.estimate = [ComputeEstimate() for _ in range(n)]
+        self.prefetch: list[str | None] = [None] * n
+        self.early_groups: list = [None] * n
 
     # ----- the worker loop ------------------------------------------------------------
     def _begin(self, i: int) -> None:
@@ -63,8 +74,23 @@ class GroupSim:
             self._run_groups(i, self.scheduler.leave(i, setup.engine.now))
             return
         duration = setup.compute_s * setup.slowdown.factor(i, self.iteration[i])
-        self.compute_start[i] = setup.engine.now
-        setup.engine.after(duration, self._computed, i, duration)
+        now = self.compute_start[i] = setup.engine.now
+        estimate = self.estimate[i].value
+        if self.prefetch_ms > 0 and estimate is not None and ask_after_s(estimate, self.prefetch_ms) < duration:
+            setup.engine.after(ask_after_s(estimate, self.prefetch_ms), self._ask_early, i)
+            self.prefetch[i] = "scheduled"
+        self.estimate[i].add(duration)
+        setup.engine.at(now + duration, self._computed, i, duration)
+
+    def _ask_early(self, i: int) -> None:
+        if i in self.dead or self.prefetch[i] != "scheduled":
+            return
+        self.prefetch[i] = "sent"
+        self._send_request(i)
+
+    def _send_request(self, i: int) -> None:
+        engine = self.setup.engine
+        engine.at(self.setup.network.send(engine.now, i, self.gg_endpoint, REQUEST_BYTES), self._gg_request, i)
 
     def _computed(self, i: int, duration: float) -> None:
         if i in self.dead:
@@ -81,8 +107,13 @@ class GroupSim:
         if self.local:
             self._run_groups(i, self.scheduler.request(i, engine.now))
             return
-        arrival = setup.network.send(engine.now, i, self.gg_endpoint, REQUEST_BYTES)
-        engine.at(arrival, self._gg_request, i)
+        asked, self.prefetch[i] = self.prefetch[i], None
+        if asked == "sent":
+            self.prefetch[i] = "awaiting"
+        elif asked == "answered":
+            self._run_groups(i, self.early_groups[i])
+        else:
+            self._send_request(i)
 
     def _gg_request(self, i: int) -> None:
         engine = self.setup.engine
@@ -96,7 +127,14 @@ class GroupSim:
         engine = self.setup.engine
         groups = self.scheduler.request(i, engine.now)
         nbytes = REQUEST_BYTES * (1 + len(groups))
-        engine.at(self.setup.network.send(engine.now, self.gg_endpoint, i, nbytes), self._run_groups, i, groups)
+        engine.at(self.setup.network.send(engine.now, self.gg_endpoint, i, nbytes), self._answered, i, groups)
+
+    def _answered(self, i: int, groups) -> None:
+        if self.prefetch[i] == "sent":  # still computing: the groups wait for the step's end
+            self.prefetch[i], self.early_groups[i] = "answered", groups
+            return
+        self.prefetch[i] = None
+        self._run_groups(i, groups)
 
     def _run_groups(self, i: int, groups) -> None:
         if i in self.dead:
@@ -205,7 +243,7 @@ def make_prague_sim(setup: SimSetup, options, seed: int) -> GroupSim:
     from hetrain.protocols.group_generator import scheduler_for
 
     return GroupSim(setup, scheduler_for(setup.num_workers, options, seed), local_schedule=options.gg == "static",
-                    name="prague")
+                    name="prague", prefetch_ms=options.gg_prefetch_ms)
 
 
 def make_adpsgd_sim(setup: SimSetup, options, seed: int) -> GroupSim:

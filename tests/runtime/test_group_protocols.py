@@ -78,6 +78,7 @@ ALONE_SPREAD = _spread([_train(None, None, ITERATIONS, rank=r)[3] for r in range
 CASES = [
     ("prague", {"gg": "smart", "group_size": 3}),
     ("prague", {"gg": "random", "group_size": 2}),
+    ("prague", {"gg": "smart", "group_size": 2, "gg_prefetch_ms": 0.0}),  # ask after the compute
     ("prague", {"gg": "buffer", "group_size": 3}),
     ("prague", {"gg": "division", "group_size": 2, "communicator_cache": 1}),
     ("prague", {"gg": "static", "group_size": 2, "workers_per_node": 2}),

@@ -39,3 +39,18 @@ def test_prague_smart_beats_allreduce_under_a_straggler():
 def test_every_slowdown_spec_slows_one_worker_in_n():
     slowdown = parse_slowdown("every:8:5x")
     assert [w for w in range(20) if slowdown.factor(w, 0) == 5.0] == [0, 8, 16]
+
+
+def test_prague_asking_before_the_compute_ends_hides_the_group_generators_round_trip():
+    from hetrain.sim.network import NetworkParams
+    from hetrain.sim.runner import SimOptions
+
+    base = RunConfig(protocol="prague", num_workers=8, iterations=200, compute_ms=50.0, seed=1)
+    slow_link = SimOptions(network=NetworkParams(latency_us=2000.0))
+    after = simulate(base.replace(options={"gg_prefetch_ms": 0.0}), slow_link)
+    before = simulate(base.replace(options={"gg_prefetch_ms": 5.0}), slow_link)
+    for record in (after, before):
+        assert all(w["iterations"] == 200 for w in record["workers"])
+    # two 2 ms messages per iteration are in the critical path only when asking after the compute
+    assert after["heterogeneity_efficiency"] < 0.95
+    assert before["heterogeneity_efficiency"] > after["heterogeneity_efficiency"] + 0.03
