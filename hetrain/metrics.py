@@ -74,6 +74,10 @@ def build_metrics(
             record[key] = sum(w.get(key, 0) for w in workers)
     if any("peak_rss_mb" in w for w in workers):
         record["peak_rss_mb_max_worker"] = max(w.get("peak_rss_mb", 0.0) for w in workers)
+    for key in ("tcp_connections_training", "tcp_connections_end"):
+        counts = [w[key] for w in workers if w.get(key) is not None]
+        if counts:
+            record[f"{key}_max_worker"] = max(counts)
     if len(series) >= 4:  # a quarter of fewer windows would compare a window with itself
         record["samples_per_s_first_quarter"], record["samples_per_s_last_quarter"] = quarter_rates(series)
         record["rss_mb_all_workers_at_1min"] = rss_at(series, 60.0)

@@ -1,4 +1,4 @@
-"""Speed and memory over time, per worker: samples/s, RSS and training loss per window.
+"""Speed and memory over time, per worker: samples/s, RSS, TCP connections and training loss per window.
 
 A run's first seconds say little about its tenth minute: a leak or a slowing
 protocol shows only over time. Every worker keeps a :class:`WindowMeter`; each
@@ -32,13 +32,42 @@ def peak_rss_mb() -> float:
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # bytes on macOS, KiB on Linux
 
 
+def tcp_connections() -> int | None:
+    """Established TCP connections this process holds (Linux: /proc; None elsewhere).
+
+    A process's sockets are its ``socket:[inode]`` descriptors; the kernel's
+    TCP tables give each inode's state (``01``: established).
+    """
+    try:
+        fd_dir = "/proc/self/fd"
+        inodes = set()
+        for fd in os.listdir(fd_dir):
+            try:
+                target = os.readlink(f"{fd_dir}/{fd}")
+            except OSError:  # closed meanwhile
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+        count = 0
+        for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+            with open(table) as handle:
+                next(handle)
+                for line in handle:
+                    fields = line.split()
+                    if fields[3] == "01" and fields[9] in inodes:
+                        count += 1
+        return count
+    except OSError:
+        return None
+
+
 class WindowMeter:
     """Accumulate samples (and losses) per ``window_s`` window of a run that starts at t = 0.
 
     ``record(t_s, samples, loss)`` after each iteration; windows close when an
     iteration ends past their end (a window with no iteration records 0 samples/s).
     ``finish(t_s)`` closes the last, partial window. ``series`` is a list of
-    ``{"t_s": window end, "samples_per_s", "rss_mb", "train_loss"}``.
+    ``{"t_s": window end, "samples_per_s", "rss_mb", "tcp_connections", "train_loss"}``.
     """
 
     def __init__(self, window_s: float = DEFAULT_WINDOW_S):
@@ -72,6 +101,7 @@ class WindowMeter:
             "t_s": round(end_s, 3),
             "samples_per_s": self._samples / duration if duration > 0 else 0.0,
             "rss_mb": round(rss_mb(), 1),
+            "tcp_connections": tcp_connections(),
             "train_loss": self._loss_sum / self._loss_count if self._loss_count else None,
         })
         self._start_s = end_s

@@ -23,7 +23,7 @@ from hetrain.registry import get_spec
 from hetrain.runtime import checkpoint
 from hetrain.runtime.context import WorkerContext
 from hetrain.runtime.emulation import ComputeEmulator
-from hetrain.runtime.meter import WindowMeter, peak_rss_mb
+from hetrain.runtime.meter import WindowMeter, peak_rss_mb, tcp_connections
 from hetrain.runtime.snapshots import SnapshotKeeper
 from hetrain.slowdown import parse_slowdown
 
@@ -114,6 +114,7 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
     x_test, y_test = data.x_test.to(ctx.device), data.y_test.to(ctx.device)
     local_accuracy, local_loss = evaluate(model, x_test, y_test)
     snapshots.take_final(loop_s, protocol.stats.iteration, state.gather)
+    connections_training = tcp_connections()  # before the final average over the whole job
     protocol.finish()
     if checkpoints is not None:  # the consensus model: a later --resume trains on from it
         _save(config, ctx.rank, model, optimizer, sampler, protocol)
@@ -125,6 +126,7 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
     worker.update(rank=ctx.rank, standalone_iteration_s=standalone_s, math_s=math_s, loop_s=loop_s,
                   local_accuracy=local_accuracy, local_loss=local_loss, consensus_accuracy=consensus_accuracy,
                   consensus_loss=consensus_loss, peak_rss_mb=round(peak_rss_mb(), 1),
+                  tcp_connections_training=connections_training, tcp_connections_end=tcp_connections(),
                   throughput_series=meter.finish(loop_s), checkpoints_saved=checkpoints.saved if checkpoints else 0)
     # numpy, not tensors: tensors sent through a multiprocessing queue need the sender alive
     return {"worker": worker,

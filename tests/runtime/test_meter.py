@@ -7,7 +7,7 @@ import torch
 
 from hetrain.metrics import build_metrics, job_series, quarter_rates, rss_at
 from hetrain.runtime.emulation import ComputeEmulator
-from hetrain.runtime.meter import WindowMeter, peak_rss_mb, rss_mb
+from hetrain.runtime.meter import WindowMeter, peak_rss_mb, rss_mb, tcp_connections
 from hetrain.runtime.snapshots import SnapshotKeeper
 
 
@@ -26,6 +26,22 @@ def test_window_meter_rates_losses_and_empty_windows():
 
 def test_rss_readings_are_plausible():
     assert 10 < rss_mb() <= peak_rss_mb() * 1.01 + 1
+
+
+@pytest.mark.skipif(tcp_connections() is None, reason="needs Linux /proc")
+def test_tcp_connections_counts_this_processs_established_sockets():
+    import socket
+
+    before = tcp_connections()
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        with socket.create_connection(server.getsockname()) as client:
+            accepted, _ = server.accept()
+            with accepted:
+                assert tcp_connections() == before + 2  # both ends live in this process
+                assert client.fileno() >= 0
+    assert tcp_connections() == before
 
 
 def test_job_series_sums_workers_and_stops_at_the_shortest():
