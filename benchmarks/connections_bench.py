@@ -6,7 +6,8 @@
 A decentralized worker talks to a few neighbours, but a world-sized gloo group
 may connect every pair. For each protocol and job size this runs a short local
 job twice: gloo's default (connect every pair of a group when it is created)
-and ``TORCH_GLOO_LAZY_INIT=1`` (connect a pair on its first message). Each
+and ``TORCH_GLOO_LAZY_INIT=1`` (connect a pair on its first message; hetrain's
+default since this measurement). Each
 worker counts its established TCP connections (``/proc``; see
 ``hetrain.runtime.meter.tcp_connections``) while training, just before the
 final average over the whole job, and after it. Writes OUT/connections.md and
@@ -29,10 +30,7 @@ LAZY_ENV = "TORCH_GLOO_LAZY_INIT"
 
 
 def measure(protocol: str, workers: int, lazy: bool, budget_s: float, out: Path) -> dict:
-    if lazy:
-        os.environ[LAZY_ENV] = "1"
-    else:
-        os.environ.pop(LAZY_ENV, None)
+    os.environ[LAZY_ENV] = "1" if lazy else "0"  # explicit: hetrain's own default is lazy
     config = RunConfig(protocol=protocol, num_workers=workers, time_budget_s=budget_s, compute_ms=50.0,
                        timeout_s=300.0)
     metrics = run_training(config, str(out / f"{protocol}-{workers}-{'lazy' if lazy else 'eager'}"), progress=False)

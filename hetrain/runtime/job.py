@@ -38,12 +38,26 @@ def job_store():
         return None
 
 
+GLOO_LAZY_ENV = "TORCH_GLOO_LAZY_INIT"
+
+
+def prefer_lazy_connections() -> None:
+    """Let gloo connect a pair of ranks on their first message, not every pair when a group is made.
+
+    A decentralized worker talks to a few neighbours; eagerly, each world-sized
+    group costs it a connection to every other rank (docs/decisions.md,
+    "Connections"). An explicit ``TORCH_GLOO_LAZY_INIT`` in the environment wins.
+    """
+    os.environ.setdefault(GLOO_LAZY_ENV, "1")
+
+
 def init(backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> torch.device:
     """Join the job torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR, ...); return this worker's device.
 
     Initialises the default process group if needed (NCCL when CUDA is available,
     else gloo, unless ``backend`` says) and, with NCCL, selects ``LOCAL_RANK``'s GPU.
     """
+    prefer_lazy_connections()
     if not dist.is_initialized():
         if backend is None:
             backend = "nccl" if torch.cuda.is_available() else "gloo"

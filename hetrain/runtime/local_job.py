@@ -66,8 +66,10 @@ def _child(fn, rank, world_size, store_path, backend, timeout_s, args, results, 
         import torch.distributed as dist
 
         from hetrain.runtime.context import WorkerContext
+        from hetrain.runtime.job import prefer_lazy_connections
 
         torch.set_num_threads(1)
+        prefer_lazy_connections()
         store = dist.FileStore(store_path, world_size)
         timeout = datetime.timedelta(seconds=timeout_s)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
