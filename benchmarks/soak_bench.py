@@ -6,8 +6,9 @@
 Models: the digits MLP (``--compute-ms 50``, 20 KB messages) and a synthetic
 model of 25M parameters (100 MB per message, real compute). No slowdown. For
 each run: the RSS of all workers together at 1 minute and at the end, and the
-job's samples/s in the first and last quarter of the run (from metrics.json's
-``throughput_series``). Goals (issue "Runtime soundness"): RSS growth after the
+job's samples/s in the first and last quarter of the run (from the workers'
+``throughput_series`` in metrics.json, recomputed by this version's rules, so
+``--skip-done`` re-reads older records the same way). Goals (issue "Runtime soundness"): RSS growth after the
 first minute <= 5%, last-quarter rate >= 0.95x the first quarter's.
 
 Writes OUT/soak.md and OUT/soak.json after every run (a long sweep can be
@@ -23,6 +24,7 @@ import time
 from pathlib import Path
 
 from hetrain.config import RunConfig
+from hetrain.metrics import job_series, quarter_rates, rss_at
 from hetrain.registry import PROTOCOL_NAMES
 from hetrain.runtime.run import run_training
 
@@ -34,9 +36,23 @@ RSS_GROWTH_GOAL = 0.05
 RATE_RATIO_GOAL = 0.95
 
 
+def job_series_of(metrics: dict) -> list[dict]:
+    """The job's series from the workers' own, by this version's rules (records written before
+    windows carried their length get it from their ends)."""
+    per_worker = []
+    for worker in metrics["workers"]:
+        series, previous = [], 0.0
+        for point in worker.get("throughput_series", []):
+            series.append({**point, "window_s": point.get("window_s", round(point["t_s"] - previous, 3))})
+            previous = point["t_s"]
+        per_worker.append(series)
+    return job_series(per_worker)
+
+
 def row_of(model: str, workers: int, metrics: dict) -> dict:
-    rss_1min, rss_end = metrics.get("rss_mb_all_workers_at_1min"), metrics.get("rss_mb_all_workers_at_end")
-    first, last = metrics.get("samples_per_s_first_quarter"), metrics.get("samples_per_s_last_quarter")
+    series = job_series_of(metrics)
+    rss_1min, rss_end = rss_at(series, 60.0), series[-1]["rss_mb"] if series else None
+    first, last = quarter_rates(series)
     growth = (rss_end - rss_1min) / rss_1min if rss_1min and rss_end is not None else None
     ratio = last / first if first and last is not None else None
     return {

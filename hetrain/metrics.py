@@ -115,18 +115,28 @@ def job_series(per_worker: list[list[dict]]) -> list[dict]:
     """The job's windows: samples/s and RSS summed over workers, window by window.
 
     Workers stop a moment apart, so one may close a window more than another; the
-    job's series stops at the shortest, so every window sums every worker.
+    job's series stops at the shortest, so every window sums every worker. It
+    also leaves out a worker's last window when it is partial (shorter than its
+    first): rates of windows of different lengths do not add up (a 10 ms window
+    with one iteration in it would read as a burst).
     """
     if not per_worker:
         return []
+    full = [_full_windows(s) for s in per_worker]
     series = []
-    for index in range(min(len(s) for s in per_worker)):
-        points = [s[index] for s in per_worker]
+    for index in range(min(len(s) for s in full)):
+        points = [s[index] for s in full]
         series.append({
             "t_s": max(p["t_s"] for p in points),
             "samples_per_s": sum(p["samples_per_s"] for p in points),
             "rss_mb": round(sum(p["rss_mb"] for p in points), 1),
         })
+    return series
+
+
+def _full_windows(series: list[dict]) -> list[dict]:
+    if len(series) >= 2 and series[-1].get("window_s", 0.0) < 0.99 * series[0].get("window_s", 0.0):
+        return series[:-1]
     return series
 
 

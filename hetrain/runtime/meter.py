@@ -67,7 +67,7 @@ class WindowMeter:
     ``record(t_s, samples, loss)`` after each iteration; windows close when an
     iteration ends past their end (a window with no iteration records 0 samples/s).
     ``finish(t_s)`` closes the last, partial window. ``series`` is a list of
-    ``{"t_s": window end, "samples_per_s", "rss_mb", "tcp_connections", "train_loss"}``.
+    ``{"t_s": window end, "window_s", "samples_per_s", "rss_mb", "tcp_connections", "train_loss"}``.
     """
 
     def __init__(self, window_s: float = DEFAULT_WINDOW_S):
@@ -99,6 +99,7 @@ class WindowMeter:
         duration = end_s - self._start_s
         self.series.append({
             "t_s": round(end_s, 3),
+            "window_s": round(duration, 3),  # shorter than the others for the last, partial window
             "samples_per_s": self._samples / duration if duration > 0 else 0.0,
             "rss_mb": round(rss_mb(), 1),
             "tcp_connections": tcp_connections(),

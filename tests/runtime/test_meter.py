@@ -53,6 +53,20 @@ def test_job_series_sums_workers_and_stops_at_the_shortest():
                       {"t_s": 10.2, "samples_per_s": 22.0, "rss_mb": 165.0}]
 
 
+def test_job_series_leaves_out_partial_last_windows():
+    def window(t, length, rate):
+        return {"t_s": t, "window_s": length, "samples_per_s": rate, "rss_mb": 1.0}
+
+    a = [window(5.0, 5.0, 100.0), window(10.0, 5.0, 100.0), window(10.01, 0.01, 3200.0)]  # one step in 10 ms
+    b = [window(5.0, 5.0, 100.0), window(10.0, 5.0, 100.0), window(12.0, 2.0, 100.0)]
+    series = job_series([a, b])
+    assert [p["samples_per_s"] for p in series] == [200.0, 200.0]  # no burst at the end
+    meter = WindowMeter(window_s=5.0)
+    meter.record(1.0, 32)
+    meter.record(5.5, 32)
+    assert [p["window_s"] for p in meter.finish(5.51)] == [5.0, 0.51]
+
+
 def test_quarter_rates_weight_windows_by_overlap():
     series = [{"t_s": 10.0 * (i + 1), "samples_per_s": rate, "rss_mb": 1.0} for i, rate in enumerate([4, 8, 8, 2])]
     first, last = quarter_rates(series)  # quarters of 40 s are exactly the first and last windows
