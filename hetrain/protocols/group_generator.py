@@ -88,10 +88,17 @@ class PragueOptions:
     gg_prefetch_ms: float = option(5.0, type=float,
                                    help="prague: ask the Group Generator this many ms before the compute is "
                                         "expected to end, hiding the round trip (default 5; 0: ask after it)")
+    gg_shards: int = option(1, help="prague: Group Generators, each over a shard of the workers redrawn every "
+                                    "--gg-epoch-s (default 1: one for the job; docs/prague.md)")
+    gg_epoch_s: float = option(1.0, type=float, help="prague: seconds between redraws of the shards (default 1)")
 
     def validate(self, num_workers: int) -> PragueOptions:
         validate_gg(num_workers, self.group_size, self.gg, self.communicator_cache, self.workers_per_node)
         check_at_least("gg_prefetch_ms", self.gg_prefetch_ms, 0)
+        if self.gg_shards != 1:
+            from hetrain.protocols.sharded_gg import check_sharding
+
+            check_sharding(num_workers, self.group_size, self.gg, self.gg_shards, self.gg_epoch_s)
         return self
 
 
@@ -384,5 +391,10 @@ class GroupGenerator:
 def scheduler_for(num_workers: int, options: PragueOptions, seed: int = 0) -> GroupGenerator:
     """Prague's Group Generator for ``options`` (every mode; ``static`` computes its schedule locally)."""
     options.validate(num_workers)
+    if options.gg_shards > 1:
+        from hetrain.protocols.sharded_gg import ShardedGroupGenerator
+
+        return ShardedGroupGenerator(num_workers, options.group_size, options.gg, shards=options.gg_shards,
+                                     epoch_s=options.gg_epoch_s, seed=seed, cache_size=options.communicator_cache)
     return GroupGenerator(num_workers, options.group_size, options.gg, seed=seed,
                           workers_per_node=options.workers_per_node, cache_size=options.communicator_cache)

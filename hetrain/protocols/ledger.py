@@ -10,7 +10,7 @@ chain always points to a group of lower ``seq`` and can never close a cycle.
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -135,6 +135,17 @@ class GroupLedger:
         if worker not in self.left:
             self.left.add(worker)
             self._active.remove(worker)
+
+    def start_absent(self) -> None:
+        """Nobody is here yet: every worker counts as left until it :meth:`arrive` s (sharded generators)."""
+        self.left = set(range(self.num_workers))
+        self._active = []
+
+    def arrive(self, worker: int) -> None:
+        """``worker`` (absent until now) may be grouped from now on."""
+        if worker in self.left:
+            self.left.discard(worker)
+            insort(self._active, worker)
 
     def open_groups(self) -> list[Group]:
         """Groups some member has not started yet, in order."""

@@ -170,7 +170,10 @@ class Prague(GroupProtocol):
     docs/prague.md); ``communicator_cache``: communicators kept per worker;
     ``workers_per_node``: node size for the node-aware static schedule;
     ``gg_prefetch_ms``: ask the GG this long before the compute is expected to
-    end, hiding the round trip (0: ask after it; :mod:`~hetrain.runtime.gg_prefetch`); ``seed``:
+    end, hiding the round trip (0: ask after it; :mod:`~hetrain.runtime.gg_prefetch`);
+    ``gg_shards``/``gg_epoch_s``: that many Group Generators, each over a shard
+    of the workers redrawn every ``gg_epoch_s`` seconds
+    (:mod:`~hetrain.protocols.sharded_gg`); ``seed``:
     the GG's random draws (the same on every worker). ``gg_address=(host:port,
     secret)`` uses a Group Generator served elsewhere (the local launcher serves
     one, so no worker's death takes it down); otherwise rank 0 serves it.
@@ -187,10 +190,12 @@ class Prague(GroupProtocol):
 
     def __init__(self, model, optimizer=None, *, gg: str = "smart", group_size: int = 2,
                  communicator_cache: int = 60, workers_per_node: int | None = None, gg_prefetch_ms: float = 5.0,
-                 seed: int = 0, process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort",
-                 dead_workers=None, gg_address: tuple[str, str] | None = None):
+                 gg_shards: int = 1, gg_epoch_s: float = 1.0, seed: int = 0, process_group=None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort", dead_workers=None,
+                 gg_address: tuple[str, str] | None = None):
         world = dist.get_world_size(process_group) if dist.is_initialized() else 1
-        options = PragueOptions(gg, group_size, communicator_cache, workers_per_node, gg_prefetch_ms)
+        options = PragueOptions(gg, group_size, communicator_cache, workers_per_node, gg_prefetch_ms, gg_shards,
+                                gg_epoch_s)
         scheduler = scheduler_for(world, options, seed)
         self.gg_mode = options.gg
         if options.gg == "static" and on_failure == "continue":

@@ -43,8 +43,8 @@ class GroupSim:
         self.local = local_schedule
         self.name = name
         n = setup.num_workers
-        self.gg_endpoint = n
-        self.gg_free_s = 0.0
+        self.gg_endpoint = n  # the first; a sharded scheduler's shard k is served at n + k
+        self.gg_free_s: dict[int, float] = {}
         self.iteration = [0] * n
         self.leaving = [False] * n
         self.done = [False] * n
@@ -90,7 +90,12 @@ class GroupSim:
 
     def _send_request(self, i: int) -> None:
         engine = self.setup.engine
-        engine.at(self.setup.network.send(engine.now, i, self.gg_endpoint, REQUEST_BYTES), self._gg_request, i)
+        endpoint = self._endpoint(i)
+        engine.at(self.setup.network.send(engine.now, i, endpoint, REQUEST_BYTES), self._gg_request, i, endpoint)
+
+    def _endpoint(self, i: int) -> int:
+        shard_of = getattr(self.scheduler, "endpoint", None)
+        return self.gg_endpoint + (shard_of(i, self.setup.engine.now) if shard_of else 0)
 
     def _computed(self, i: int, duration: float) -> None:
         if i in self.dead:
@@ -115,19 +120,19 @@ class GroupSim:
         else:
             self._send_request(i)
 
-    def _gg_request(self, i: int) -> None:
+    def _gg_request(self, i: int, endpoint: int) -> None:
         engine = self.setup.engine
-        start = max(engine.now, self.gg_free_s)
-        self.gg_free_s = start + GG_SERVICE_S
-        engine.at(self.gg_free_s, self._gg_serve, i)
+        done = max(engine.now, self.gg_free_s.get(endpoint, 0.0)) + GG_SERVICE_S  # one request at a time
+        self.gg_free_s[endpoint] = done
+        engine.at(done, self._gg_serve, i, endpoint)
 
-    def _gg_serve(self, i: int) -> None:
+    def _gg_serve(self, i: int, endpoint: int) -> None:
         if i in self.dead:
             return
         engine = self.setup.engine
         groups = self.scheduler.request(i, engine.now)
         nbytes = REQUEST_BYTES * (1 + len(groups))
-        engine.at(self.setup.network.send(engine.now, self.gg_endpoint, i, nbytes), self._answered, i, groups)
+        engine.at(self.setup.network.send(engine.now, endpoint, i, nbytes), self._answered, i, groups)
 
     def _answered(self, i: int, groups) -> None:
         if self.prefetch[i] == "sent":  # still computing: the groups wait for the step's end

@@ -88,7 +88,8 @@ def simulate(config: RunConfig, options: SimOptions = SimOptions(), model_params
     if kills and config.resolved_on_failure() == "abort":  # the first death ends the job
         aborted_at_s = kills[0][0]
         budget_s, kills = min(budget_s or aborted_at_s, aborted_at_s), ()
-    extra_endpoints = 1  # the Group Generator's endpoint (prague, adpsgd); unused by the others
+    # the Group Generators' endpoints (prague, adpsgd: one per shard); unused by the others
+    extra_endpoints = max(1, int((config.options or {}).get("gg_shards") or 1))
     bar, update = _progress_bar(total, options.progress, f"simulate {config.protocol} x{n}")
     setup = SimSetup(n, iterations, compute_ms / 1000.0, slowdown, 4.0 * params, engine,
                      Network(options.network, n + extra_endpoints), math, config.seed, budget_s,

@@ -10,6 +10,7 @@ from hetrain.errors import UsageError
 from hetrain.protocols.adpsgd_pairing import ActivePassivePairing
 from hetrain.protocols.comm_lru import CommunicatorLRU
 from hetrain.protocols.group_generator import GG_MODES, GroupGenerator, static_schedule, validate_gg
+from hetrain.protocols.sharded_gg import ShardedGroupGenerator
 
 
 def _play(scheduler, num_workers, iterations, draw, check=None):
@@ -47,11 +48,12 @@ def _play(scheduler, num_workers, iterations, draw, check=None):
         now += 0.001 * (1 + draw(10))
         if kind == "request":
             done[what] += 1
-            before = scheduler.ledger.next_seq
+            ledger = getattr(scheduler, "ledger", None)  # the sharded generator has one per shard
+            before = ledger.next_seq if ledger else None
             groups = scheduler.request(what, now)
             assert all(what in g.members for g in groups)
-            if scheduler.mode != "static":  # a group created by this request includes the requester
-                assert all(what in g.members for g in scheduler.ledger.open_groups() if g.seq >= before)
+            if ledger and scheduler.mode != "static":  # a group created by this request includes the requester
+                assert all(what in g.members for g in ledger.open_groups() if g.seq >= before)
             todo[what].extend(groups)
         elif kind == "leave":
             left.add(what)
@@ -345,3 +347,62 @@ def test_smart_prefers_a_partner_it_did_not_just_average_with():
     # due at 0.301, inside worker 0's 5 ms window at 0.3
     # 1 is due soonest (0.3), but 0 just averaged with it: it takes 2 instead
     assert [g.members for g in gg.request(0, 0.3)] == [(0, 2)]
+
+
+SHARDED_MODES = [m for m in GG_MODES if m != "static"]
+
+
+@pytest.mark.parametrize("mode", SHARDED_MODES)
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), n=st.integers(4, 9), shards=st.integers(1, 3), epoch_ms=st.integers(2, 40),
+       seed=st.integers(0, 99))
+def test_sharded_generators_never_deadlock_across_epochs(mode, data, n, shards, epoch_ms, seed):
+    """Workers move between shards as epochs pass (5-50 ms per event here), leave mid-way, straggle."""
+    shards = min(shards, n // 2)
+    gg = ShardedGroupGenerator(n, 2, mode, shards=shards, epoch_s=epoch_ms / 1000, seed=seed, cache_size=2)
+    iterations = data.draw(st.lists(st.integers(0, 8), min_size=n, max_size=n))
+    ran = _play(gg, n, iterations, lambda k: data.draw(st.integers(0, k - 1)))
+    for worker, groups in ran.items():
+        assert all(worker in g.members and len(g.members) == 2 for g in groups)
+    _assert_comm_ids_agree(ran, cache_size=2)
+
+
+def _assert_comm_ids_agree(ran, cache_size):
+    """Each worker's own LRU, fed its groups in the order it ran them, hits exactly when the id is reused."""
+    for groups in ran.values():
+        lru = CommunicatorLRU(cache_size)
+        for g in groups:
+            hit, _ = lru.use(g.members, g.comm_id)
+            assert hit == (g.comm_id != g.seq), (g, groups)
+
+
+def test_sharded_split_is_a_partition_redrawn_each_epoch_and_the_same_everywhere():
+    a = ShardedGroupGenerator(12, 2, "smart", shards=3, epoch_s=1.0, seed=5)
+    b = ShardedGroupGenerator(12, 2, "smart", shards=3, epoch_s=1.0, seed=5)
+    for epoch in range(4):
+        parts = a.split(epoch)
+        assert sorted(w for part in parts for w in part) == list(range(12))
+        assert [len(p) for p in parts] == [4, 4, 4]
+        assert parts == b.split(epoch)
+        assert all(a.shard_of(w, epoch) == i for i, part in enumerate(parts) for w in part)
+    assert a.split(0) != a.split(1)
+
+
+def test_sharded_groups_stay_within_a_shard_of_their_epoch():
+    gg = ShardedGroupGenerator(16, 2, "random", shards=4, epoch_s=0.1, seed=2)
+    now = 0.0
+    for step in range(400):
+        worker, now = step % 16, now + 0.001
+        for g in gg.request(worker, now):
+            epoch = (g.seq >> 32) // 4
+            assert len({gg.shard_of(m, epoch) for m in g.members}) == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (dict(shards=0, epoch_s=1.0), "gg_shards must be >= 1"),
+    (dict(shards=5, epoch_s=1.0), "leave each shard at least 2 workers"),
+    (dict(shards=2, epoch_s=0.0), "gg_epoch_s must be > 0"),
+])
+def test_sharded_bad_input_is_a_one_line_error(args, message):
+    with pytest.raises(UsageError, match=message):
+        ShardedGroupGenerator(8, 2, "smart", **args)

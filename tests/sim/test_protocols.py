@@ -54,3 +54,13 @@ def test_prague_asking_before_the_compute_ends_hides_the_group_generators_round_
     # two 2 ms messages per iteration are in the critical path only when asking after the compute
     assert after["heterogeneity_efficiency"] < 0.95
     assert before["heterogeneity_efficiency"] > after["heterogeneity_efficiency"] + 0.03
+
+
+def test_prague_with_sharded_generators_relieves_a_saturated_group_generator():
+    # 1,024 workers asking every 5 ms: one generator (20 us a request) is busy 4x over; 8 shards share it
+    base = RunConfig(protocol="prague", num_workers=1024, time_budget_s=0.5, compute_ms=5.0, slowdown="every:8:5x")
+    one = simulate(base.replace(options={"gg_shards": 1}))
+    eight = simulate(base.replace(options={"gg_shards": 8, "gg_epoch_s": 0.1}))
+    assert one["heterogeneity_efficiency"] < 0.35
+    assert eight["heterogeneity_efficiency"] > 1.5 * one["heterogeneity_efficiency"]
+    assert eight["gg_shards"] == 8
