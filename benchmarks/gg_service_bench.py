@@ -11,7 +11,7 @@ JSON lines, one lock around the scheduler) and C client processes, each a
 between requests) for ``--duration`` seconds: job-wide requests/s, and p50 /
 p99 of a request's round trip. Clients and server share this machine's cores,
 so (b) is a lower bound of what a dedicated GG host would serve. The
-simulator charges ``hetrain.sim.prague_sim.GG_SERVICE_S`` per request; the
+simulator charges ``hetrain simulate --gg-service-us`` per request; the
 figures calibrate it (docs/simulator.md). Writes OUT/gg_service.md and .json.
 """
 

@@ -13,13 +13,14 @@ from hetrain.commands.run_options import (
     warn_unused,
 )
 from hetrain.config import RunConfig
+from hetrain.errors import UsageError
 from hetrain.registry import PROTOCOL_NAMES, get_spec
 
 HELP = "simulate a protocol (discrete events: compute, network, the protocol's own logic) at any scale"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from hetrain.sim.network import DEFAULT_BANDWIDTH_GBPS, DEFAULT_LATENCY_US
+    from hetrain.sim.network import DEFAULT_BANDWIDTH_GBPS, DEFAULT_GG_SERVICE_US, DEFAULT_LATENCY_US
     from hetrain.sim.runner import DEFAULT_COMPUTE_MS, MATH_MODES
 
     parser.add_argument("--protocol", default="hop",
@@ -32,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help=f"per-worker link bandwidth in gigabits/s (default {DEFAULT_BANDWIDTH_GBPS:g}: loopback gloo)")
     s.add_argument("--latency-us", type=float, default=DEFAULT_LATENCY_US,
                    help=f"per-message latency in microseconds (default {DEFAULT_LATENCY_US:g}: loopback gloo)")
+    s.add_argument("--gg-service-us", type=float, default=DEFAULT_GG_SERVICE_US,
+                   help=f"a Group Generator's time per request in microseconds (default {DEFAULT_GG_SERVICE_US:g}; "
+                        "measured: benchmarks/gg_service_bench.py, docs/simulator.md)")
     s.add_argument("--math", default="none",
                    help=f"{' or '.join(MATH_MODES)}: digits trains a real MLP per simulated worker "
                         "(default none: timing only)")
@@ -57,7 +61,10 @@ def run(args) -> int:
     from hetrain.sim.report import summary, write_run
     from hetrain.sim.runner import SimOptions, simulate
 
-    options = SimOptions(NetworkParams(args.latency_us, args.bandwidth_gbps), args.math, args.timelines,
+    if args.gg_service_us < 0:
+        raise UsageError(f"--gg-service-us must be >= 0, got {args.gg_service_us:g}")
+    options = SimOptions(NetworkParams(args.latency_us, args.bandwidth_gbps, gg_service_us=args.gg_service_us),
+                         args.math, args.timelines,
                          progress=not args.no_progress)
     if args.sweep:
         return _run_sweep(args, options)

@@ -35,6 +35,7 @@ from hetrain.protocols.exchange_rule import uses_direct_exchange
 # one-way send/recv of 8 bytes took 46 us between 2 processes and 150-180 us with 8 processes
 # sharing the cores; 10 MB moved at 2.8-3.5 GB/s.
 DEFAULT_LATENCY_US = 150.0
+DEFAULT_GG_SERVICE_US = 20.0  # one request handled by the Group Generator service (pure-Python logic)
 DEFAULT_BANDWIDTH_GBPS = 24.0  # gigabits per second (3 GB/s)
 TOKEN_BYTES = 8  # a token or control message
 
@@ -46,6 +47,7 @@ class NetworkParams:
     latency_us: float = DEFAULT_LATENCY_US
     bandwidth_gbps: float = DEFAULT_BANDWIDTH_GBPS
     new_group_ms: float = 5.0  # creating a communicator (P-Reduce cache miss), from docs/simulator.md
+    gg_service_us: float = DEFAULT_GG_SERVICE_US  # a Group Generator's time per request (docs/simulator.md)
 
     @property
     def latency_s(self) -> float:
@@ -57,7 +59,8 @@ class NetworkParams:
 
     def as_dict(self) -> dict:
         return {"latency_us": self.latency_us, "bandwidth_gbps": self.bandwidth_gbps,
-                "new_group_ms": self.new_group_ms, "contention": "per-NIC FIFO (egress and ingress)"}
+                "new_group_ms": self.new_group_ms, "gg_service_us": self.gg_service_us,
+                "contention": "per-NIC FIFO (egress and ingress)"}
 
 
 def ring_allreduce_s(num_members: int, nbytes: float, params: NetworkParams) -> float:

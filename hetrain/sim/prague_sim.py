@@ -9,7 +9,7 @@ Prague, :class:`hetrain.protocols.adpsgd_pairing.ActivePassivePairing` for AD-PS
 This module supplies time and messages only:
 
 * a request is a small message to the scheduler's endpoint (beside rank 0), served
-  one at a time (``GG_SERVICE_S`` each), and a reply back; ``--gg static`` computes
+  one at a time (``--gg-service-us`` each), and a reply back; ``--gg static`` computes
   its schedule locally (no messages);
 * a P-Reduce starts when its last member arrives and every member's links are free;
   it costs a P-Reduce of the model over the group (network.collective; a direct
@@ -29,7 +29,6 @@ from collections import deque
 from hetrain.protocols.request_timing import ComputeEstimate, ask_after_s
 from hetrain.sim.common import Recorder, SimSetup, SimulationError
 
-GG_SERVICE_S = 20e-6  # scheduler time per request (pure-Python request handling)
 REQUEST_BYTES = 64  # a request or a reply line
 
 
@@ -122,7 +121,8 @@ class GroupSim:
 
     def _gg_request(self, i: int, endpoint: int) -> None:
         engine = self.setup.engine
-        done = max(engine.now, self.gg_free_s.get(endpoint, 0.0)) + GG_SERVICE_S  # one request at a time
+        service_s = self.setup.network.params.gg_service_us * 1e-6
+        done = max(engine.now, self.gg_free_s.get(endpoint, 0.0)) + service_s  # one request at a time
         self.gg_free_s[endpoint] = done
         engine.at(done, self._gg_serve, i, endpoint)
 

@@ -64,3 +64,14 @@ def test_prague_with_sharded_generators_relieves_a_saturated_group_generator():
     assert one["heterogeneity_efficiency"] < 0.35
     assert eight["heterogeneity_efficiency"] > 1.5 * one["heterogeneity_efficiency"]
     assert eight["gg_shards"] == 8
+
+
+def test_the_group_generators_service_time_is_a_simulator_setting():
+    from hetrain.sim.network import NetworkParams
+    from hetrain.sim.runner import SimOptions
+
+    config = RunConfig(protocol="prague", num_workers=256, time_budget_s=0.5, compute_ms=5.0)
+    fast = simulate(config, SimOptions(network=NetworkParams(gg_service_us=5.0)))
+    slow = simulate(config, SimOptions(network=NetworkParams(gg_service_us=200.0)))  # 256 x 200/s x 200 us = 10x busy
+    assert slow["network"]["gg_service_us"] == 200.0
+    assert slow["heterogeneity_efficiency"] < 0.5 * fast["heterogeneity_efficiency"]
