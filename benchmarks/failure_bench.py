@@ -5,7 +5,8 @@
 
 8 workers, worker 0 five times slower. Kills (SIGKILL, for real) at 60, 120,
 180 and 240 s of training, of workers 3, 5, 6 and 7. For hop, prague and adpsgd:
-``--on-failure continue`` against the failure-free run. For allreduce, what a
+``--on-failure continue`` (the survivors go on) and ``respawn`` (a replacement
+joins) against the failure-free run. For allreduce, what a
 torchrun user gets: the job dies with the worker and restarts from its last
 checkpoint (``--checkpoint-every 10``, ``--resume``) with all 8 workers, until
 the budget is spent; its wall time includes the restarts.
@@ -42,11 +43,14 @@ def _fail_spec(duration_s: float) -> str:
     return ",".join(f"{w}@{t:g}s" for t, w in kills)
 
 
-def decentralized(base: RunConfig, protocol: str, fail: str, out: Path) -> dict:
-    config = base.replace(protocol=protocol, fail=fail, on_failure="continue" if fail != "none" else None)
+def decentralized(base: RunConfig, protocol: str, fail: str, out: Path, on_failure: str = "continue") -> dict:
+    config = base.replace(protocol=protocol, fail=fail, on_failure=on_failure if fail != "none" else None)
     began = time.perf_counter()
     metrics = run_training(config, str(out), progress=False)
-    return {"protocol": protocol, "failures": fail != "none", "workers_lost": metrics.get("workers_lost", 0),
+    label = protocol if fail == "none" else f"{protocol} ({on_failure})"
+    return {"protocol": label, "failures": fail != "none", "workers_lost": metrics.get("workers_lost", 0),
+            "workers_joined": metrics.get("workers_joined", 0),
+            "join_s": [j["join_s"] for j in metrics.get("joins", [])],
             "wall_s": metrics["wall_time_s"], "elapsed_s": time.perf_counter() - began,
             "goodput": metrics["samples_per_s"], "final_accuracy": metrics["final_accuracy_avg_model"],
             "final_loss": metrics["final_loss_avg_model"],
@@ -77,22 +81,25 @@ def allreduce_restarts(base: RunConfig, duration_s: float, out: Path) -> dict:
             trained_s = pending[0][0] + trained_s  # the job ran until the kill
     wall = time.perf_counter() - began
     return {"protocol": "allreduce (restart from checkpoint)", "failures": True, "workers_lost": restarts,
+            "workers_joined": 0, "join_s": [],
             "wall_s": wall, "elapsed_s": wall, "goodput": counted * base.num_workers * base.batch_size / wall,
             "final_accuracy": metrics["final_accuracy_avg_model"], "final_loss": metrics["final_loss_avg_model"],
             "recovery_s": []}
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| workload | protocol | failures | workers lost | goodput (samples/s) | vs failure-free | "
-             "final accuracy | final loss | recovery (s) |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| workload | protocol | failures | workers lost | joined | goodput (samples/s) | vs failure-free | "
+             "final accuracy | final loss | recovery (s) | replacement ready after (s) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     calm = {(r["workload"], r["protocol"]): r["goodput"] for r in rows if not r["failures"]}
     for r in rows:
         key = (r["workload"], r["protocol"].split(" ")[0])
         ratio = r["goodput"] / calm[key] if key in calm and calm[key] else None
         rec = ", ".join("-" if x is None else f"{x:.1f}" for x in r["recovery_s"]) or "-"
+        ready = ", ".join(f"{x:.1f}" for x in r.get("join_s", [])) or "-"
         lines.append(f"| {r['workload']} | {r['protocol']} | {'yes' if r['failures'] else 'no'} | {r['workers_lost']} "
-                     f"| {r['goodput']:.0f} | {'-' if ratio is None else f'{ratio:.3f}'} | {r['final_accuracy']:.4f} "
-                     f"| {r['final_loss']:.3f} | {rec} |")
+                     f"| {r.get('workers_joined', 0)} | {r['goodput']:.0f} | {'-' if ratio is None else f'{ratio:.3f}'} "
+                     f"| {r['final_accuracy']:.4f} | {r['final_loss']:.3f} | {rec} | {ready} |")
     return "\n".join(lines) + "\n"
 
 
@@ -102,6 +109,7 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=300.0)
     parser.add_argument("--workloads", default="mlp,lm")
     parser.add_argument("--protocols", default="hop,prague,adpsgd")
+    parser.add_argument("--modes", default="continue,respawn", help="--on-failure modes to run with failures")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -111,13 +119,15 @@ def main() -> int:
                          **WORKLOADS[workload])
         fail = _fail_spec(args.duration)
         for protocol in ["allreduce", *args.protocols.split(",")]:
-            for spec in ("none", fail):
-                print(f"== {workload} {protocol} fail={spec}", file=sys.stderr, flush=True)
-                if protocol == "allreduce" and spec != "none":
+            modes = [("none", None), (fail, "restart")] if protocol == "allreduce" else \
+                [("none", None)] + [(fail, mode) for mode in args.modes.split(",")]
+            for spec, mode in modes:
+                print(f"== {workload} {protocol} fail={spec} {mode or ''}", file=sys.stderr, flush=True)
+                if mode == "restart":
                     row = allreduce_restarts(base, args.duration, out / workload / "allreduce-restarts")
                 else:
-                    name = f"{protocol}-{'calm' if spec == 'none' else 'failures'}"
-                    row = decentralized(base, protocol, spec, out / workload / name)
+                    name = f"{protocol}-{mode or 'calm'}"
+                    row = decentralized(base, protocol, spec, out / workload / name, mode or "continue")
                 rows.append({"workload": workload, **row})
                 (out / "failures.json").write_text(json.dumps(rows, indent=2) + "\n")
                 (out / "failures.md").write_text(markdown(rows))

@@ -57,7 +57,7 @@ class RunConfig:
     checkpoint_every_s: float | None = None  # None: only at the end (when checkpoint_dir is set)
     resume: bool = False  # continue from checkpoint_dir's checkpoints (a fresh start when it has none)
     fail: str = "none"  # fault injection: none | W@Ts[,V@Us] | random:rate=R (hetrain.faults)
-    on_failure: str | None = None  # abort | continue; None: the protocol's default (registry)
+    on_failure: str | None = None  # abort | continue | respawn; None: the protocol's default (registry)
     options: dict[str, Any] = field(default_factory=dict)  # the protocol's options, by Python name
 
     def replace(self, **changes) -> RunConfig:
@@ -107,12 +107,19 @@ class RunConfig:
         parse_fail(self.fail, self.seed).check_workers(self.num_workers)
         if self.on_failure is not None and self.on_failure not in ON_FAILURE:
             raise OptionError(f"unknown {{on_failure}} {self.on_failure!r}; choose one of {', '.join(ON_FAILURE)}")
-        if self.on_failure == "continue" and spec.on_failure == "abort":
-            raise OptionError(f"{self.protocol} cannot continue without a worker (DDP's collectives need everyone): "
-                              "use {on_failure} abort, with checkpoints to restart from")
-        if self.on_failure == "continue" and spec.default_on_failure(spec.make_options(self.options)) == "abort":
+        tolerant = self.on_failure in ("continue", "respawn")
+        if tolerant and spec.on_failure == "abort":
+            raise OptionError(f"{self.protocol} cannot {self.on_failure} without a worker (DDP's collectives need "
+                              "everyone): use {on_failure} abort, with checkpoints to restart from")
+        if tolerant and spec.default_on_failure(spec.make_options(self.options)) == "abort":
             raise OptionError("the static schedule has no Group Generator to route around a death: use "
                               "{on_failure} abort, or another {gg} mode")
+        if self.on_failure == "respawn" and int(self.options.get("gg_shards") or 1) > 1:
+            raise OptionError("respawn needs one Group Generator (a replacement is re-admitted by it): use "
+                              "{gg_shards} 1, or {on_failure} continue")
+        if self.on_failure == "respawn" and not spec.respawns:
+            raise OptionError(f"{self.protocol} cannot take a replacement worker mid-run (its server's channels "
+                              "are built once): use {on_failure} continue")
         if (self.checkpoint_every_s is not None or self.resume) and not self.checkpoint_dir:
             raise OptionError("{checkpoint_every_s} and {resume} need {checkpoint_dir}: where checkpoints live")
         if self.device not in ("cpu", "cuda"):

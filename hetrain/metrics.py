@@ -202,10 +202,14 @@ def format_summary(m: dict) -> str:
         recoveries = [d.get("recovery_s") for d in m.get("deaths") or m.get("recoveries") or []]
         shown = ", ".join("-" if r is None else f"{r:.2f} s" for r in recoveries)
         goodput = m.get("goodput_samples_per_s")
-        lines.append(f"  workers lost {m['workers_lost']}; survivors moved on after {shown}"
+        joined = m.get("joins") or []
+        joins = (f", joined {len(joined)} (replacements ready after "
+                 + ", ".join(f"{j['join_s']:.1f} s" for j in joined) + ")") if joined else ""
+        lines.append(f"  workers lost {m['workers_lost']}{joins}; survivors moved on after {shown}"
                      + (f"; goodput {goodput:.1f} samples/s" if goodput is not None else ""))
     lines.append("  worker  iterations  compute_s  wait_s  peak_rss_mb")
     for w in m["workers"]:
+        note = "  (died)" if "died" in w else "  (replacement)" if w.get("incarnation") else ""
         lines.append(f"  {w['rank']:>6}  {w['iterations']:>10}  {w['compute_s']:>9.2f}  {w['wait_s']:>6.2f}"
-                     f"  {_fmt(w.get('peak_rss_mb'), '>11.0f')}")
+                     f"  {_fmt(w.get('peak_rss_mb'), '>11.0f')}{note}")
     return "\n".join(lines)

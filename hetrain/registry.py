@@ -42,7 +42,8 @@ class ProtocolSpec:
     ``factory(setup, options, seed)`` returning an object with ``run()``.
     ``seeded``: the runtime class takes ``seed`` (random group formation).
     ``on_failure``: what a worker's death does by default (``continue``: the
-    survivors go on; ``abort``: the job fails, as DDP must).
+    survivors go on; ``abort``: the job fails, as DDP must). ``respawns``:
+    whether a replacement may join a running job (``--on-failure respawn``).
     """
 
     name: str
@@ -52,6 +53,7 @@ class ProtocolSpec:
     simulator: str
     seeded: bool = False
     on_failure: str = "continue"
+    respawns: bool = True
     scheduler: str | None = None  # "module:function(num_workers, options, seed)": a Group Generator to serve
 
     def make_options(self, values: dict | None = None, num_workers: int | None = None) -> Any:
@@ -101,7 +103,7 @@ PROTOCOLS: dict[str, ProtocolSpec] = {
     for spec in (
         ProtocolSpec("allreduce", "synchronous baseline: PyTorch's DistributedDataParallel", AllReduceOptions,
                      "hetrain.runtime.allreduce:AllReduce", "hetrain.sim.allreduce_sim:make_sim",
-                     on_failure="abort"),
+                     on_failure="abort", respawns=False),
         ProtocolSpec("dpsgd", "decentralized: every iteration waits for every in-neighbour", DPSGDOptions,
                      "hetrain.runtime.hop:DPSGD", "hetrain.sim.hop_sim:make_sim"),
         ProtocolSpec("hop", "Hop: update/token queues, backup workers, staleness, skipping", HopOptions,
@@ -113,7 +115,8 @@ PROTOCOLS: dict[str, ProtocolSpec] = {
                      "hetrain.runtime.adpsgd:ADPSGD", "hetrain.sim.prague_sim:make_adpsgd_sim", seeded=True,
                      scheduler="hetrain.protocols.adpsgd_pairing:scheduler_for"),
         ProtocolSpec("ps", "parameter server on rank 0 (synchronous, or asynchronous with staleness)", PSOptions,
-                     "hetrain.runtime.parameter_server:ParameterServer", "hetrain.sim.ps_sim:make_sim"),
+                     "hetrain.runtime.parameter_server:ParameterServer", "hetrain.sim.ps_sim:make_sim",
+                     respawns=False),
     )
 }
 PROTOCOL_NAMES = tuple(PROTOCOLS)

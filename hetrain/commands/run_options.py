@@ -47,9 +47,11 @@ def add_run_options(parser: argparse.ArgumentParser, defaults: RunConfig) -> Non
     f = parser.add_argument_group("failures")
     f.add_argument("--fail", default=defaults.fail,
                    help="kill workers for real (SIGKILL): none | W@Ts[,V@Us] (e.g. 3@20s) | random:rate=R per minute")
-    f.add_argument("--on-failure", choices=("abort", "continue"), default=defaults.on_failure, dest="on_failure",
-                   help="when a worker dies: abort the job, or continue with the survivors "
-                        "(default: continue; abort for allreduce)")
+    f.add_argument("--on-failure", choices=("abort", "continue", "respawn"), default=defaults.on_failure,
+                   dest="on_failure",
+                   help="when a worker dies: abort the job, continue with the survivors, or respawn (continue, "
+                        "and a replacement joins; hop, dpsgd, prague, adpsgd) (default: continue; abort for "
+                        "allreduce)")
 
 
 def add_runtime_options(parser: argparse.ArgumentParser, defaults: RunConfig) -> None:

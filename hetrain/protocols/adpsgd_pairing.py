@@ -61,6 +61,12 @@ class ActivePassivePairing:
     def leave(self, worker: int, now_s: float = 0.0) -> list[Group]:
         return self.ledger.leave(worker)
 
+    def rejoin(self, worker: int, incarnation: int) -> None:
+        self.ledger.rejoin(worker, incarnation)
+
+    def settle(self, worker: int) -> None:
+        self.ledger.settle(worker)
+
     def left(self) -> frozenset[int]:
         return frozenset(self.ledger.left)
 

@@ -261,6 +261,17 @@ class GroupGenerator:
         self._due_s[worker] = None
         return self.ledger.leave(worker)
 
+    def rejoin(self, worker: int, incarnation: int) -> None:
+        """A replacement for ``worker`` joined (see :meth:`GroupLedger.rejoin`)."""
+        if self._static is not None:
+            raise ValueError("the static schedule takes no replacements")
+        self._compute_s[worker] = self._started_s[worker] = self._due_s[worker] = None
+        self._last_group[worker] = ()
+        self.ledger.rejoin(worker, incarnation)
+
+    def settle(self, worker: int) -> None:
+        self.ledger.settle(worker)
+
     def left(self) -> frozenset[int]:
         """Workers that have left."""
         return frozenset(self.ledger.left)

@@ -127,6 +127,9 @@ class HopWorker:
 
     # ----- arrivals ---------------------------------------------------------
     def receive_update(self, src: int, iteration: int, payload) -> None:
+        if src not in self.queues:  # sent before a reconfiguration removed the edge (a replacement joined)
+            self.updates_dropped += 1
+            return
         self.queues[src].append((iteration, payload))
         self.queued_updates += 1
         self.queued_updates_max = max(self.queued_updates_max, self.queued_updates)
@@ -134,7 +137,8 @@ class HopWorker:
         self.max_iteration_gap = max(self.max_iteration_gap, abs(iteration - self.iteration))
 
     def receive_tokens(self, src: int, count: int = 1) -> None:
-        self.tokens[src] += count
+        if src in self.tokens:  # else returned over an edge a reconfiguration has removed since
+            self.tokens[src] += count
 
     def sender_finished(self, src: int) -> None:
         """In-neighbour ``src`` has sent its last update (its STOP came after them on that channel)."""

@@ -31,14 +31,22 @@ class Group:
     seq: int
     members: tuple[int, ...]
     comm_id: int
+    fresh: tuple[int, ...] = ()  # replacements with no model yet: they take the others' average
+    incarnations: tuple[int, ...] = ()  # each member's process number when formed (empty: all 0)
 
     def as_list(self) -> list:
-        return [self.seq, list(self.members), self.comm_id]
+        data = [self.seq, list(self.members), self.comm_id]
+        return data + [list(self.fresh), list(self.incarnations)] if self.fresh or self.incarnations else data
 
     @classmethod
     def from_list(cls, data) -> Group:
-        seq, members, comm_id = data
-        return cls(int(seq), tuple(int(m) for m in members), int(comm_id))
+        seq, members, comm_id, *rest = data
+        fresh, incarnations = rest if rest else ((), ())
+        return cls(int(seq), tuple(int(m) for m in members), int(comm_id), tuple(int(m) for m in fresh),
+                   tuple(int(i) for i in incarnations))
+
+    def incarnation_of(self, member: int) -> int:
+        return self.incarnations[self.members.index(member)] if self.incarnations else 0
 
 
 class GroupScheduler(Protocol):
@@ -53,6 +61,10 @@ class GroupScheduler(Protocol):
     def request(self, worker: int, now_s: float = 0.0) -> list[Group]: ...
 
     def leave(self, worker: int, now_s: float = 0.0) -> list[Group]: ...
+
+    def rejoin(self, worker: int, incarnation: int) -> None: ...
+
+    def settle(self, worker: int) -> None: ...
 
     def left(self) -> frozenset[int]: ...
 
@@ -83,6 +95,8 @@ class GroupLedger:
         self._open_count = [0] * num_workers  # open groups each worker belongs to
         self._busy: set[int] = set()  # workers whose _open_count > 0
         self._active = list(range(num_workers))  # workers that have not left, in rank order
+        self.incarnation = [0] * num_workers  # process number of each rank (respawn)
+        self.fresh: set[int] = set()  # replacements that have no model yet
         self.on_close = None
         self.groups_formed = 0
         self.members_total = 0
@@ -94,7 +108,10 @@ class GroupLedger:
             raise ValueError(f"a group needs at least two members, got {members}")
         seq = self.next_seq
         self.next_seq += 1
-        group = Group(seq, members, agree_comm_id(self.caches, members, seq))
+        fresh = tuple(m for m in members if m in self.fresh)
+        incarnations = tuple(self.incarnation[m] for m in members)
+        group = Group(seq, members, agree_comm_id(self.caches, members, seq),
+                      fresh if len(fresh) < len(members) else (), incarnations if any(incarnations) else ())
         for m in members:
             self.queues[m].append(group)
             self._open_count[m] += 1
@@ -146,6 +163,18 @@ class GroupLedger:
         if worker in self.left:
             self.left.discard(worker)
             insort(self._active, worker)
+
+    def rejoin(self, worker: int, incarnation: int) -> None:
+        """``worker`` (left when it died) is back as process number ``incarnation``, holding no
+        communicator and no model: it is grouped again, as *fresh* until it :meth:`settle` s."""
+        self.incarnation[worker] = incarnation
+        self.caches[worker] = CommunicatorLRU(self.cache_size)
+        self.fresh.add(worker)
+        self.arrive(worker)
+
+    def settle(self, worker: int) -> None:
+        """A replacement has taken a model: its own counts in averages from now on."""
+        self.fresh.discard(worker)
 
     def open_groups(self) -> list[Group]:
         """Groups some member has not started yet, in order."""

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 
 from hetrain.topology import Topology
 
-ON_FAILURE = ("abort", "continue")
+ON_FAILURE = ("abort", "continue", "respawn")
 
 
 def repair(topology: Topology, dead: Iterable[int]) -> Topology:

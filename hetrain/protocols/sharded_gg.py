@@ -136,6 +136,12 @@ class ShardedGroupGenerator:
         self._left.add(worker)
         return owed
 
+    def rejoin(self, worker: int, incarnation: int) -> None:
+        raise ValueError("sharded Group Generators take no replacement workers (use gg_shards 1 with respawn)")
+
+    def settle(self, worker: int) -> None:
+        pass
+
     def left(self) -> frozenset[int]:
         return frozenset(self._left)
 

@@ -34,8 +34,13 @@ def average_state(state: FlatState, job: JobView, dead_workers: Callable[[], set
     """
     if job.world_size == 1:
         return 0.0
+    if hasattr(dead_workers, "freeze") and not dead_workers.freeze(job.timeout_s):
+        raise WorkerError(f"worker {job.rank} waited {job.timeout_s:.0f} s for the launcher to close the "
+                          "membership before the final average")
     dead = set(dead_workers()) if dead_workers else set()
-    if not dead:
+    incarnations = dead_workers.incarnations if hasattr(dead_workers, "incarnations") else None
+    replaced = incarnations is not None and any(incarnations())  # the world group holds dead processes' pairs
+    if not dead and not replaced:
         try:
             return _average(state, job.group, job.world_size, job.timeout, private=False)
         except Exception as exc:
@@ -47,7 +52,7 @@ def average_state(state: FlatState, job: JobView, dead_workers: Callable[[], set
         dead = set(dead_workers())
         survivors = [w for w in range(job.world_size) if w not in dead]
         try:
-            group = survivor_group(job, dead)
+            group = survivor_group(job, dead, incarnations=incarnations() if incarnations else None)
             return _average(state, group, len(survivors), job.timeout, private=True)
         except Exception as exc:
             if time.monotonic() > deadline:
@@ -67,10 +72,13 @@ def wait_for_death_notice(dead_workers: Callable[[], set[int]], known: set[int] 
     return set()
 
 
-def survivor_group(job: JobView, dead: set[int], name: str = "survivors"):
-    """A gloo group of the workers not in ``dead``, built on the store under a name of that set."""
+def survivor_group(job: JobView, dead: set[int], name: str = "survivors", incarnations: list[int] | None = None):
+    """A gloo group of the workers not in ``dead``, built on the store under a name of that set
+    (and of each rank's incarnation, when replacements joined: ``respawn``)."""
     survivors = [w for w in range(job.world_size) if w not in dead]
     prefix = f"{name}/{'-'.join(map(str, sorted(dead))) or 'none'}/"
+    if incarnations and any(incarnations):
+        prefix += "inc-" + "-".join(str(incarnations[w]) for w in survivors) + "/"
     return dist.ProcessGroupGloo(dist.PrefixStore(prefix, job.store), survivors.index(job.rank), len(survivors),
                                  job.timeout)
 

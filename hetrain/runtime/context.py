@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import datetime
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from hetrain.errors import WorkerError
 from hetrain.runtime.job import DEFAULT_TIMEOUT_S
 
 
@@ -20,7 +22,12 @@ class WorkerContext:
     sends a picklable message to the launcher (progress); ``stop_requested()``
     turns True once the launcher asks the workers to stop (Ctrl-C);
     ``dead_workers()`` is the set of ranks the launcher has found dead, which
-    the protocols repair around when ``continue_on_death``.
+    the protocols repair around when ``continue_on_death`` (with ``respawn``
+    it is a :class:`LauncherMembership`, which also says who came back).
+    ``incarnation`` counts how many processes held this rank before this one
+    (0: an original worker; more: a replacement, which joins a running job);
+    ``clock_offset_s`` is the job's training time when this process started,
+    ``start_iteration`` its predecessor's last reported iteration.
     """
 
     rank: int
@@ -31,7 +38,56 @@ class WorkerContext:
     stop_requested: Callable[[], bool] | None = None
     dead_workers: Callable[[], set[int]] | None = None  # ranks the launcher found dead (continue mode)
     continue_on_death: bool = False
+    on_failure: str = "abort"
+    incarnation: int = 0
+    clock_offset_s: float = 0.0
+    start_iteration: int = 0  # a replacement: its predecessor's last reported iteration
 
     @property
     def timeout(self) -> datetime.timedelta:
         return datetime.timedelta(seconds=self.timeout_s)
+
+
+class LauncherMembership:
+    """Who is in a local job, as the launcher's shared memory says (``continue`` and ``respawn``).
+
+    Called, it returns the set of dead ranks (what protocols take as
+    ``dead_workers``). ``incarnations()`` lists each rank's current process
+    number: a rank that died and is alive again under a higher number was
+    replaced, and its neighbours must talk to the new process over new
+    communicators. ``incarnation`` is this process's own number;
+    ``announce_joined()`` tells the launcher this replacement is ready (its
+    communicators are posted), after which the others see it alive;
+    ``freeze(timeout_s)``, called as a worker finishes, ends admissions.
+    """
+
+    def __init__(self, dead_flags, incarnation_counts, rank: int, incarnation: int,
+                 report: Callable[[object], None], wait_frozen: Callable[[float], bool]):
+        self._dead = dead_flags
+        self._incarnations = incarnation_counts
+        self.rank = rank
+        self.incarnation = incarnation
+        self._report = report
+        self._wait_frozen = wait_frozen
+
+    def __call__(self) -> set[int]:
+        return {w for w in range(len(self._dead)) if self._dead[w]}
+
+    def incarnations(self) -> list[int]:
+        return list(self._incarnations)
+
+    def announce_joined(self, timeout_s: float) -> None:
+        """Tell the launcher this replacement is ready; return once it is admitted (seen alive)."""
+        self._report({"joined": self.incarnation})
+        deadline = time.monotonic() + timeout_s
+        while self._dead[self.rank]:
+            if time.monotonic() > deadline:
+                raise WorkerError(f"worker {self.rank} (a replacement) was not admitted to the job within "
+                                  f"{timeout_s:.0f} s of joining")
+            time.sleep(0.01)
+
+    def freeze(self, timeout_s: float) -> bool:
+        """Say this worker is finishing and wait until the launcher stops admitting replacements
+        (every finishing worker then reads the same members, but for deaths). False on timeout."""
+        self._report({"finishing": True})
+        return self._wait_frozen(timeout_s)

@@ -88,6 +88,12 @@ class SchedulerHost:
                     groups = self.scheduler.request(int(message["worker"]), now_s)
                 elif op == "leave":
                     groups = self.scheduler.leave(int(message["worker"]), now_s)
+                elif op == "rejoin":  # the launcher: a replacement joined (respawn)
+                    self.scheduler.rejoin(int(message["worker"]), int(message["incarnation"]))
+                    groups = []
+                elif op == "settled":  # a replacement took a model
+                    self.scheduler.settle(int(message["worker"]))
+                    groups = []
                 elif op == "status":
                     return {"left": sorted(self.scheduler.left()), "served": self.served}
                 elif op == "stats":

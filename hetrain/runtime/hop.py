@@ -33,6 +33,7 @@ from hetrain.topology import Topology, make_topology
 
 DEATH_POLL_S = 0.1  # continue mode: how often a waiting worker looks for deaths
 SUSPECT_GRACE_S = 3.0  # continue mode: a lost peer the launcher has not named dead by then is an error
+ADOPT_WAIT_S = 0.5  # a replacement: after the first neighbour's model, how long to wait for the others'
 
 
 class Hop(SyncProtocol):
@@ -68,6 +69,9 @@ class Hop(SyncProtocol):
             raise UsageError(f"topology has {self.topology.num_workers} workers but the group has "
                              f"{self.job.world_size}; they must match")
         rank = self.job.rank
+        self.original_topology = self.topology
+        if self.joining:  # a replacement: the graph the survivors use now (every other death repaired)
+            self.topology = repair(self.original_topology, self.dead)
         self.logic = HopWorker.for_rank(self.topology, rank, self.config)
         self._cond = threading.Condition()
         self._channel_errors: list[str] = []
@@ -76,11 +80,42 @@ class Hop(SyncProtocol):
         self._resend: tuple | None = None  # (new out-neighbours, iteration, model) owed after a repair
         self._neighbors_stopped = False
         self.channels = PeerChannels(self.job, self.state.numel, self.state.dtype, self._on_message,
-                                     self._on_channel_error, tolerate_lost_peers=on_failure == "continue")
-        self.channels.handshake(self.topology.out_neighbors[rank], self.topology.in_neighbors[rank])
+                                     self._on_channel_error, tolerate_lost_peers=self.tolerant,
+                                     incarnation=self.incarnation, peer_incarnations=self.incarnations)
+        if not self.joining:  # a replacement's neighbours are mid-training: no handshake
+            self.channels.handshake(self.topology.out_neighbors[rank], self.topology.in_neighbors[rank])
         self.channels.listen("update", self.topology.in_neighbors[rank])
         self.channels.listen("token", self.topology.out_neighbors[rank] if self.config.uses_tokens else [])
+        if self.joining:
+            self._adopt_neighbours_model()
         self.restart_clock()
+
+    def _adopt_neighbours_model(self) -> None:
+        """A replacement: announce itself, then take the newest model its in-neighbours send it (each
+        sends its last one when it sees this worker join) and that model's iteration."""
+        self.announce_joined()
+        deadline = time.monotonic() + self.job.timeout_s
+        with self._cond:
+            first = None
+            while True:
+                held = [q[-1] for q in self.logic.queues.values() if q]
+                if held and first is None:
+                    first = time.monotonic()
+                if held and (len(held) == len(self.logic.queues) or time.monotonic() - first > ADOPT_WAIT_S):
+                    break
+                self._check_deaths()
+                if self._channel_errors:
+                    raise WorkerError(self._channel_errors[0])
+                if time.monotonic() > deadline:
+                    raise WorkerError(f"worker {self.job.rank} (a replacement) waited {self.job.timeout_s:.0f} s "
+                                      f"for a model from its in-neighbours {sorted(self.logic.in_weights)}")
+                self._cond.wait(timeout=DEATH_POLL_S)
+            iteration, payload = max(held, key=lambda update: update[0])
+            self.state.scatter(payload)
+            self.logic.iteration = iteration
+            self.stats.iteration = iteration
+            self.stats.extra["joined_at_iteration"] = iteration
+            self.logic.max_iteration_gap = 0  # the gap to the models it adopted says nothing of the protocol
 
     @staticmethod
     def _options(topology, backup, staleness, max_ig, skip_threshold):
@@ -102,7 +137,7 @@ class Hop(SyncProtocol):
 
     def _on_channel_error(self, peer: int, error: str) -> None:
         with self._cond:
-            if self.on_failure == "continue":
+            if self.tolerant:
                 self._suspects.setdefault(peer, (time.monotonic(), error))
             else:
                 self._channel_errors.append(error)
@@ -111,7 +146,7 @@ class Hop(SyncProtocol):
     # ----- deaths (continue mode) ----------------------------------------------------------
     def _check_deaths(self) -> None:
         """With the lock held: adopt deaths the launcher reported; a lost peer it never reports is an error."""
-        if self.on_failure != "continue":
+        if not self.tolerant:
             return
         new = self.new_deaths()
         if self.dead_workers is None:  # no launcher: a lost connection is all there is to go by
@@ -124,8 +159,9 @@ class Hop(SyncProtocol):
             elif now - since > SUSPECT_GRACE_S:
                 self._channel_errors.append(error)  # lost, yet alive: not a death we can route around
                 del self._suspects[peer]
-        if new:
-            self._apply_deaths(new)
+        back = self.rejoined()
+        if new or back:
+            self._apply_membership(new, back)
 
     def _send_owed_models(self) -> None:
         """With the lock held once: send a repair's owed model, releasing the lock meanwhile (a send may
@@ -140,11 +176,14 @@ class Hop(SyncProtocol):
         finally:
             self._cond.acquire()
 
-    def _apply_deaths(self, new: set[int]) -> None:
-        """Repair the graph around the dead and adopt the new neighbours (see hetrain.protocols.membership)."""
-        for peer in new:
+    def _apply_membership(self, new: set[int], back: set[int]) -> None:
+        """Repair the graph around the dead (and restore it for replacements that joined), then adopt the
+        new neighbours (see hetrain.protocols.membership); the graph depends only on who is dead now."""
+        for peer in new - back:
             self.channels.forget(peer)
-        self.topology = repair(self.topology, self.dead)
+        for peer in back:
+            self.channels.rejoin(peer, self.incarnations[peer])
+        self.topology = repair(self.original_topology, self.dead)
         in_weights, self_weight, out_neighbors = neighbour_weights(self.topology, self.job.rank)
         new_out = self.logic.reconfigure(in_weights, self_weight, out_neighbors)
         self.channels.listen("update", in_weights)
@@ -152,12 +191,14 @@ class Hop(SyncProtocol):
         if self._last_sent is not None and new_out:  # they may be waiting for the model already sent
             self._resend = (new_out, *self._last_sent)
         self.stats.extra["graph_repairs"] = self.stats.extra.get("graph_repairs", 0) + 1
+        if back:
+            self.stats.extra["neighbours_joined"] = self.stats.extra.get("neighbours_joined", 0) + len(back)
 
     # ----- the protocol -------------------------------------------------------------
     def _wait(self, ready) -> bool:
         """Wait (holding the lock) until ``ready()``; False if stopped neighbours make it impossible."""
         deadline = time.monotonic() + self.job.timeout_s
-        tick = DEATH_POLL_S if self.on_failure == "continue" else 1.0
+        tick = DEATH_POLL_S if self.tolerant else 1.0
         self._check_deaths()
         while not ready():
             self._check_deaths()
@@ -205,7 +246,7 @@ class Hop(SyncProtocol):
             self._send_model(self.logic.iteration - 1, self.state.gather())
 
     def _sync(self) -> None:
-        if self.on_failure == "continue":
+        if self.tolerant:
             with self._cond:
                 self._check_deaths()
                 self._send_owed_models()
@@ -226,7 +267,7 @@ class Hop(SyncProtocol):
 
     def _send_model(self, iteration: int, model: torch.Tensor) -> None:
         self.channels.send("update", self.logic.out_neighbors, UPDATE, iteration, 0, model)
-        if self.on_failure == "continue":
+        if self.tolerant:
             self._last_sent = (iteration, model)
         if self._resend is not None:  # a repair while this worker was not waiting
             with self._cond:
@@ -234,6 +275,9 @@ class Hop(SyncProtocol):
 
     def should_stop(self, local_done: bool) -> bool:
         return bool(local_done) or self._neighbors_stopped
+
+    def inherit_iteration(self, iteration: int) -> None:
+        """A replacement takes its iteration from its neighbours' models (see _adopt_neighbours_model)."""
 
     def _finish(self) -> None:
         """Tell neighbours we stopped, wait for theirs, then average every worker's model.
@@ -246,7 +290,7 @@ class Hop(SyncProtocol):
             self._check_deaths()
         self.channels.send("update", self.logic.out_neighbors, STOP)
         self.channels.send("token", list(self.logic.in_weights) if self.config.uses_tokens else [], STOP)
-        if self.on_failure != "continue":
+        if not self.tolerant:
             self.channels.join()
             self.channels.flush()
         if self._channel_errors:

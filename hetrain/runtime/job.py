@@ -134,3 +134,24 @@ def private_group(job: JobView, name: str, timeout_s: float | None = None, *, cp
         options._timeout = timeout
         return dist.ProcessGroupNCCL(store, job.rank, job.world_size, options)
     return dist.ProcessGroupGloo(store, job.rank, job.world_size, timeout)
+
+
+def pair_group(job: JobView, name: str, peer: int, incarnations: tuple[int, int], *, cpu: bool = False):
+    """A two-member group of this worker and ``peer``, named by both ranks and their incarnations.
+
+    After a replacement joins (``respawn``), its neighbours cannot reach it over
+    groups built before it started (their pairs to its rank are broken and never
+    reconnect), so each pair that involves a replaced worker gets a group of its
+    own. ``incarnations``: (this worker's, the peer's). Returns the group; this
+    worker's index in it is 0 when its rank is the lower one.
+    """
+    timeout = datetime.timedelta(seconds=job.timeout_s)
+    lo, hi = sorted((job.rank, peer))
+    inc = dict(zip((job.rank, peer), incarnations))
+    store = dist.PrefixStore(f"{name}/pair/{lo}-{hi}/{inc[lo]}-{inc[hi]}/", job.store)
+    index = 0 if job.rank == lo else 1
+    if job.device.type == "cuda" and not cpu:
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return dist.ProcessGroupNCCL(store, index, 2, options)
+    return dist.ProcessGroupGloo(store, index, 2, timeout)

@@ -19,7 +19,14 @@ watches the children:
   to the survivors through shared memory (``ctx.dead_workers()``; protocols
   repair around it) and waits for the others. A worker that *reports an
   error* still fails the job. ``kills`` injects deaths for real (SIGKILL at a
-  given training time, from the workers' progress reports).
+  given training time, from the workers' progress reports);
+- with ``on_failure="respawn"`` a death is handled as with ``continue`` and a
+  replacement process starts for the same rank, one *incarnation* later. It
+  builds its protocol, which announces ``{"joined": incarnation}``; only then
+  does the launcher mark the rank alive again (``ctx.membership``), so the
+  survivors connect to it and hand it the model (docs/decisions.md,
+  "Respawn"). No replacement starts once a worker has finished or Ctrl-C
+  was pressed: the job is ending.
 """
 
 from __future__ import annotations
@@ -47,16 +54,18 @@ _FAILURE_GRACE_S = 1.5  # after a first failure: time to hear from the rest (who
 
 class JobResults(list):
     """Results by rank (None for a worker that died); ``interrupted`` when Ctrl-C stopped the job early;
+    ``joins``: each replacement that joined (rank, incarnation, training time);
     ``deaths``: one dict per worker lost (rank, how, training time, recovery time of the survivors);
     ``last_progress``: each worker's last progress report."""
 
     interrupted: bool = False
     deaths: list = []
+    joins: list = []
     last_progress: dict = {}
 
 
 def _child(fn, rank, world_size, store_path, backend, timeout_s, args, results, messages, parent_pid, stop,
-           dead, continue_on_death):
+           dead, incarnations, closing, on_failure, incarnation, clock_offset_s, start_iteration):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))  # one node, as torchrun says it
     die_with_parent(parent_pid)
@@ -65,7 +74,7 @@ def _child(fn, rank, world_size, store_path, backend, timeout_s, args, results, 
         import torch
         import torch.distributed as dist
 
-        from hetrain.runtime.context import WorkerContext
+        from hetrain.runtime.context import LauncherMembership, WorkerContext
         from hetrain.runtime.job import prefer_lazy_connections
 
         torch.set_num_threads(1)
@@ -78,13 +87,16 @@ def _child(fn, rank, world_size, store_path, backend, timeout_s, args, results, 
             device = torch.device("cuda", rank % torch.cuda.device_count())
         else:
             device = torch.device("cpu")
-        ctx = WorkerContext(rank, world_size, device, timeout_s,
-                            report=lambda message: messages.put((rank, message)), stop_requested=stop.is_set,
-                            dead_workers=lambda: {w for w in range(world_size) if dead[w]},
-                            continue_on_death=continue_on_death)
+        report = lambda message: messages.put((rank, message))  # noqa: E731
+        membership = None if on_failure == "abort" else LauncherMembership(
+            dead, incarnations, rank, incarnation, report, closing.wait)
+        ctx = WorkerContext(rank, world_size, device, timeout_s, report=report, stop_requested=stop.is_set,
+                            dead_workers=membership, continue_on_death=on_failure != "abort",
+                            on_failure=on_failure, incarnation=incarnation, clock_offset_s=clock_offset_s,
+                            start_iteration=start_iteration)
         result = fn(ctx, *args)
         results.put((rank, "ok", result, None))
-        if not continue_on_death:
+        if on_failure == "abort":
             dist.barrier()  # nobody leaves while another rank may still talk to it (a dead rank never would)
     except BaseException as exc:  # report every failure to the parent, then die
         kind = "usage" if isinstance(exc, UsageError) else "error"
@@ -132,6 +144,7 @@ def run_local(
     on_failure: str = "abort",
     kills: list[tuple[float, int]] | None = None,
     on_death: Callable[[int], None] | None = None,
+    on_join: Callable[[int, int], None] | None = None,
 ) -> JobResults:
     """Run ``fn(ctx, *args)`` on ``num_workers`` processes; return their results by rank.
 
@@ -142,48 +155,61 @@ def run_local(
     ``timeout_s`` bounds each blocking wait inside the job; ``job_timeout_s``
     bounds the whole job (default: no bound beyond the per-wait timeouts).
     ``log_path``: where a failed job writes every worker's full traceback.
-    ``on_failure``: ``abort`` (a death fails the job) or ``continue`` (see the module
-    docstring); ``kills``: ``(training_time_s, rank)`` pairs to SIGKILL; ``on_death(rank)``
-    runs in the launcher when a worker is found dead (e.g. to tell a Group Generator).
+    ``on_failure``: ``abort`` (a death fails the job), ``continue`` or ``respawn`` (see the
+    module docstring); ``kills``: ``(training_time_s, rank)`` pairs to SIGKILL; ``on_death(rank)``
+    runs in the launcher when a worker is found dead (e.g. to tell a Group Generator),
+    ``on_join(rank, incarnation)`` when its replacement has joined.
     """
     return _LocalJob(fn, num_workers, args, backend, timeout_s, job_timeout_s, on_message, log_path,
-                     on_failure, kills or [], on_death).run()
+                     on_failure, kills or [], on_death, on_join).run()
 
 
 class _LocalJob:
     def __init__(self, fn, num_workers, args, backend, timeout_s, job_timeout_s, on_message, log_path,
-                 on_failure, kills, on_death):
-        if on_failure not in ("abort", "continue"):
-            raise ValueError(f"on_failure must be abort or continue, got {on_failure!r}")
-        self.continue_on_death = on_failure == "continue"
+                 on_failure, kills, on_death, on_join):
+        if on_failure not in ("abort", "continue", "respawn"):
+            raise ValueError(f"on_failure must be abort, continue or respawn, got {on_failure!r}")
+        self.on_failure = on_failure
+        self.continue_on_death = on_failure != "abort"
         self.kills = sorted(kills)
         self.on_death = on_death
+        self.on_join = on_join
         self.n = num_workers
+        self.fn, self.args, self.backend = fn, args, backend
         self.timeout_s = timeout_s
         self.job_timeout_s = job_timeout_s
         self.on_message = on_message
         self.log_path = log_path
-        ctx_mp = mp.get_context("spawn")
-        self.results, self.messages = ctx_mp.Queue(), ctx_mp.Queue()
-        self.stop = ctx_mp.Event()
-        self.dead = ctx_mp.Array("b", num_workers, lock=False)  # the survivors read who died (no lock: bytes)
+        self.mp = mp.get_context("spawn")
+        self.results, self.messages = self.mp.Queue(), self.mp.Queue()
+        self.stop = self.mp.Event()
+        self.closing = self.mp.Event()  # a worker is finishing: membership is frozen (no more joins)
+        self.dead = self.mp.Array("b", num_workers, lock=False)  # the survivors read who died (no lock: bytes)
+        self.incarnations = self.mp.Array("i", num_workers, lock=False)  # bumped when a replacement starts
         self.tmp = tempfile.mkdtemp(prefix="hetrain-job-")
-        store_path = os.path.join(self.tmp, "store")
-        self.procs = [
-            ctx_mp.Process(
-                target=_child, name=f"hetrain-worker-{rank}",
-                args=(fn, rank, num_workers, store_path, backend, timeout_s, args, self.results, self.messages,
-                      os.getpid(), self.stop, self.dead, self.continue_on_death),
-                daemon=True,
-            )
-            for rank in range(num_workers)
-        ]
+        self.store_path = os.path.join(self.tmp, "store")
+        self.procs = [self._process(rank, 0, 0.0) for rank in range(num_workers)]
         self.done: dict[int, Any] = {}
         self.failures: dict[int, tuple[str, str, str | None]] = {}  # rank -> (kind, summary, detail)
         self.interrupts = 0
         self.stop_deadline: float | None = None
-        self.deaths: dict[int, dict] = {}  # rank -> what we know of its death
+        self.deaths: list[dict] = []  # what we know of each death, in order
+        self.gone: set[int] = set()  # ranks dead for good (no replacement)
+        self.joining: dict[int, dict] = {}  # rank -> its replacement's record until it joins
+        self.joins: list[dict] = []
+        self.injected: set[int] = set()  # pids killed by ``kills``
+        self.not_admitted: set[int] = set()  # replacements stopped because the job was ending
+        self.started_t_s: dict[int, float] = {}  # rank -> training time its current process started
         self.progress: dict[int, dict] = {}  # rank -> its last progress report (with "at": launcher clock)
+
+    def _process(self, rank: int, incarnation: int, clock_offset_s: float, start_iteration: int = 0):
+        return self.mp.Process(
+            target=_child, name=f"hetrain-worker-{rank}" + (f"-{incarnation}" if incarnation else ""),
+            args=(self.fn, rank, self.n, self.store_path, self.backend, self.timeout_s, self.args, self.results,
+                  self.messages, os.getpid(), self.stop, self.dead, self.incarnations, self.closing,
+                  self.on_failure, incarnation, clock_offset_s, start_iteration),
+            daemon=True,
+        )
 
     # -- the watch loop ------------------------------------------------------------
     def run(self) -> JobResults:
@@ -192,11 +218,11 @@ class _LocalJob:
         try:
             for proc in self.procs:
                 proc.start()
-            while len(self.done) + len(self.deaths) < self.n:
+            while len(self.done) + len(self.gone) < self.n:
                 self._drain_messages()
                 self._collect(_POLL_S)
                 self._inject_kills()
-                dead = [r for r in self._dead_without_result() if r not in self.deaths]
+                dead = [r for r in self._dead_without_result() if not self._known_dead(r)]
                 if self.continue_on_death and dead and not self.failures:
                     self._record_deaths(dead)
                 elif self.failures or dead:
@@ -211,12 +237,14 @@ class _LocalJob:
             self._drain_messages()
             for proc in self.procs:
                 proc.join(timeout=self.timeout_s)
-            deaths = sorted(self.deaths.values(), key=lambda d: d["wall_s"])
-            if len(deaths) == self.n:
-                raise WorkerError(f"every worker died; the last, worker {deaths[-1]['rank']}, {deaths[-1]['how']}")
+            if len(self.gone) == self.n:
+                last = [d for d in self.deaths if "how" in d][-1]
+                raise WorkerError(f"every worker died; the last, worker {last['rank']}, {last['how']}")
             results = JobResults(self.done.get(rank) for rank in range(self.n))
             results.interrupted = self.interrupts > 0
-            results.deaths = [{k: v for k, v in d.items() if not k.startswith("_")} for d in deaths]
+            results.deaths = [{k: v for k, v in d.items() if not k.startswith("_")} for d in self.deaths
+                              if not d.get("_not_admitted")]
+            results.joins = list(self.joins)
             results.last_progress = dict(self.progress)
             return results
         finally:
@@ -245,13 +273,19 @@ class _LocalJob:
                 rank, message = self.messages.get_nowait()
             except queue.Empty:
                 return
+            if isinstance(message, dict) and "joined" in message:
+                self._joined(rank, message["joined"])
+                continue
+            if isinstance(message, dict) and "finishing" in message:
+                self._close_membership()
+                continue
             if isinstance(message, dict):
                 self.progress[rank] = dict(message, at=time.monotonic())
                 self._note_recoveries()
             if self.on_message is not None:
                 self.on_message(rank, message)
 
-    # -- deaths (continue mode) and injected kills --------------------------------------------
+    # -- deaths (continue and respawn), replacements and injected kills -----------------------------
     def _training_time_s(self) -> float:
         return max((p.get("t_s", 0.0) for p in self.progress.values()), default=0.0)
 
@@ -260,31 +294,88 @@ class _LocalJob:
             _, rank = self.kills.pop(0)
             proc = self.procs[rank]
             if rank not in self.done and proc.is_alive():
+                self.injected.add(proc.pid)
                 os.kill(proc.pid, signal.SIGKILL)
+
+    def _known_dead(self, rank: int) -> bool:
+        """Whether the death of ``rank``'s current process is already recorded."""
+        return any(d["rank"] == rank and d["incarnation"] == self.incarnations[rank] for d in self.deaths)
 
     def _record_deaths(self, ranks: list[int]) -> None:
         now = time.monotonic()
         for rank in ranks:
+            if self.procs[rank].pid in self.not_admitted:
+                self.joining.pop(rank, None)
+                self.gone.add(rank)
+                self.deaths.append({"rank": rank, "incarnation": self.incarnations[rank], "_not_admitted": True})
+                continue
             self.dead[rank] = 1  # the survivors see it at their next check
-            survivors = {r: self.progress.get(r, {}).get("computed", 0) for r in range(self.n)
-                         if r != rank and r not in self.deaths and r not in self.done}
-            self.deaths[rank] = {"rank": rank, "how": describe_exit(self.procs[rank].exitcode),
-                                 "t_s": self._training_time_s(), "wall_s": now,
-                                 "computed": self.progress.get(rank, {}).get("computed", 0),
-                                 "recovery_s": None, "_awaiting": survivors}
+            self.joining.pop(rank, None)  # a replacement that died before joining
+            alive = [r for r in range(self.n) if r != rank and r not in self.done and not self.dead[r]]
+            survivors = {r: self.progress.get(r, {}).get("computed", 0) for r in alive}
+            injected = self.procs[rank].pid in self.injected
+            self.deaths.append({"rank": rank, "incarnation": self.incarnations[rank],
+                                "how": "was killed by --fail (SIGKILL)" if injected
+                                else describe_exit(self.procs[rank].exitcode),
+                                "started_t_s": self.started_t_s.get(rank, 0.0),
+                                "iteration": self.progress.get(rank, {}).get("iteration", 0),
+                                "t_s": self._training_time_s(), "wall_s": now,
+                                "computed": self.progress.get(rank, {}).get("computed", 0),
+                                "recovery_s": None, "_awaiting": survivors})
+            self.progress.pop(rank, None)
             if self.on_death is not None:
                 self.on_death(rank)
+            if self.on_failure == "respawn" and not self.closing.is_set() and not self.stop.is_set() and alive:
+                self._respawn(rank)
+            else:
+                self.gone.add(rank)
         self._note_recoveries()
+
+    def _respawn(self, rank: int) -> None:
+        """Start a replacement for ``rank``; it stays dead to the others until it announces it joined."""
+        incarnation = self.incarnations[rank] + 1
+        self.incarnations[rank] = incarnation
+        t_s = self._training_time_s()
+        self.started_t_s[rank] = t_s
+        inherited = self.deaths[-1]["iteration"] if self.deaths and self.deaths[-1]["rank"] == rank else 0
+        self.procs[rank] = self._process(rank, incarnation, t_s, inherited)
+        self.procs[rank].start()
+        self.joining[rank] = {"rank": rank, "incarnation": incarnation, "started_t_s": t_s,
+                              "_started": time.monotonic()}
+
+    def _close_membership(self) -> None:
+        """A worker is finishing: no replacement joins from now on (the final average needs one
+        agreed set of members); replacements still joining are stopped."""
+        if self.closing.is_set():
+            return
+        self.closing.set()
+        for rank in list(self.joining):
+            proc = self.procs[rank]
+            if proc.is_alive():
+                self.not_admitted.add(proc.pid)  # not a failure: the job ends without it
+                os.kill(proc.pid, signal.SIGKILL)
+
+    def _joined(self, rank: int, incarnation: int) -> None:
+        record = self.joining.pop(rank, None)
+        if record is None or record["incarnation"] != incarnation or self.incarnations[rank] != incarnation:
+            return  # a replacement that has since died
+        if self.closing.is_set():
+            return  # too late: it is being stopped
+        if self.on_join is not None:  # first (e.g. the Group Generator re-admits it), then the others see it
+            self.on_join(rank, incarnation)
+        self.dead[rank] = 0  # alive again: the survivors connect to its new incarnation
+        record.update(joined_t_s=self._training_time_s(), join_s=time.monotonic() - record.pop("_started"))
+        self.joins.append(record)
 
     def _note_recoveries(self) -> None:
         """A death's recovery ends when every survivor has computed again (from progress reports)."""
-        for event in self.deaths.values():
-            awaiting = event.get("_awaiting")
+        for event in self.deaths:
+            awaiting = event.get("_awaiting")  # (none for a replacement that was not admitted)
             if not awaiting:
                 continue
             for rank in list(awaiting):
                 report = self.progress.get(rank, {})
-                if rank in self.deaths or report.get("done") or report.get("computed", 0) > awaiting[rank]:
+                if self.dead[rank] or report.get("done") or report.get("computed", 0) > awaiting[rank]:
                     del awaiting[rank]
             if not awaiting:
                 event["recovery_s"] = time.monotonic() - event["wall_s"]

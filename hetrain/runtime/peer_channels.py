@@ -17,6 +17,11 @@ peer calls ``on_error(message)``, which the protocol raises in its main thread.
 Sends to each peer go through a :class:`~hetrain.runtime.send_window.SendWindow`:
 at most ``max_in_flight`` messages outstanding per peer, each payload released
 as soon as its send completes.
+
+Replacements (``respawn``): a pair in which either side is a replacement
+(incarnation above 0) talks over a two-member group named by both incarnations
+(:func:`hetrain.runtime.job.pair_group`); :meth:`PeerChannels.rejoin` switches a
+peer to its new process. A replacement builds no world-sized group at all.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from hetrain.errors import WorkerError
-from hetrain.runtime.job import JobView, private_group
+from hetrain.runtime.job import JobView, pair_group, private_group
 from hetrain.runtime.send_window import DEFAULT_MAX_IN_FLIGHT, SendWindow
 
 UPDATE, TOKEN, STOP = 0, 1, 2
@@ -52,11 +57,13 @@ class Message:
 class PeerChannels:
     def __init__(self, job: JobView, payload_numel: int, payload_dtype: torch.dtype,
                  on_message: Callable[[Message], None], on_error: Callable[[int, str], None], *,
-                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, name: str = "peers", tolerate_lost_peers: bool = False):
+                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, name: str = "peers", tolerate_lost_peers: bool = False,
+                 incarnation: int = 0, peer_incarnations: list[int] | None = None):
         """``on_message(message)`` and ``on_error(peer, text)`` run on receiver threads; ``max_in_flight``
         bounds the messages (both channels) outstanding to each peer. With ``tolerate_lost_peers`` a
         failed send is reported through ``on_error`` instead of raised (the protocol decides whether the
-        peer died), and :meth:`forget` drops a peer known dead."""
+        peer died), and :meth:`forget` drops a peer known dead. ``incarnation``: this process's number
+        for its rank; ``peer_incarnations``: the others' (both 0 unless replacements joined)."""
         self.job = job
         self.payload_numel = payload_numel
         self.payload_dtype = payload_dtype
@@ -65,10 +72,35 @@ class PeerChannels:
         self.max_in_flight = max_in_flight
         self.tolerate_lost_peers = tolerate_lost_peers
         self.forgotten: set[int] = set()
-        self._threads: dict[tuple[str, int], threading.Thread] = {}
+        self.name = name
+        self.incarnation = incarnation
+        self._peer_incarnation = dict(enumerate(peer_incarnations or []))
+        self._pairs: dict[tuple[int, int], object] = {}  # (peer, its incarnation) -> two-member group
+        self._pairs_lock = threading.Lock()
+        self._threads: dict[tuple[str, int, int], threading.Thread] = {}
         self._windows: dict[int, SendWindow] = {}
         self._receive_timeout = job.timeout * RECEIVER_TIMEOUT_FACTOR
-        self.group = private_group(job, name, RECEIVER_TIMEOUT_FACTOR * job.timeout_s)
+        self.group = private_group(job, name, RECEIVER_TIMEOUT_FACTOR * job.timeout_s) if incarnation == 0 else None
+
+    def _link(self, peer: int, incarnation: int | None = None) -> tuple[object, int]:
+        """(group, peer's index in it) to reach ``peer``'s process number ``incarnation`` (default: current)."""
+        incarnation = self._peer_incarnation.get(peer, 0) if incarnation is None else incarnation
+        if self.incarnation == 0 and incarnation == 0:
+            return self.group, peer
+        with self._pairs_lock:  # receiver threads and the sender may ask at once: build each pair once
+            group = self._pairs.get((peer, incarnation))
+            if group is None:
+                group = pair_group(self.job, self.name, peer, (self.incarnation, incarnation))
+                self._pairs[(peer, incarnation)] = group
+        return group, 0 if peer < self.job.rank else 1
+
+    def rejoin(self, peer: int, incarnation: int) -> None:
+        """``peer``'s replacement (process number ``incarnation``) joined: talk to it from now on."""
+        self._peer_incarnation[peer] = incarnation
+        self.forgotten.discard(peer)
+        window = self._windows.pop(peer, None)
+        if window is not None:
+            window.close()
 
     def handshake(self, out_neighbors: list[int], in_neighbors: list[int]) -> None:
         """Exchange one small message with every neighbour before training starts.
@@ -93,12 +125,13 @@ class PeerChannels:
     def listen(self, channel: str, sources) -> None:
         """Start a receiver thread per source not listened to yet on ``channel``."""
         for src in sources:
-            if (channel, src) in self._threads or src in self.forgotten:
+            incarnation = self._peer_incarnation.get(src, 0)
+            if (channel, src, incarnation) in self._threads or src in self.forgotten:
                 continue
-            thread = threading.Thread(target=self._receive_loop, args=(channel, src), daemon=True,
+            thread = threading.Thread(target=self._receive_loop, args=(channel, src, incarnation), daemon=True,
                                       name=f"hetrain-recv-{channel}-{src}")
             thread.start()
-            self._threads[(channel, src)] = thread
+            self._threads[(channel, src, incarnation)] = thread
 
     def forget(self, peer: int) -> None:
         """``peer`` is dead: no more sends to it (what was in flight is dropped)."""
@@ -107,27 +140,32 @@ class PeerChannels:
         if window is not None:
             window.close()
 
-    def _receive_loop(self, channel: str, src: int) -> None:
+    def _receive_loop(self, channel: str, src: int, incarnation: int) -> None:
         tag = CHANNEL_TAGS[channel]
         device = self.job.device
+        current = lambda: self._peer_incarnation.get(src, 0) == incarnation  # noqa: E731
         try:
+            link = self._link(src, incarnation)
             while True:
                 header = torch.empty(3, dtype=torch.int64, device=device)
-                self._recv(header, src, tag, f"a {channel} header")
+                self._recv(link, header, src, tag, f"a {channel} header")
                 kind, iteration, count = (int(v) for v in header.tolist())
                 payload = None
                 if kind == UPDATE:
                     payload = torch.empty(self.payload_numel, dtype=self.payload_dtype, device=device)
-                    self._recv(payload, src, tag, f"the model of iteration {iteration}")
+                    self._recv(link, payload, src, tag, f"the model of iteration {iteration}")
+                if not current():
+                    return  # a message from a process since replaced
                 self.on_message(Message(channel, src, kind, iteration, count, payload))
                 if kind == STOP:
                     return
         except Exception as exc:  # surfaced in the main thread
-            if src not in self.forgotten:
+            if src not in self.forgotten and current():
                 self.on_error(src, str(exc))
 
-    def _recv(self, tensor: torch.Tensor, src: int, tag: int, what: str) -> None:
-        work = self.group.recv([tensor], src, tag)
+    def _recv(self, link: tuple, tensor: torch.Tensor, src: int, tag: int, what: str) -> None:
+        group, index = link
+        work = group.recv([tensor], index, tag)
         try:
             work.wait(self._receive_timeout)
         except Exception as exc:
@@ -151,9 +189,10 @@ class PeerChannels:
                 continue
 
             def start(dst=dst):
-                works = [self.group.send([header], dst, tag)]
+                group, index = self._link(dst)
+                works = [group.send([header], index, tag)]
                 if payload is not None:
-                    works.append(self.group.send([payload], dst, tag))
+                    works.append(group.send([payload], index, tag))
                 return works
 
             try:
@@ -202,3 +241,4 @@ class PeerChannels:
         for window in self._windows.values():
             window.close()
         self.group = None
+        self._pairs.clear()

@@ -74,8 +74,27 @@ class GroupProtocol(SyncProtocol):
         self._empty_syncs = 0
         self._gg_wait_s = 0.0
         self._member_wait_s = 0.0
+        self._settled = not self.joining  # a replacement counts in averages once it holds a model
         self._update_extra()
+        if self.joining:
+            self._adopt_model()
         self.restart_clock()
+
+    def _adopt_model(self) -> None:
+        """A replacement: announce itself (the launcher re-admits it to the Group Generator), then run
+        groups until one has handed it the others' average (it is *fresh* in them: weight zero)."""
+        self.announce_joined()
+        deadline = time.monotonic() + self.job.timeout_s
+        while not self._settled:
+            if time.monotonic() > deadline:
+                raise WorkerError(f"worker {self.job.rank} (a replacement) got no model from a group within "
+                                  f"{self.job.timeout_s:.0f} s")
+            groups = self.gg.request()
+            if groups:
+                self._run(groups)
+            else:
+                time.sleep(_STATUS_POLL_S)
+        self.stats.extra["joined_at_iteration"] = self.stats.iteration
 
     # -- the loop --------------------------------------------------------------
     def _sync(self) -> None:
@@ -83,7 +102,7 @@ class GroupProtocol(SyncProtocol):
         prefetch = self._prefetch
         groups = prefetch.take() if prefetch is not None and prefetch.pending else self.gg.request()
         self._gg_wait_s += time.perf_counter() - start
-        self.stats.iteration = self.stats.iterations
+        self.stats.iteration = self._iteration_base + self.stats.iterations
         if groups:
             self._run(groups)
         else:
@@ -96,9 +115,13 @@ class GroupProtocol(SyncProtocol):
     def _run(self, groups) -> None:
         flat = self.state.gather()
         for group in groups:
+            if self._membership is not None and self._formed_before_a_replacement(group):
+                self.preduce.skip(group.members, group.comm_id)  # a member's process has been replaced since
+                self._groups_failed += 1
+                continue
             start = time.perf_counter()
             try:
-                self.preduce(flat, group.members, group.comm_id)
+                self.preduce(flat, group.members, group.comm_id, group.fresh)
             except MemberDied as exc:  # continue mode: the group's model average is lost, the job is not
                 self.dead.update(exc.dead)
                 self._groups_failed += 1
@@ -107,7 +130,16 @@ class GroupProtocol(SyncProtocol):
                 self._member_wait_s += time.perf_counter() - start
             self._groups_run += 1
             self._members_run += len(group.members)
+            if not self._settled and self.job.rank in group.fresh:
+                self._settled = True  # it holds the others' average now
+                self.gg.call("settled")
         self.state.scatter(flat)
+
+    def _formed_before_a_replacement(self, group) -> bool:
+        """Whether a member of ``group`` has been replaced since the group was formed (respawn)."""
+        self.new_deaths()
+        self.rejoined()
+        return any(group.incarnation_of(m) != self.incarnations[m] for m in group.members if m != self.job.rank)
 
     # -- leaving -----------------------------------------------------------------
     def _finish(self) -> None:
@@ -198,7 +230,7 @@ class Prague(GroupProtocol):
                                 gg_epoch_s)
         scheduler = scheduler_for(world, options, seed)
         self.gg_mode = options.gg
-        if options.gg == "static" and on_failure == "continue":
+        if options.gg == "static" and on_failure != "abort":
             raise OptionError("the static schedule has no Group Generator to route around a death: use "
                               "{on_failure} abort, or another {gg} mode")
         super().__init__(model, optimizer, scheduler, communicator_cache=options.communicator_cache,

@@ -113,8 +113,12 @@ class PReduce:
         self._generation: dict[tuple, int] = {}
         self.hits = self.misses = self.evictions = self.calls = 0
 
-    def __call__(self, buf: torch.Tensor, members, comm_id: int | None = None) -> torch.Tensor:
-        """Replace ``buf`` (a flat tensor) by its average over ``members``; return it."""
+    def __call__(self, buf: torch.Tensor, members, comm_id: int | None = None, fresh=()) -> torch.Tensor:
+        """Replace ``buf`` (a flat tensor) by its average over ``members``; return it.
+
+        ``fresh``: members whose buffer does not count (replacements that hold no model yet: they
+        receive the others' average); every member must pass the same, and not all members.
+        """
         members = tuple(sorted(set(int(m) for m in members)))
         if self.rank not in members:
             raise UsageError(f"worker {self.rank} called P-Reduce on group {list(members)} it is not in")
@@ -129,11 +133,14 @@ class PReduce:
             if comm_key not in self._comms:
                 self._comms[comm_key] = self._create_watching(members, comm_key, buf)
             comm, timeout = self._comms[comm_key], datetime.timedelta(seconds=self.timeout_s)
+            counted = [m not in fresh for m in members] if fresh else None
             if self._direct(buf, len(members)):
-                self._exchange(comm, work_buf, members.index(self.rank), len(members), timeout)
+                self._exchange(comm, work_buf, members.index(self.rank), len(members), timeout, counted)
             else:
+                if counted is not None and self.rank in fresh:
+                    work_buf.zero_()
                 comm.allreduce([work_buf]).wait(timeout)
-                work_buf.div_(len(members))
+                work_buf.div_(sum(counted) if counted is not None else len(members))
         except MemberDied as exc:
             raise exc from None
         except Exception as exc:  # gloo/NCCL raise RuntimeError on timeouts and lost peers
@@ -188,9 +195,17 @@ class PReduce:
     def _direct(self, buf: torch.Tensor, size: int) -> bool:
         return not buf.is_cuda and uses_direct_exchange(buf.numel() * buf.element_size(), size, self.direct_max_bytes)
 
+    def skip(self, members, comm_id: int | None = None) -> None:
+        """Record a group this worker will not run (formed with a process since replaced), so its
+        communicator cache moves exactly as the Group Generator's model of it does."""
+        members = tuple(sorted(set(int(m) for m in members)))
+        if len(members) > 1:
+            self._lookup(members, comm_id, None)
+
     @staticmethod
-    def _exchange(comm, buf: torch.Tensor, index: int, size: int, timeout) -> None:
-        """Send ``buf`` to every other member, receive theirs, average in member order (same bits everywhere)."""
+    def _exchange(comm, buf: torch.Tensor, index: int, size: int, timeout, counted=None) -> None:
+        """Send ``buf`` to every other member, receive theirs, average in member order (same bits everywhere);
+        ``counted[i]`` False leaves member i's buffer out of the average."""
         gathered = buf.new_empty((size, buf.numel()))
         mine = gathered[index]
         mine.copy_(buf.reshape(-1))  # a contiguous copy: gloo sends only contiguous tensors
@@ -199,10 +214,11 @@ class PReduce:
         works += [comm.recv([gathered[p]], p, _EXCHANGE_TAG) for p in peers]
         for work in works:
             work.wait(timeout)
-        total = gathered[0]
-        for row in gathered[1:]:
+        rows = [row for i, row in enumerate(gathered) if counted is None or counted[i]]
+        total = rows[0]
+        for row in rows[1:]:
             total.add_(row)
-        buf.copy_(total.reshape(buf.shape)).div_(size)
+        buf.copy_(total.reshape(buf.shape)).div_(len(rows))
 
 
     def _lookup(self, members: tuple, comm_id: int | None, buf: torch.Tensor) -> tuple:

@@ -26,7 +26,13 @@ with an error naming it. With ``"continue"``, ``dead_workers()`` (the local
 launcher's record of who died) tells the protocol whom to route around:
 Hop/D-PSGD repair their graph, Prague and AD-PSGD skip groups with the dead
 (their Group Generator stops grouping them), the parameter server stops
-waiting for them; ``finish`` averages over the survivors.
+waiting for them; ``finish`` averages over the survivors. With
+``"respawn"`` the same happens, and a dead worker's replacement (a new
+process for the same rank, one *incarnation* later) joins: ``rejoined()``
+names ranks that came back, the protocols connect to their new process over
+new communicators and hand them the model (Hop/D-PSGD: the neighbours' last
+models; Prague/AD-PSGD: the newcomer's first groups average it in with weight
+zero). A replacement's own protocol is built with ``joining`` true.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
+from hetrain.protocols.membership import ON_FAILURE
 from hetrain.protocols.options import OptionError
 from hetrain.runtime.flat_state import FlatState
 from hetrain.runtime.job import DEFAULT_TIMEOUT_S, JobView, model_device
@@ -71,19 +78,28 @@ class SyncProtocol:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
                  process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort",
                  dead_workers: Callable[[], set[int]] | None = None):
-        if on_failure not in ("abort", "continue"):
-            raise OptionError(f"{{on_failure}} must be abort or continue, got {on_failure!r}")
+        if on_failure not in ON_FAILURE:
+            raise OptionError(f"{{on_failure}} must be one of {', '.join(ON_FAILURE)}, got {on_failure!r}")
         self.model = model
         self.on_failure = on_failure
-        self.dead_workers = dead_workers if on_failure == "continue" else None
+        self.tolerant = on_failure != "abort"  # continue or respawn: route around the dead
+        self.dead_workers = dead_workers if self.tolerant else None
         self.dead: set[int] = set()  # workers this one knows to be dead
         self.job = JobView.of(process_group, model_device(model), timeout_s, self.name)
+        # respawn: each rank's process number as this worker knows it (the launcher's LauncherMembership)
+        self._membership = self.dead_workers if hasattr(self.dead_workers, "incarnations") else None
+        self.incarnations = self._membership.incarnations() if self._membership else [0] * self.job.world_size
+        self.incarnation = self._membership.incarnation if self._membership else 0
+        self.joining = self.incarnation > 0  # a replacement joining a running job
+        if self.joining:  # the deaths so far (a rank dead now comes back as a rejoin)
+            self.dead = set(self.dead_workers()) - {self.job.rank}
         self.state = FlatState(model)
         self.stats = ProtocolStats()
         self._hook = optimizer.register_step_post_hook(self._after_optimizer_step) if optimizer is not None else None
         self._finished = False
         self._released = False
         self._last_step_end = time.perf_counter()
+        self._iteration_base = 0  # a replacement's iteration counter starts at its predecessor's
 
     # -- the PyTorch-facing surface ---------------------------------------------------------
     @property
@@ -112,7 +128,7 @@ class SyncProtocol:
         now = time.perf_counter()
         self.stats.compute_s += now - self._last_step_end
         self.stats.iterations += 1
-        self.stats.iteration += 1  # protocols that skip iterations overwrite this in _sync
+        self.stats.iteration += 1  # protocols that skip iterations (or adopt their neighbours') overwrite this
         self._sync()
         end = time.perf_counter()
         self.stats.wait_s += end - now
@@ -160,9 +176,39 @@ class SyncProtocol:
         """Deaths the launcher reported since the last call (continue mode; empty otherwise)."""
         if self.dead_workers is None:
             return set()
-        new = set(self.dead_workers()) - self.dead
+        new = set(self.dead_workers()) - self.dead - {self.job.rank}
         self.dead |= new
         return new
+
+    def rejoined(self) -> set[int]:
+        """Ranks whose replacement joined since the last call (respawn; empty otherwise).
+
+        Also a rank that died and came back between two calls (never seen dead
+        here): its incarnation went up, so its old process and communicators are gone.
+        """
+        if self._membership is None:
+            return set()
+        dead, now = self._membership(), self._membership.incarnations()
+        back = {r for r in range(self.job.world_size)
+                if r != self.job.rank and r not in dead and (r in self.dead or now[r] > self.incarnations[r])}
+        for r in back:
+            self.incarnations[r] = now[r]
+        self.dead -= back
+        if back:
+            self.stats.extra["workers_rejoined_seen"] = self.stats.extra.get("workers_rejoined_seen", 0) + len(back)
+        return back
+
+    def inherit_iteration(self, iteration: int) -> None:
+        """A replacement: go on counting from its predecessor's iteration (protocols that take the
+        iteration from their neighbours, as Hop does, keep theirs)."""
+        if self.joining and iteration > self.stats.iteration:
+            self._iteration_base = iteration - self.stats.iterations
+            self.stats.iteration = iteration
+
+    def announce_joined(self) -> None:
+        """A replacement: tell the launcher this process is ready to be talked to."""
+        if self._membership is not None and self.joining:
+            self._membership.announce_joined(self.job.timeout_s)
 
     def state_dict(self) -> dict:
         """The protocol's own state (counters and, per protocol, what resuming needs); not the model's."""
@@ -173,6 +219,7 @@ class SyncProtocol:
         if state.get("protocol") != self.name:
             raise ValueError(f"a {state.get('protocol')!r} state cannot be loaded into {self.name}")
         self.stats.iteration = int(state["iteration"])  # the counter goes on; ``iterations`` counts this run
+        self._iteration_base = self.stats.iteration - self.stats.iterations
         self.stats.extra["iterations_before_resume"] = int(state["iterations"])
         self._load_extra_state(state)
 

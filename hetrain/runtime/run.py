@@ -62,20 +62,25 @@ def run_training(config: RunConfig, out_dir: str | None, progress: bool = True, 
         if gg is not None:  # the Group Generator stops grouping the dead
             gg.handle({"op": "leave", "worker": rank})
 
+    def on_join(rank: int, incarnation: int) -> None:
+        bar.joined(rank)
+        if gg is not None:  # its replacement may be grouped again, with fresh communicators
+            gg.handle({"op": "rejoin", "worker": rank, "incarnation": incarnation})
+
     try:
         results = run_local(
             train_worker, config.num_workers, (config, services),
             backend="nccl" if config.device == "cuda" else "gloo",
             timeout_s=config.timeout_s, job_timeout_s=_job_timeout_s(config), on_message=bar.update,
             log_path=out / "errors.log" if out is not None else None,
-            on_failure=config.resolved_on_failure(), kills=_kills(config), on_death=on_death,
+            on_failure=config.resolved_on_failure(), kills=_kills(config), on_death=on_death, on_join=on_join,
         )
     finally:
         bar.close()
         if gg is not None:
             gg.close()
     return finalize_run(config, results, out, interrupted=results.interrupted, deaths=results.deaths,
-                        gg_stats=gg.scheduler.stats() if gg is not None else None)
+                        joins=results.joins, gg_stats=gg.scheduler.stats() if gg is not None else None)
 
 
 def _launcher_gg(config: RunConfig):
@@ -105,11 +110,11 @@ def run_training_torchrun(config: RunConfig, out_dir: str | None) -> dict | None
     device = init("nccl" if config.device == "cuda" else "gloo", timeout_s=config.timeout_s)
     ctx = WorkerContext(dist.get_rank(), dist.get_world_size(), device, config.timeout_s)
     config = config.replace(num_workers=ctx.world_size)
-    if config.resolved_on_failure() == "continue":
+    if config.resolved_on_failure() != "abort":
         # no launcher of ours watches the ranks: torchrun restarts the job (--max-restarts) from checkpoints
-        if config.on_failure == "continue" and ctx.rank == 0:
-            warnings.warn("--on-failure continue applies to local jobs; under torchrun a death ends the job "
-                          "and torchrun --max-restarts restarts it from --checkpoint-dir", stacklevel=2)
+        if config.on_failure in ("continue", "respawn") and ctx.rank == 0:
+            warnings.warn(f"--on-failure {config.on_failure} applies to local jobs; under torchrun a death ends "
+                          "the job and torchrun --max-restarts restarts it from --checkpoint-dir", stacklevel=2)
         config = config.replace(on_failure="abort")
     if config.fail != "none":
         raise OptionError("{fail} injects failures in local jobs; under torchrun, kill ranks yourself")
@@ -132,7 +137,8 @@ def run_training_torchrun(config: RunConfig, out_dir: str | None) -> dict | None
 
 
 def finalize_run(config: RunConfig, results: list[dict | None], out, interrupted: bool = False,
-                 deaths: list[dict] | None = None, gg_stats: dict | None = None) -> dict:
+                 deaths: list[dict] | None = None, joins: list[dict] | None = None,
+                 gg_stats: dict | None = None) -> dict:
     """Build, write and return the run's record. ``results`` has None for workers that died."""
     deaths = deaths or []
     survivors = [r for r in results if r is not None]
@@ -146,7 +152,8 @@ def finalize_run(config: RunConfig, results: list[dict | None], out, interrupted
         wall_time_s=wall_s,
         batch_size=config.batch_size,
         standalone_iteration_s=[w["standalone_iteration_s"] for w in workers + lost],
-        alive_fraction=[1.0] * len(workers) + [w["alive_fraction"] for w in lost],
+        alive_fraction=[1.0 - min(1.0, w.get("started_t_s", 0.0) / wall_s) if wall_s > 0 else 1.0 for w in workers]
+        + [w["alive_fraction"] for w in lost],
         accuracy_curve=curve,
         target_accuracy=config.target_accuracy,
         target_loss=config.resolved_target_loss(),
@@ -155,7 +162,8 @@ def finalize_run(config: RunConfig, results: list[dict | None], out, interrupted
         final_loss_avg_model=workers[0]["consensus_loss"],
         consensus_distance=workers[0].get("consensus_distance"),
         extra={"interrupted": interrupted, "resumed": config.resume, "on_failure": config.resolved_on_failure(),
-               "workers_lost": len(deaths), "workers_joined": 0, "deaths": deaths, **(gg_stats or {}),
+               "workers_lost": len(deaths), "workers_joined": len(joins or []), "deaths": deaths,
+               "joins": joins or [], "num_workers": config.num_workers, **(gg_stats or {}),
                "config": dict(vars(config))},
     )
     # iterations that count: a dead worker's last gradient may never have left it
@@ -175,7 +183,8 @@ def _lost_workers(config: RunConfig, survivors: list[dict], deaths: list[dict], 
     base_s = config.compute_ms / 1000.0 if config.compute_ms else math_s
     return [{"rank": d["rank"], "iterations": d["computed"], "compute_s": 0.0, "wait_s": 0.0, "died": d["how"],
              "standalone_iteration_s": max(base_s * slowdown.expected_factor(d["rank"]), math_s),
-             "alive_fraction": min(1.0, d["t_s"] / wall_s) if wall_s > 0 else 0.0} for d in deaths]
+             "alive_fraction": min(1.0, (d["t_s"] - d.get("started_t_s", 0.0)) / wall_s) if wall_s > 0 else 0.0}
+            for d in deaths]
 
 
 def evaluation_curve(config: RunConfig, snapshots_by_worker: list[list]) -> list[dict]:
@@ -240,6 +249,10 @@ class _ProgressBar:
 
     def lost(self, rank: int) -> None:
         self.dead.add(rank)
+        self.state.pop(rank, None)  # its replacement, if any, reports afresh
+
+    def joined(self, rank: int) -> None:
+        self.dead.discard(rank)
 
     def close(self) -> None:
         self.bar.close()

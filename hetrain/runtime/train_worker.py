@@ -61,13 +61,15 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
                                config.momentum)
     # no optimizer hook: the loop calls step() itself, so the emulator's overhead timing of
     # optimizer.step() never includes the protocol's waiting
-    continue_on_death = config.resolved_on_failure() == "continue"
+    on_failure = config.resolved_on_failure() if ctx.continue_on_death else "abort"
+    joining = ctx.incarnation > 0  # a replacement: the protocol hands it the model of the running job
     protocol = get_spec(config.protocol).build(
         model, None, config.protocol_options(), seed=config.seed, timeout_s=config.timeout_s,
-        on_failure="continue" if continue_on_death else "abort",
-        dead_workers=ctx.dead_workers if continue_on_death and ctx.dead_workers else None,
+        on_failure=on_failure, dead_workers=ctx.dead_workers if on_failure != "abort" else None,
         **(services or {}))
-    if config.resume:
+    if joining:
+        protocol.inherit_iteration(ctx.start_iteration)
+    if config.resume and not joining:
         _restore(checkpoint.load_worker(config.checkpoint_dir, ctx.rank), model, optimizer, sampler, protocol)
     checkpoints = checkpoint.CheckpointTimer(config.checkpoint_every_s) if config.checkpoint_dir else None
     state = protocol.state
@@ -76,9 +78,10 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
     emulator = ComputeEmulator(math_s)
     stop_requested = ctx.stop_requested or (lambda: False)
 
-    dist.barrier()
+    if not joining:  # the others are training already
+        dist.barrier()
     protocol.restart_clock()
-    t0 = time.perf_counter()
+    t0 = time.perf_counter() - ctx.clock_offset_s  # the job's training clock
     last_report = 0.0
     computed = 0
     while True:
@@ -127,7 +130,8 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
                   local_accuracy=local_accuracy, local_loss=local_loss, consensus_accuracy=consensus_accuracy,
                   consensus_loss=consensus_loss, peak_rss_mb=round(peak_rss_mb(), 1),
                   tcp_connections_training=connections_training, tcp_connections_end=tcp_connections(),
-                  throughput_series=meter.finish(loop_s), checkpoints_saved=checkpoints.saved if checkpoints else 0)
+                  throughput_series=meter.finish(loop_s), checkpoints_saved=checkpoints.saved if checkpoints else 0,
+                  incarnation=ctx.incarnation, started_t_s=ctx.clock_offset_s)
     # numpy, not tensors: tensors sent through a multiprocessing queue need the sender alive
     return {"worker": worker,
             "snapshots": [(due, t, it, flat.cpu().numpy()) for due, t, it, flat in snapshots.snapshots]}

@@ -406,3 +406,52 @@ def test_sharded_groups_stay_within_a_shard_of_their_epoch():
 def test_sharded_bad_input_is_a_one_line_error(args, message):
     with pytest.raises(UsageError, match=message):
         ShardedGroupGenerator(8, 2, "smart", **args)
+
+
+# ----- replacements (respawn) ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["smart", "random", "buffer", "division"])
+def test_a_replacement_is_grouped_again_fresh_with_new_communicators(mode):
+    gg = GroupGenerator(4, 2, mode, seed=3)
+    for _ in range(40):  # every pair gets a cached communicator
+        for w in range(4):
+            gg.request(w, 0.0)
+    gg.leave(2)  # died: groups formed before may still be handed out (their members skip them)
+    died_at = gg.ledger.next_seq
+    for t in range(20):
+        for w in (0, 1, 3):
+            assert all(2 not in g.members for g in gg.request(w, t * 0.1) if g.seq >= died_at)
+    gg.rejoin(2, incarnation=1)
+    groups = []
+    for t in range(40):
+        for w in (0, 1, 2, 3):
+            groups += gg.request(w, 2 + t * 0.1)
+    with_two = [g for g in groups if 2 in g.members]
+    assert with_two, "the replacement was never grouped again"
+    first = with_two[0]
+    assert first.fresh == (2,) and first.incarnation_of(2) == 1
+    assert first.comm_id == first.seq  # a fresh communicator: the old process's ones are gone
+    gg.settle(2)
+    settled_at = gg.ledger.next_seq
+    later = [g for t in range(20) for w in (0, 1, 2, 3) for g in gg.request(w, 10 + t * 0.1)
+             if 2 in g.members and g.seq >= settled_at]
+    assert later and all(g.fresh == () and g.incarnation_of(2) == 1 for g in later)
+
+
+def test_a_group_of_only_fresh_members_counts_everyone():
+    pairing = ActivePassivePairing(4, seed=1)
+    for w in range(4):
+        pairing.leave(w)
+    pairing.rejoin(0, 1)
+    pairing.rejoin(1, 1)
+    group = pairing.request(0)[0]
+    assert group.members == (0, 1) and group.fresh == ()  # nobody holds a model to hand over: plain average
+
+
+def test_groups_carry_fresh_members_and_incarnations_over_the_wire():
+    from hetrain.protocols.ledger import Group
+
+    group = Group(7, (1, 4), 7, fresh=(4,), incarnations=(0, 2))
+    assert Group.from_list(group.as_list()) == group
+    plain = Group(8, (0, 1), 3)
+    assert plain.as_list() == [8, [0, 1], 3] and Group.from_list(plain.as_list()) == plain

@@ -1,0 +1,112 @@
+"""--on-failure respawn: a killed worker's replacement joins the running job, takes a model, trains on.
+
+Deaths are real (SIGKILL from the launcher); the replacement is a new process for the same rank, one
+incarnation later. ``-m slow`` sweeps random kill points over 20 seeds per protocol.
+"""
+
+import json
+import random
+
+import pytest
+import torch
+
+from hetrain.cli import main
+from hetrain.config import RunConfig
+from hetrain.runtime.local_job import run_local
+from hetrain.runtime.preduce import PReduce
+from hetrain.runtime.run import run_training
+
+BASE = dict(num_workers=4, compute_ms=20.0, slowdown="0:2x", time_budget_s=10.0, timeout_s=20.0)
+
+
+def _respawn(protocol, fail, **options):
+    config = RunConfig(protocol=protocol, fail=fail, on_failure="respawn", options=options, **BASE)
+    return run_training(config, None, progress=False)
+
+
+@pytest.mark.parametrize("protocol, options", [
+    ("hop", {}), ("dpsgd", {}), ("prague", {"gg": "smart"}), ("prague", {"gg": "random"}), ("adpsgd", {}),
+])
+def test_a_replacement_joins_reaches_the_others_and_ends_in_consensus(protocol, options):
+    metrics = _respawn(protocol, "2@2s", **options)
+    assert metrics["workers_lost"] == 1 and metrics["workers_joined"] == 1
+    assert metrics["joins"][0]["rank"] == 2 and metrics["joins"][0]["incarnation"] == 1
+    live = [w for w in metrics["workers"] if "incarnation" in w]
+    assert sorted(w["rank"] for w in live) == [0, 1, 2, 3]  # every rank has a live process at the end
+    newcomer = next(w for w in live if w["rank"] == 2)
+    others = [w for w in live if w["rank"] != 2]
+    assert newcomer["incarnation"] == 1 and newcomer["iterations"] > 0
+    # it took the job's iteration on joining and kept up (slack: the 2x-slow worker 0 and the seconds the
+    # replacement spent starting; Prague's counters are per worker, so only Hop's are bounded above)
+    assert newcomer["iteration"] >= 0.5 * min(w["iteration"] for w in others)
+    if protocol in ("hop", "dpsgd"):
+        assert newcomer["iteration"] <= 1.1 * max(w["iteration"] for w in others)
+    # the final average reached every live worker: they all hold the same model
+    assert len({round(w["consensus_accuracy"], 6) for w in live}) == 1
+    assert metrics["final_accuracy_avg_model"] > 0.8
+
+
+def test_two_workers_die_and_both_are_replaced():
+    metrics = _respawn("hop", "1@2s,3@4s")
+    assert metrics["workers_lost"] == 2 and metrics["workers_joined"] == 2
+    assert sorted(j["rank"] for j in metrics["joins"]) == [1, 3]
+
+
+def _random_points(seed):
+    rng = random.Random(seed)
+    worker = rng.randrange(4)
+    when = rng.choice([0.0, rng.uniform(0.5, 9.5), 10.05])  # before the first iteration, mid-run, in finish
+    return f"{worker}@{when:.2f}s"
+
+
+@pytest.mark.parametrize("protocol", ["hop", "prague"])
+def test_respawn_at_random_points_never_hangs(protocol, seed=0):
+    metrics = _respawn(protocol, _random_points(seed))  # rc 0 with the live workers' results
+    assert metrics["workers_joined"] <= metrics["workers_lost"] <= 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("protocol", ["hop", "dpsgd", "prague", "adpsgd"])
+@pytest.mark.parametrize("seed", range(1, 21))
+def test_respawn_at_random_points_over_twenty_seeds(protocol, seed):
+    metrics = _respawn(protocol, _random_points(seed))
+    assert metrics["workers_joined"] <= metrics["workers_lost"] <= 1
+
+
+def test_train_respawn_from_the_command_line(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["train", "--protocol", "hop", "--workers", "4", "--compute-ms", "20", "--time-budget", "8",
+                 "--fail", "3@2s", "--on-failure", "respawn", "--no-progress", "--out", str(out)])
+    assert code == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["workers_lost"] == 1 and metrics["workers_joined"] == 1
+    assert metrics["num_workers"] == 4
+    assert "workers lost 1, joined 1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--protocol", "allreduce", "--on-failure", "respawn"], "allreduce cannot respawn"),
+    (["--protocol", "ps", "--on-failure", "respawn"], "ps cannot take a replacement"),
+    (["--protocol", "prague", "--gg-shards", "2", "--on-failure", "respawn"], "respawn needs one Group Generator"),
+])
+def test_respawn_where_it_cannot_work_is_one_line_exit_2(tmp_path, capsys, args, message):
+    out = tmp_path / "out"
+    code = main(["train", "--workers", "4", "--iterations", "5", "--no-progress", "--out", str(out), *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and message in err[0], err
+    assert not out.exists()
+
+
+# ----- P-Reduce with a fresh member (a replacement with no model yet) -----------------------------
+
+def _fresh_member(ctx, direct_max_bytes):
+    preduce = PReduce(cache_size=4, timeout_s=ctx.timeout_s, direct_max_bytes=direct_max_bytes)
+    buf = torch.full((3000,), float(ctx.rank + 1))  # worker 2 is fresh: its 3.0 must not count
+    preduce(buf, (0, 1, 2), fresh=(2,))
+    return buf.tolist()
+
+
+@pytest.mark.parametrize("direct_max_bytes", [1 << 20, 0], ids=["direct-exchange", "ring-all-reduce"])
+def test_a_fresh_member_receives_the_others_average_and_adds_nothing(direct_max_bytes):
+    for values in run_local(_fresh_member, 3, (direct_max_bytes,), timeout_s=30):
+        assert values == [1.5] * 3000
