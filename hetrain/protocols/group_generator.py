@@ -91,6 +91,10 @@ class PragueOptions:
     gg_shards: int = option(1, help="prague: Group Generators, each over a shard of the workers redrawn every "
                                     "--gg-epoch-s (default 1: one for the job; docs/prague.md)")
     gg_epoch_s: float = option(1.0, type=float, help="prague: seconds between redraws of the shards (default 1)")
+    preduce_overlap: int = option(1, choices=(0, 1),
+                                  help="prague: 1 runs each step's P-Reduces while the next step computes, "
+                                       "applying the average one step late (default 1; 0: block on them; "
+                                       "docs/prague.md)")
 
     def validate(self, num_workers: int) -> PragueOptions:
         validate_gg(num_workers, self.group_size, self.gg, self.communicator_cache, self.workers_per_node)

@@ -96,7 +96,7 @@ class AllReduce(SyncProtocol):
         wait = self._timer.take_iteration_wait()
         self.stats.compute_s -= wait
         self.stats.wait_s += wait
-        self.stats.iteration = self.stats.iterations
+        self.stats.iteration = self._iteration_base + self.stats.iterations
 
     def should_stop(self, local_done: bool) -> bool:
         if self.stats.iterations % STOP_CHECK_EVERY:

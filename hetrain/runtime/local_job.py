@@ -337,7 +337,7 @@ class _LocalJob:
         self.incarnations[rank] = incarnation
         t_s = self._training_time_s()
         self.started_t_s[rank] = t_s
-        inherited = self.deaths[-1]["iteration"] if self.deaths and self.deaths[-1]["rank"] == rank else 0
+        inherited = max((d.get("iteration", 0) for d in self.deaths if d["rank"] == rank), default=0)
         self.procs[rank] = self._process(rank, incarnation, t_s, inherited)
         self.procs[rank].start()
         self.joining[rank] = {"rank": rank, "incarnation": incarnation, "started_t_s": t_s,

@@ -144,7 +144,7 @@ class ParameterServer(SyncProtocol):
             self._wait(self._down.recv([reply], 0, _TAG_REPLY), f"the server's answer to push {self.stats.iterations}")
         self._pulled = reply
         self.state.scatter(reply.to(self.job.device))
-        self.stats.iteration = self.stats.iterations
+        self.stats.iteration = self._iteration_base + self.stats.iterations
 
     def _push_local(self, delta: torch.Tensor) -> torch.Tensor:
         server = self._server

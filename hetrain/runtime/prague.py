@@ -24,6 +24,7 @@ from hetrain.protocols.group_generator import PragueOptions, scheduler_for
 from hetrain.protocols.ledger import GroupScheduler
 from hetrain.protocols.options import OptionError
 from hetrain.protocols.request_timing import ComputeEstimate, ask_after_s
+from hetrain.runtime.background_average import BackgroundAverage
 from hetrain.runtime.consensus import average_state
 from hetrain.runtime.gg_prefetch import GroupPrefetch
 from hetrain.runtime.gg_service import GGServer, LocalClient, SchedulerHost, SocketClient
@@ -41,7 +42,8 @@ class GroupProtocol(SyncProtocol):
 
     def __init__(self, model, optimizer, scheduler: GroupScheduler, *, communicator_cache: int,
                  local_scheduler: bool, process_group, timeout_s: float, on_failure: str = "abort",
-                 dead_workers=None, gg_address: tuple[str, str] | None = None, gg_prefetch_ms: float = 0.0):
+                 dead_workers=None, gg_address: tuple[str, str] | None = None, gg_prefetch_ms: float = 0.0,
+                 preduce_overlap: bool = False):
         super().__init__(model, optimizer, process_group=process_group, timeout_s=timeout_s,
                          on_failure=on_failure, dead_workers=dead_workers)
         job = self.job
@@ -69,6 +71,9 @@ class GroupProtocol(SyncProtocol):
         self._prefetch = None if self._local or gg_prefetch_ms <= 0 else \
             GroupPrefetch(self.gg.request, f"worker {job.rank}", job.timeout_s)
         self._compute = ComputeEstimate()
+        # run a step's P-Reduces while the next step computes (not for a replacement's first groups)
+        self._background = BackgroundAverage(self._reduce, f"worker {job.rank}", job.timeout_s) \
+            if preduce_overlap else None
         self._groups_run = 0
         self._members_run = 0
         self._empty_syncs = 0
@@ -98,12 +103,18 @@ class GroupProtocol(SyncProtocol):
 
     # -- the loop --------------------------------------------------------------
     def _sync(self) -> None:
+        if self._background is not None and self._background.pending:  # the previous step's averages
+            flat = self.state.gather()
+            self._background.finish(flat)
+            self.state.scatter(flat)
         start = time.perf_counter()
         prefetch = self._prefetch
         groups = prefetch.take() if prefetch is not None and prefetch.pending else self.gg.request()
         self._gg_wait_s += time.perf_counter() - start
         self.stats.iteration = self._iteration_base + self.stats.iterations
-        if groups:
+        if groups and self._background is not None:
+            self._background.start(self.state.gather(), groups)
+        elif groups:
             self._run(groups)
         else:
             self._empty_syncs += 1
@@ -114,6 +125,11 @@ class GroupProtocol(SyncProtocol):
 
     def _run(self, groups) -> None:
         flat = self.state.gather()
+        self._reduce(flat, groups)
+        self.state.scatter(flat)
+
+    def _reduce(self, flat, groups) -> None:
+        """Average ``flat`` in place over ``groups``, in order (on the worker's thread, or a background one)."""
         for group in groups:
             if self._membership is not None and self._formed_before_a_replacement(group):
                 self.preduce.skip(group.members, group.comm_id)  # a member's process has been replaced since
@@ -133,7 +149,6 @@ class GroupProtocol(SyncProtocol):
             if not self._settled and self.job.rank in group.fresh:
                 self._settled = True  # it holds the others' average now
                 self.gg.call("settled")
-        self.state.scatter(flat)
 
     def _formed_before_a_replacement(self, group) -> bool:
         """Whether a member of ``group`` has been replaced since the group was formed (respawn)."""
@@ -144,6 +159,10 @@ class GroupProtocol(SyncProtocol):
     # -- leaving -----------------------------------------------------------------
     def _finish(self) -> None:
         """Leave the GG, run the groups still owed, wait for all to leave, average over everyone."""
+        if self._background is not None and self._background.pending:
+            flat = self.state.gather()
+            self._background.finish(flat)
+            self.state.scatter(flat)
         owed = self._prefetch.withdraw() if self._prefetch is not None else []
         owed = owed + self.gg.leave()
         if owed:
@@ -190,6 +209,8 @@ class GroupProtocol(SyncProtocol):
             gg_wait_s=self._gg_wait_s,
             member_wait_s=self._member_wait_s,
             gg_requests_early=self._prefetch.sent_early if self._prefetch is not None else 0,
+            **({"overlap_wait_s": self._background.wait_s, "overlapped_syncs": self._background.started}
+               if self._background is not None else {}),
             **self.preduce.stats(),
         )
 
@@ -203,7 +224,10 @@ class Prague(GroupProtocol):
     ``workers_per_node``: node size for the node-aware static schedule;
     ``gg_prefetch_ms``: ask the GG this long before the compute is expected to
     end, hiding the round trip (0: ask after it; :mod:`~hetrain.runtime.gg_prefetch`);
-    ``gg_shards``/``gg_epoch_s``: that many Group Generators, each over a shard
+    ``preduce_overlap=1`` (default) runs a step's P-Reduces on a thread while
+    the next step computes, applying the average one step late (0: block on them)
+    (:mod:`~hetrain.runtime.background_average`); ``gg_shards``/``gg_epoch_s``:
+    that many Group Generators, each over a shard
     of the workers redrawn every ``gg_epoch_s`` seconds
     (:mod:`~hetrain.protocols.sharded_gg`); ``seed``:
     the GG's random draws (the same on every worker). ``gg_address=(host:port,
@@ -222,12 +246,13 @@ class Prague(GroupProtocol):
 
     def __init__(self, model, optimizer=None, *, gg: str = "smart", group_size: int = 2,
                  communicator_cache: int = 60, workers_per_node: int | None = None, gg_prefetch_ms: float = 5.0,
-                 gg_shards: int = 1, gg_epoch_s: float = 1.0, seed: int = 0, process_group=None,
+                 gg_shards: int = 1, gg_epoch_s: float = 1.0, preduce_overlap: int = 1, seed: int = 0,
+                 process_group=None,
                  timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort", dead_workers=None,
                  gg_address: tuple[str, str] | None = None):
         world = dist.get_world_size(process_group) if dist.is_initialized() else 1
         options = PragueOptions(gg, group_size, communicator_cache, workers_per_node, gg_prefetch_ms, gg_shards,
-                                gg_epoch_s)
+                                gg_epoch_s, preduce_overlap)
         scheduler = scheduler_for(world, options, seed)
         self.gg_mode = options.gg
         if options.gg == "static" and on_failure != "abort":
@@ -236,7 +261,7 @@ class Prague(GroupProtocol):
         super().__init__(model, optimizer, scheduler, communicator_cache=options.communicator_cache,
                          local_scheduler=options.gg == "static", process_group=process_group, timeout_s=timeout_s,
                          on_failure=on_failure, dead_workers=dead_workers, gg_address=gg_address,
-                         gg_prefetch_ms=options.gg_prefetch_ms)
+                         gg_prefetch_ms=options.gg_prefetch_ms, preduce_overlap=bool(options.preduce_overlap))
         self.stats.extra["gg_mode"] = options.gg
 
     def should_stop(self, local_done: bool) -> bool:

@@ -19,7 +19,10 @@ This module supplies time and messages only:
 * a worker that reaches its last iteration ``leave``\\ s and runs the groups it still owes;
 * with ``gg_prefetch_ms`` (Prague's default), the request leaves ``gg_prefetch_ms``
   before the compute is expected to end (:mod:`hetrain.protocols.request_timing`,
-  as the runtime does), and an answer that arrives early waits for the compute.
+  as the runtime does), and an answer that arrives early waits for the compute;
+* with ``preduce_overlap``, a step's groups run while the next step computes (the
+  runtime's :mod:`~hetrain.runtime.background_average`): the next sync waits for
+  them, and the math adds ``average - snapshot`` to the worker's model.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ class GroupSim:
     """Simulate a group-averaging protocol whose groups come from ``scheduler``."""
 
     def __init__(self, setup: SimSetup, scheduler, *, local_schedule: bool = False, name: str = "prague",
-                 prefetch_ms: float = 0.0):
+                 prefetch_ms: float = 0.0, overlap: bool = False):
         self.setup = setup
         self.scheduler = scheduler
         self.local = local_schedule
@@ -64,11 +67,22 @@ class GroupSim:
         self.estimate = [ComputeEstimate() for _ in range(n)]
         self.prefetch: list[str | None] = [None] * n
         self.early_groups: list = [None] * n
+        # overlap: whose groups run in the background, who waits for them to sync, and (math) the
+        # snapshot each averages and the buffer the averages update
+        self.overlap = overlap
+        self.in_background = [False] * n
+        self.sync_deferred = [False] * n
+        self.leave_deferred = [False] * n
+        self.snapshot: dict[int, object] = {}
+        self.shadow: dict[int, object] = {}
 
     # ----- the worker loop ------------------------------------------------------------
     def _begin(self, i: int) -> None:
         setup = self.setup
         if self.iteration[i] >= setup.iterations:
+            if self.in_background[i]:  # leave once this worker's last groups are done
+                self.leave_deferred[i] = True
+                return
             self.leaving[i] = True
             self._run_groups(i, self.scheduler.leave(i, setup.engine.now))
             return
@@ -108,6 +122,13 @@ class GroupSim:
             setup.math.local_step(i)
             setup.math.maybe_evaluate(engine.now, self.rec.done)
         self.iteration[i] = k + 1
+        if self.in_background[i]:  # the previous step's groups are still running: sync after them
+            self.sync_deferred[i] = True
+            return
+        self._sync(i)
+
+    def _sync(self, i: int) -> None:
+        engine = self.setup.engine
         if self.local:
             self._run_groups(i, self.scheduler.request(i, engine.now))
             return
@@ -145,10 +166,35 @@ class GroupSim:
         if i in self.dead:
             return
         self.pending[i].extend(groups)
+        if self.overlap and groups and not self.leaving[i]:  # they run while the next step computes
+            self.in_background[i] = True
+            math = self.setup.math
+            if math.enabled:
+                self.snapshot[i] = math.params[i].copy()
+                self.shadow[i] = math.params[i].copy()
+            self.rec.completed(i, self.setup.engine.now)
+            self._next_group(i)
+            self._begin(i)
+            return
         self._next_group(i)
+
+    def _background_done(self, i: int) -> None:
+        self.in_background[i] = False
+        math = self.setup.math
+        if math.enabled:
+            math.params[i] += self.shadow.pop(i) - self.snapshot.pop(i)
+        if self.sync_deferred[i]:
+            self.sync_deferred[i] = False
+            self._sync(i)
+        elif self.leave_deferred[i]:
+            self.leave_deferred[i] = False
+            self._begin(i)
 
     def _next_group(self, i: int) -> None:
         queue = self.pending[i]
+        if not queue and self.in_background[i]:
+            self._background_done(i)
+            return
         if not queue:
             self.rec.completed(i, self.setup.engine.now)  # this iteration's averaging is done
             if self.leaving[i]:
@@ -194,9 +240,10 @@ class GroupSim:
         if math.enabled:
             import numpy as np
 
-            mean = np.mean([math.params[m] for m in group.members], axis=0)
+            buffers = self.shadow if self.overlap else math.params
+            mean = np.mean([buffers[m] for m in group.members], axis=0)
             for m in group.members:
-                math.params[m] = mean.copy()
+                buffers[m] = mean.copy()
         for m in group.members:
             self._next_group(m)
 
@@ -248,7 +295,7 @@ def make_prague_sim(setup: SimSetup, options, seed: int) -> GroupSim:
     from hetrain.protocols.group_generator import scheduler_for
 
     return GroupSim(setup, scheduler_for(setup.num_workers, options, seed), local_schedule=options.gg == "static",
-                    name="prague", prefetch_ms=options.gg_prefetch_ms)
+                    name="prague", prefetch_ms=options.gg_prefetch_ms, overlap=bool(options.preduce_overlap))
 
 
 def make_adpsgd_sim(setup: SimSetup, options, seed: int) -> GroupSim:

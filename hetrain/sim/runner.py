@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from hetrain.config import RunConfig
 from hetrain.errors import UsageError
 from hetrain.metrics import build_metrics
+from hetrain.protocols.options import OptionError
 from hetrain.registry import get_spec
 from hetrain.sim.common import SimSetup, SimulationError
 from hetrain.sim.engine import Engine
@@ -64,6 +65,9 @@ def simulate(config: RunConfig, options: SimOptions = SimOptions(), model_params
     ``options.timelines`` is set.
     """
     config = config.validate()
+    if config.on_failure == "respawn":
+        raise OptionError("the simulator models {on_failure} abort and continue; respawn (a replacement "
+                          "process joining) is measured by real runs: hetrain train")
     if options.math not in MATH_MODES:
         raise UsageError(f"unknown --math {options.math!r}; choose one of {', '.join(MATH_MODES)}")
     if options.network.latency_us < 0 or options.network.bandwidth_gbps <= 0:

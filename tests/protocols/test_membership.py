@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from hetrain.errors import UsageError
 from hetrain.faults import parse_fail
 from hetrain.protocols.group_generator import GroupGenerator
-from hetrain.protocols.hop_config import hop_config_for
-from hetrain.protocols.hop_logic import make_hop_workers
+from hetrain.protocols.hop_config import DPSGDOptions, hop_config_for
+from hetrain.protocols.hop_logic import HopWorker, make_hop_workers
 from hetrain.protocols.membership import neighbour_weights, repair, survivors_strongly_connected
 from hetrain.topology import TOPOLOGIES, make_topology
 
@@ -122,6 +122,120 @@ def test_hop_with_deaths_at_random_points_never_deadlocks(name, seed):
         if i not in dead:
             assert w.iteration >= 25
             assert not set(w.in_weights) & dead and not set(w.out_neighbors) & dead
+
+
+def _run_hop_with_replacements(name, seed, protocol, iterations=30):
+    """As above, and every dead worker comes back (respawn) a random number of steps later: a new
+    HopWorker on the graph of that moment, taking the newest model its in-neighbours send it (each sends
+    its last one to its new out-neighbours) and that model's iteration. Messages carry both ends'
+    incarnations; those to or from a replaced process are dropped, as the runtime's pair groups do."""
+    rng = random.Random(seed)
+    topology = make_topology(name, SIZES[name])
+    config = (hop_config_for(topology) if protocol == "hop" else DPSGDOptions(name).config_for(topology))
+    workers = make_hop_workers(topology, config)
+    n = topology.num_workers
+    events = []  # (step, kind, worker)
+    for d in rng.sample(range(n), rng.randrange(1, n // 2 + 1)):
+        dies = rng.randrange(1, 3 * iterations)
+        events += [(dies, "die", d), (dies + rng.randrange(1, 60), "join", d)]
+    events.sort()
+    dead, inbox, computing, adopting, steps = set(), [], set(), set(), 0
+    incarnation = [0] * n
+    last_sent: dict[int, int] = {}
+
+    def send(kind, dst, src, value):
+        inbox.append((kind, dst, src, value, incarnation[src], incarnation[dst]))
+
+    def reconfigure_survivors():
+        now = repair(topology, dead)
+        for i, w in enumerate(workers):
+            if i not in dead:
+                in_w, self_w, out = neighbour_weights(now, i)
+                for m in w.reconfigure(in_w, self_w, out):
+                    if i in last_sent:
+                        send("update", m, i, last_sent[i])
+        return now
+
+    while True:
+        steps += 1
+        while events and events[0][0] <= steps:
+            _, kind, d = events.pop(0)
+            if kind == "die":
+                dead.add(d)
+                computing.discard(d)
+                adopting.discard(d)
+                last_sent.pop(d, None)
+            else:
+                dead.discard(d)
+                incarnation[d] += 1
+                workers[d] = HopWorker.for_rank(repair(topology, dead), d, config)
+                adopting.add(d)
+            reconfigure_survivors()
+        for d in list(adopting):
+            held = [q[-1][0] for q in workers[d].queues.values() if q]
+            if held:
+                workers[d].iteration = max(held)
+                adopting.discard(d)
+        live = [i for i in range(n) if i not in dead and workers[i].iteration < iterations]
+        if not live and not events:
+            return workers, dead
+        actions = [("wait", None)] if events else []  # a pending death or join is also progress
+        for i in live:
+            w = workers[i]
+            if i in adopting:
+                continue
+            if not w.started and (w.plan_skip() is not None or w.can_start()):
+                actions.append(("begin", i))
+            elif w.started and i not in computing:
+                actions.append(("compute", i))
+            elif w.started and w.ready_to_average():
+                actions.append(("complete", i))
+        actions += [("deliver", k) for k in range(len(inbox))]
+        assert actions, f"deadlock at step {steps}: dead {sorted(dead)}, adopting {sorted(adopting)}; " + "; ".join(
+            f"{i} waits for {workers[i].waiting_for()}" for i in live)
+        kind, x = rng.choice(actions)
+        if kind == "wait":
+            steps = max(steps, events[0][0] - 1)
+        elif kind == "deliver":
+            what, dst, src, value, src_inc, dst_inc = inbox.pop(x)
+            if dst in dead or src_inc != incarnation[src] or dst_inc != incarnation[dst]:
+                continue  # to or from a process that has died or been replaced since
+            if what == "update":  # the logic drops what arrives over an edge removed meanwhile
+                workers[dst].receive_update(src, value, None)
+            else:
+                workers[dst].receive_tokens(src, value)
+        elif kind == "begin":
+            w = workers[x]
+            skip = w.plan_skip()
+            if skip is not None:
+                plan = w.apply_skip(skip)
+                for j in plan.tokens_to:
+                    send("tokens", j, x, plan.token_count)
+                for m in w.out_neighbors:
+                    send("update", m, x, w.iteration - 1)
+                last_sent[x] = w.iteration - 1
+            else:
+                w.start()
+        elif kind == "compute":
+            computing.add(x)
+            for m in workers[x].out_neighbors:
+                send("update", m, x, workers[x].iteration)
+            last_sent[x] = workers[x].iteration
+        else:
+            computing.discard(x)
+            plan = workers[x].complete()
+            for j in plan.tokens_to:
+                send("tokens", j, x, 1)
+
+
+@pytest.mark.parametrize("protocol", ["hop", "dpsgd"])
+@pytest.mark.parametrize("name", TOPOLOGIES)
+@pytest.mark.parametrize("seed", range(8))
+def test_hop_with_replacements_joining_at_random_points_never_deadlocks(protocol, name, seed):
+    workers, dead = _run_hop_with_replacements(name, seed, protocol)
+    assert not dead  # every dead worker came back
+    for w in workers:
+        assert w.iteration >= 30
 
 
 @pytest.mark.parametrize("mode", ["random", "buffer", "division", "smart"])

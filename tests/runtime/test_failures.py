@@ -118,17 +118,19 @@ def test_bad_failure_and_checkpoint_input_is_one_line_exit_2(tmp_path, capsys, a
 
 # ----- checkpoints -------------------------------------------------------------------------------
 
-def _train(tmp_path, name, *extra):
-    return main(["train", "--protocol", "hop", "--workers", "3", "--compute-ms", "20", "--iterations", "120",
+def _train(tmp_path, name, *extra, protocol="hop"):
+    return main(["train", "--protocol", protocol, "--workers", "3", "--compute-ms", "20", "--iterations", "120",
                  "--checkpoint-dir", str(tmp_path / "ckpt"), "--no-progress", "--out", str(tmp_path / name), *extra])
 
 
-def test_a_killed_job_resumes_from_its_checkpoints_and_finishes_its_iterations(tmp_path):
+@pytest.mark.parametrize("protocol", ["hop", "allreduce", "prague", pytest.param("ps", marks=pytest.mark.slow)])
+def test_a_killed_job_resumes_from_its_checkpoints_and_finishes_its_iterations(tmp_path, protocol):
     # the whole job dies mid-run: every worker is killed (abort), as a lost machine would
-    assert _train(tmp_path, "first", "--checkpoint-every", "0.5", "--fail", "1@2s", "--on-failure", "abort") == 1
+    assert _train(tmp_path, "first", "--checkpoint-every", "0.5", "--fail", "1@2s", "--on-failure", "abort",
+                  protocol=protocol) == 1
     saved = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
     assert "manifest.json" in saved and {"worker-0.pt", "worker-1.pt", "worker-2.pt"} <= set(saved)
-    assert _train(tmp_path, "second", "--resume") == 0
+    assert _train(tmp_path, "second", "--resume", protocol=protocol) == 0
     metrics = json.loads((tmp_path / "second" / "metrics.json").read_text())
     assert metrics["resumed"] is True
     for w in metrics["workers"]:

@@ -79,6 +79,7 @@ CASES = [
     ("prague", {"gg": "smart", "group_size": 3}),
     ("prague", {"gg": "random", "group_size": 2}),
     ("prague", {"gg": "smart", "group_size": 2, "gg_prefetch_ms": 0.0}),  # ask after the compute
+    ("prague", {"gg": "smart", "group_size": 2, "preduce_overlap": 0}),  # block on P-Reduce
     ("prague", {"gg": "random", "group_size": 2, "gg_shards": 2, "gg_epoch_s": 0.05}),  # shards, redrawn
     ("prague", {"gg": "buffer", "group_size": 3}),
     ("prague", {"gg": "division", "group_size": 2, "communicator_cache": 1}),

@@ -25,7 +25,8 @@ def _respawn(protocol, fail, **options):
 
 
 @pytest.mark.parametrize("protocol, options", [
-    ("hop", {}), ("dpsgd", {}), ("prague", {"gg": "smart"}), ("prague", {"gg": "random"}), ("adpsgd", {}),
+    ("hop", {}), ("prague", {"gg": "smart"}), ("adpsgd", {}),
+    pytest.param("dpsgd", {}, marks=pytest.mark.slow), pytest.param("prague", {"gg": "random"}, marks=pytest.mark.slow),
 ])
 def test_a_replacement_joins_reaches_the_others_and_ends_in_consensus(protocol, options):
     metrics = _respawn(protocol, "2@2s", **options)
@@ -110,3 +111,11 @@ def _fresh_member(ctx, direct_max_bytes):
 def test_a_fresh_member_receives_the_others_average_and_adds_nothing(direct_max_bytes):
     for values in run_local(_fresh_member, 3, (direct_max_bytes,), timeout_s=30):
         assert values == [1.5] * 3000
+
+
+def test_the_simulator_refuses_respawn_in_one_line(tmp_path, capsys):
+    out = tmp_path / "sim"
+    code = main(["simulate", "--protocol", "hop", "--workers", "8", "--iterations", "10", "--fail", "1@1s",
+                 "--on-failure", "respawn", "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "respawn" in err[0] and not out.exists()

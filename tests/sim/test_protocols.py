@@ -9,7 +9,8 @@ from hetrain.slowdown import parse_slowdown
 CASES = [
     ("allreduce", {}), ("dpsgd", {}), ("hop", {"backup": 1, "topology": "double_ring", "skip_threshold": 2}),
     ("prague", {"gg": "random"}), ("prague", {"gg": "buffer"}), ("prague", {"gg": "division"}),
-    ("prague", {"gg": "static"}), ("prague", {"gg": "smart"}), ("adpsgd", {}), ("ps", {}),
+    ("prague", {"gg": "static"}), ("prague", {"gg": "smart"}), ("prague", {"gg": "smart", "preduce_overlap": 0}),
+    ("adpsgd", {}), ("ps", {}),
     ("ps", {"staleness": 2}),
 ]
 
@@ -75,3 +76,17 @@ def test_the_group_generators_service_time_is_a_simulator_setting():
     slow = simulate(config, SimOptions(network=NetworkParams(gg_service_us=200.0)))  # 256 x 200/s x 200 us = 10x busy
     assert slow["network"]["gg_service_us"] == 200.0
     assert slow["heterogeneity_efficiency"] < 0.5 * fast["heterogeneity_efficiency"]
+
+
+def test_prague_overlapping_its_preduces_hides_them_and_still_learns():
+    from hetrain.sim.network import NetworkParams
+    from hetrain.sim.runner import SimOptions
+
+    base = RunConfig(protocol="prague", num_workers=8, time_budget_s=20.0, compute_ms=50.0, slowdown="0:5x",
+                     seed=1, options={"gg_prefetch_ms": 0.0, "preduce_overlap": 0})
+    slow_link = SimOptions(network=NetworkParams(latency_us=2000.0), math="digits")
+    blocking = simulate(base, slow_link)
+    overlapped = simulate(base.replace(options={"gg_prefetch_ms": 0.0, "preduce_overlap": 1}), slow_link)
+    # the request and the P-Reduce (2 ms messages each) leave the critical path: only the request remains
+    assert overlapped["heterogeneity_efficiency"] > blocking["heterogeneity_efficiency"] + 0.02
+    assert overlapped["final_accuracy_avg_model"] > 0.9
