@@ -104,7 +104,7 @@ class RunConfig:
         from hetrain.faults import parse_fail
         from hetrain.protocols.membership import ON_FAILURE
 
-        parse_fail(self.fail, self.seed).check_workers(self.num_workers)
+        parse_fail(self.fail, self.seed).check_workers(self.num_workers, repeats=self.on_failure == "respawn")
         if self.on_failure is not None and self.on_failure not in ON_FAILURE:
             raise OptionError(f"unknown {{on_failure}} {self.on_failure!r}; choose one of {', '.join(ON_FAILURE)}")
         tolerant = self.on_failure in ("continue", "respawn")

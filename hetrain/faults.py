@@ -36,13 +36,16 @@ class FailSpec:
     def active(self) -> bool:
         return bool(self.fixed) or self.rate_per_min > 0
 
-    def check_workers(self, num_workers: int) -> FailSpec:
+    def check_workers(self, num_workers: int, repeats: bool = False) -> FailSpec:
+        """Refuse workers outside the job, and (unless ``repeats``: respawn brings a worker back) the
+        same worker killed twice."""
         bad = [w for _, w in self.fixed if w >= num_workers]
         if bad:
             raise UsageError(f"--fail {self.text!r} names worker {bad[0]}, but the job has workers "
                              f"0..{num_workers - 1}")
-        if len({w for _, w in self.fixed}) < len(self.fixed):
-            raise UsageError(f"--fail {self.text!r} kills a worker twice; name each worker once")
+        if not repeats and len({w for _, w in self.fixed}) < len(self.fixed):
+            raise UsageError(f"--fail {self.text!r} kills a worker twice; name each worker once "
+                             "(or use --on-failure respawn, which brings it back)")
         return self
 
     def kills(self, num_workers: int, horizon_s: float) -> list[tuple[float, int]]:

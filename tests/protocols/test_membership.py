@@ -47,6 +47,20 @@ def test_random_deaths_keep_connected_survivors_connected_in_any_order(name, dat
     assert survivors_strongly_connected(repair(topology, dead), dead)
 
 
+def _possible_actions(workers, live, computing, inbox):
+    """What may happen next: a live worker begins, computes or completes an iteration, or a message arrives."""
+    actions = []
+    for i in live:
+        w = workers[i]
+        if not w.started and (w.plan_skip() is not None or w.can_start()):
+            actions.append(("begin", i))
+        elif w.started and i not in computing:
+            actions.append(("compute", i))
+        elif w.started and w.ready_to_average():
+            actions.append(("complete", i))
+    return actions + [("deliver", k) for k in range(len(inbox))]
+
+
 def _run_hop_with_deaths(name, seed, iterations=25):
     """Random schedules on the pure logic; deaths at random points; every survivor must finish."""
     rng = random.Random(seed)
@@ -72,16 +86,7 @@ def _run_hop_with_deaths(name, seed, iterations=25):
         live = [i for i in range(n) if i not in dead and workers[i].iteration < iterations]
         if not live:
             return workers, dead
-        actions = []
-        for i in live:
-            w = workers[i]
-            if not w.started and (w.plan_skip() is not None or w.can_start()):
-                actions.append(("begin", i))
-            elif w.started and i not in computing:
-                actions.append(("compute", i))
-            elif w.started and w.ready_to_average():
-                actions.append(("complete", i))
-        actions += [("deliver", k) for k in range(len(inbox))]
+        actions = _possible_actions(workers, live, computing, inbox)
         assert actions, f"deadlock at step {steps}: dead {sorted(dead)}, " + "; ".join(
             f"{i} waits for {workers[i].waiting_for()}" for i in live)
         kind, x = rng.choice(actions)
@@ -180,17 +185,7 @@ def _run_hop_with_replacements(name, seed, protocol, iterations=30):
         if not live and not events:
             return workers, dead
         actions = [("wait", None)] if events else []  # a pending death or join is also progress
-        for i in live:
-            w = workers[i]
-            if i in adopting:
-                continue
-            if not w.started and (w.plan_skip() is not None or w.can_start()):
-                actions.append(("begin", i))
-            elif w.started and i not in computing:
-                actions.append(("compute", i))
-            elif w.started and w.ready_to_average():
-                actions.append(("complete", i))
-        actions += [("deliver", k) for k in range(len(inbox))]
+        actions += _possible_actions(workers, [i for i in live if i not in adopting], computing, inbox)
         assert actions, f"deadlock at step {steps}: dead {sorted(dead)}, adopting {sorted(adopting)}; " + "; ".join(
             f"{i} waits for {workers[i].waiting_for()}" for i in live)
         kind, x = rng.choice(actions)

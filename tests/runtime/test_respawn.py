@@ -53,6 +53,13 @@ def test_two_workers_die_and_both_are_replaced():
     assert sorted(j["rank"] for j in metrics["joins"]) == [1, 3]
 
 
+@pytest.mark.slow
+def test_a_replacement_that_dies_is_replaced_in_turn():
+    metrics = _respawn("hop", "1@2s,1@5.5s")  # the second kill finds the replacement (joined or still joining)
+    assert metrics["workers_lost"] == 2 and 1 <= metrics["workers_joined"] <= 2
+    assert [d["incarnation"] for d in metrics["deaths"]] == [0, 1]
+
+
 def _random_points(seed):
     rng = random.Random(seed)
     worker = rng.randrange(4)
