@@ -102,11 +102,26 @@ class GroupProtocol(SyncProtocol):
         self.stats.extra["joined_at_iteration"] = self.stats.iteration
 
     # -- the loop --------------------------------------------------------------
-    def _sync(self) -> None:
-        if self._background is not None and self._background.pending:  # the previous step's averages
+    def _apply_background(self) -> None:
+        """Wait for the previous step's background averages (if any) and apply them to the model."""
+        if self._background is not None and self._background.pending:
             flat = self.state.gather()
             self._background.finish(flat)
             self.state.scatter(flat)
+
+    def should_stop(self, local_done: bool) -> bool:
+        """Each worker stops on its own (``finish`` drains); a stopping worker's model gets its last averages
+        at once, so what the loop sees after it (e.g. an evaluation before ``finish``) includes them."""
+        stop = self._stop_wanted(local_done)
+        if stop:
+            self._apply_background()
+        return stop
+
+    def _stop_wanted(self, local_done: bool) -> bool:
+        return bool(local_done)
+
+    def _sync(self) -> None:
+        self._apply_background()  # the previous step's averages
         start = time.perf_counter()
         prefetch = self._prefetch
         groups = prefetch.take() if prefetch is not None and prefetch.pending else self.gg.request()
@@ -159,10 +174,7 @@ class GroupProtocol(SyncProtocol):
     # -- leaving -----------------------------------------------------------------
     def _finish(self) -> None:
         """Leave the GG, run the groups still owed, wait for all to leave, average over everyone."""
-        if self._background is not None and self._background.pending:
-            flat = self.state.gather()
-            self._background.finish(flat)
-            self.state.scatter(flat)
+        self._apply_background()
         owed = self._prefetch.withdraw() if self._prefetch is not None else []
         owed = owed + self.gg.leave()
         if owed:
@@ -264,7 +276,7 @@ class Prague(GroupProtocol):
                          gg_prefetch_ms=options.gg_prefetch_ms, preduce_overlap=bool(options.preduce_overlap))
         self.stats.extra["gg_mode"] = options.gg
 
-    def should_stop(self, local_done: bool) -> bool:
+    def _stop_wanted(self, local_done: bool) -> bool:
         """GG modes: each worker stops on its own (``finish`` drains). Static: agree at period boundaries.
 
         The static schedule has no GG to tell who left, so every ``period``

@@ -123,7 +123,8 @@ def _train(tmp_path, name, *extra, protocol="hop"):
                  "--checkpoint-dir", str(tmp_path / "ckpt"), "--no-progress", "--out", str(tmp_path / name), *extra])
 
 
-@pytest.mark.parametrize("protocol", ["hop", "allreduce", "prague", pytest.param("ps", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("protocol", ["hop", "allreduce", pytest.param("prague", marks=pytest.mark.slow),
+                                      pytest.param("ps", marks=pytest.mark.slow)])
 def test_a_killed_job_resumes_from_its_checkpoints_and_finishes_its_iterations(tmp_path, protocol):
     # the whole job dies mid-run: every worker is killed (abort), as a lost machine would
     assert _train(tmp_path, "first", "--checkpoint-every", "0.5", "--fail", "1@2s", "--on-failure", "abort",

@@ -25,7 +25,7 @@ def _respawn(protocol, fail, **options):
 
 
 @pytest.mark.parametrize("protocol, options", [
-    ("hop", {}), ("prague", {"gg": "smart"}), ("adpsgd", {}),
+    ("hop", {}), ("prague", {"gg": "smart"}), pytest.param("adpsgd", {}, marks=pytest.mark.slow),
     pytest.param("dpsgd", {}, marks=pytest.mark.slow), pytest.param("prague", {"gg": "random"}, marks=pytest.mark.slow),
 ])
 def test_a_replacement_joins_reaches_the_others_and_ends_in_consensus(protocol, options):
@@ -47,6 +47,7 @@ def test_a_replacement_joins_reaches_the_others_and_ends_in_consensus(protocol, 
     assert metrics["final_accuracy_avg_model"] > 0.8
 
 
+@pytest.mark.slow
 def test_two_workers_die_and_both_are_replaced():
     metrics = _respawn("hop", "1@2s,3@4s")
     assert metrics["workers_lost"] == 2 and metrics["workers_joined"] == 2
@@ -67,7 +68,7 @@ def _random_points(seed):
     return f"{worker}@{when:.2f}s"
 
 
-@pytest.mark.parametrize("protocol", ["hop", "prague"])
+@pytest.mark.parametrize("protocol", ["hop", pytest.param("prague", marks=pytest.mark.slow)])
 def test_respawn_at_random_points_never_hangs(protocol, seed=0):
     metrics = _respawn(protocol, _random_points(seed))  # rc 0 with the live workers' results
     assert metrics["workers_joined"] <= metrics["workers_lost"] <= 1
