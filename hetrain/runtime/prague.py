@@ -146,7 +146,7 @@ class GroupProtocol(SyncProtocol):
     def _reduce(self, flat, groups) -> None:
         """Average ``flat`` in place over ``groups``, in order (on the worker's thread, or a background one)."""
         for group in groups:
-            if self._membership is not None and self._formed_before_a_replacement(group):
+            if self.on_failure == "respawn" and self._formed_before_a_replacement(group):
                 self.preduce.skip(group.members, group.comm_id)  # a member's process has been replaced since
                 self._groups_failed += 1
                 continue
