@@ -12,6 +12,7 @@ cycle; the pairs also get a place in one global order, like Prague's groups.
 from __future__ import annotations
 
 import random
+from bisect import bisect_left, insort
 from dataclasses import dataclass
 
 from hetrain.protocols.ledger import Group, GroupLedger
@@ -42,6 +43,9 @@ class ActivePassivePairing:
         self.rng = random.Random(seed)
         self.ledger = GroupLedger(num_workers, cache_size)
         self.requests = [0] * num_workers
+        # passives still training, in rank order: what ``[w for w in ledger.available() if passive]``
+        # would build, kept up to date on leave/rejoin instead (O(1) per request at thousands of workers)
+        self._passive = [w for w in range(num_workers) if not self.is_active(w)]
 
     @staticmethod
     def is_active(worker: int) -> bool:
@@ -52,16 +56,21 @@ class ActivePassivePairing:
             raise ValueError(f"worker {worker} asked for a partner after leaving")
         self.requests[worker] += 1
         if self.is_active(worker):
-            passive = [w for w in self.ledger.available() if not self.is_active(w)]
-            if passive:
-                self.ledger.assign([worker, self.rng.choice(passive)])
+            if self._passive:
+                self.ledger.assign([worker, self.rng.choice(self._passive)])
             return self.ledger.pop(worker)
         return self.ledger.pop(worker)
 
     def leave(self, worker: int, now_s: float = 0.0) -> list[Group]:
+        if not self.is_active(worker) and worker not in self.ledger.left:
+            i = bisect_left(self._passive, worker)
+            if i < len(self._passive) and self._passive[i] == worker:
+                del self._passive[i]
         return self.ledger.leave(worker)
 
     def rejoin(self, worker: int, incarnation: int) -> None:
+        if not self.is_active(worker) and worker in self.ledger.left:
+            insort(self._passive, worker)
         self.ledger.rejoin(worker, incarnation)
 
     def settle(self, worker: int) -> None:

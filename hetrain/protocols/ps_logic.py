@@ -22,6 +22,7 @@ Both the runtime (:mod:`hetrain.runtime.parameter_server`) and the simulator
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 from hetrain.protocols.options import OptionError, option
@@ -54,6 +55,10 @@ class ServerStep:
 
 
 class ParameterServerLogic:
+    """The server's rules. Every push and leave costs O(log n) (the simulator drives thousands of workers):
+    the round's completeness, the slowest active worker's push count and the held answers are kept
+    up to date instead of recomputed from all workers."""
+
     def __init__(self, num_workers: int, staleness: int = 0):
         PSOptions(staleness).validate(num_workers)
         self.num_workers = num_workers
@@ -61,7 +66,13 @@ class ParameterServerLogic:
         self.pushes = [0] * num_workers
         self.left: set[int] = set()
         self._round: dict[int, object] = {}  # synchronous: this round's pushes by worker
-        self._held: list[int] = []  # asynchronous: workers whose answer waits for the slowest
+        self._round_active = 0  # of them, workers still training
+        # asynchronous: answers that wait for the slowest, a heap of (pushes when held, order held, worker)
+        self._held: list[tuple[int, int, int]] = []
+        self._held_order = 0
+        self._held_left: list[tuple[int, int]] = []  # (order held, worker) of held workers that left
+        self._at_count: dict[int, int] = {0: num_workers}  # active workers by their push count
+        self._slowest = 0
 
     @property
     def synchronous(self) -> bool:
@@ -74,17 +85,29 @@ class ParameterServerLogic:
     def push(self, worker: int, payload) -> ServerStep:
         if worker in self.left:
             raise ValueError(f"worker {worker} pushed after leaving")
-        self.pushes[worker] += 1
+        count = self.pushes[worker] = self.pushes[worker] + 1
+        self._at_count[count - 1] -= 1
+        self._at_count[count] = self._at_count.get(count, 0) + 1
         if self.synchronous:
+            if worker not in self._round:
+                self._round_active += 1
             self._round[worker] = payload
             return self._close_round()
-        self._held.append(worker)
+        heapq.heappush(self._held, (count, self._held_order, worker))
+        self._held_order += 1
         step = self._release()
         step.apply, step.weight = [payload], 1.0 / self.num_workers
         return step
 
     def leave(self, worker: int) -> ServerStep:
-        self.left.add(worker)
+        if worker not in self.left:
+            self.left.add(worker)
+            self._at_count[self.pushes[worker]] -= 1
+            if worker in self._round:
+                self._round_active -= 1
+            for _, order, held in self._held:  # a worker holds at most one answer; held workers seldom leave
+                if held == worker:
+                    self._held_left.append((order, worker))
         return self._close_round() if self.synchronous else self._release()
 
     def waiting_for(self) -> list[int]:
@@ -92,21 +115,34 @@ class ParameterServerLogic:
         return sorted(self.active() - set(self._round))
 
     def _close_round(self) -> ServerStep:
-        if not self._round or not self.active() <= set(self._round):
+        if not self._round or self._round_active < self.num_workers - len(self.left):
             return ServerStep()
         workers = sorted(self._round)
         payloads = [self._round[w] for w in workers]
         self._round.clear()
+        self._round_active = 0
         return ServerStep(payloads, 1.0 / len(payloads), workers)
 
+    def _slowest_pushes(self) -> int:
+        """The fewest pushes of a worker still training (0 when none is): it only ever grows."""
+        if len(self.left) == self.num_workers:
+            return 0
+        while not self._at_count.get(self._slowest):
+            self._slowest += 1
+        return self._slowest
+
     def _release(self) -> ServerStep:
-        active = self.active()
-        slowest = min((self.pushes[w] for w in active), default=0)
-        answer, still = [], []
-        for worker in self._held:
-            if worker in self.left or self.pushes[worker] - slowest <= self.staleness:
-                answer.append(worker)
-            else:
-                still.append(worker)
-        self._held = still
-        return ServerStep(answer=answer)
+        """Answer the held workers that are now at most ``staleness`` pushes ahead of the slowest (or left),
+        in the order they were held."""
+        limit = self._slowest_pushes() + self.staleness
+        released = self._held_left
+        self._held_left = []
+        gone = {order for order, _ in released}
+        while self._held and self._held[0][0] <= limit:
+            _, order, worker = heapq.heappop(self._held)
+            if order not in gone:
+                released.append((order, worker))
+        if gone:
+            self._held = [entry for entry in self._held if entry[1] not in gone]
+            heapq.heapify(self._held)
+        return ServerStep(answer=[worker for _, worker in sorted(released)])

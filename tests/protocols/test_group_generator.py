@@ -269,6 +269,37 @@ def test_sampling_the_view_draws_what_sampling_the_list_draws():
             assert a.sample(ledger.available_except(worker), 2) == b.sample(built, 2)
 
 
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), n=st.integers(2, 9), seed=st.integers(0, 99))
+def test_adpsgd_kept_passive_list_draws_the_pairs_a_full_scan_draws(data, n, seed):
+    """The pairing keeps its passives in a list updated on leave/rejoin; a reference that scans
+    every worker per request (what it did before) must pick the same partners, seed for seed."""
+    import random
+
+    pairing = ActivePassivePairing(n, seed=seed)
+    reference_rng, left = random.Random(seed), set()
+    for _ in range(data.draw(st.integers(1, 40))):
+        worker = data.draw(st.integers(0, n - 1))
+        action = data.draw(st.sampled_from(["request", "request", "leave", "rejoin"]))
+        if action == "leave" and worker not in left:
+            pairing.leave(worker)
+            left.add(worker)
+        elif action == "rejoin" and worker in left:
+            pairing.rejoin(worker, 1)
+            left.discard(worker)
+        elif action == "request" and worker not in left:
+            formed = pairing.ledger.groups_formed
+            pairing.request(worker)
+            if worker % 2 == 0:
+                passive = [w for w in range(n) if w % 2 == 1 and w not in left]
+                expected = reference_rng.choice(passive) if passive else None
+                assert (pairing.ledger.groups_formed > formed) == (expected is not None)
+                if expected is not None:
+                    newest = pairing.ledger.next_seq - 1
+                    members = next(g for g in pairing.ledger.queues[expected] if g.seq == newest).members
+                    assert members == tuple(sorted((worker, expected)))
+
+
 def _timed_run(gg, compute_s, until_s):
     """Drive ``gg`` in time like the simulator: compute, request, run the returned groups in order.
 

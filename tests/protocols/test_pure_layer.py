@@ -7,6 +7,8 @@ import sys
 import textwrap
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import hetrain.protocols
 from hetrain.protocols.options import OptionError
@@ -103,6 +105,66 @@ def test_asynchronous_pushes_apply_at_once_and_hold_workers_too_far_ahead():
     assert sorted(step.answer) == [0, 1]
     assert logic.push(0, "a3").answer == []  # 3 pushes against 1: held again (it waits for its answer)
     assert logic.leave(1).answer == [0]  # the slowest left: nothing to wait for
+
+
+class _ScanningServer:
+    """The server's rules as first written: every push scans all workers (the reference)."""
+
+    def __init__(self, n, staleness):
+        self.n, self.s, self.pushes, self.left, self.round, self.held = n, staleness, [0] * n, set(), {}, []
+
+    def active(self):
+        return set(range(self.n)) - self.left
+
+    def push(self, w, payload):
+        self.pushes[w] += 1
+        if self.s == 0:
+            self.round[w] = payload
+            return self.close()
+        self.held.append(w)
+        return self.release()
+
+    def leave(self, w):
+        self.left.add(w)
+        return self.close() if self.s == 0 else self.release()
+
+    def close(self):
+        if not self.round or not self.active() <= set(self.round):
+            return []
+        workers = sorted(self.round)
+        self.round.clear()
+        return workers
+
+    def release(self):
+        slowest = min((self.pushes[w] for w in self.active()), default=0)
+        answer = [w for w in self.held if w in self.left or self.pushes[w] - slowest <= self.s]
+        self.held = [w for w in self.held if w not in answer]
+        return answer
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), n=st.integers(1, 8), staleness=st.integers(0, 3))
+def test_ps_rules_answer_what_a_full_scan_answers(data, n, staleness):
+    """The server keeps its round, slowest count and held answers up to date (O(log n) per push);
+    driven like a worker pool (a worker pushes again only once answered, may leave while held),
+    it answers exactly whom, and in the order, the scanning reference does."""
+    logic, ref = ParameterServerLogic(n, staleness), _ScanningServer(n, staleness)
+    waiting, left = set(), set()
+    for _ in range(data.draw(st.integers(1, 60))):
+        idle = [w for w in range(n) if w not in waiting and w not in left]
+        live = [w for w in range(n) if w not in left]
+        if not live:
+            break
+        if idle and data.draw(st.booleans()):
+            w = data.draw(st.sampled_from(idle))
+            got, want = logic.push(w, w).answer, ref.push(w, w)
+            waiting.add(w)
+        else:
+            w = data.draw(st.sampled_from(live))
+            got, want = logic.leave(w).answer, ref.leave(w)
+            left.add(w)
+        assert got == want
+        waiting -= set(got)
 
 
 def test_ps_options_reject_negative_staleness():
