@@ -2,7 +2,9 @@
 
     python benchmarks/sim_bench.py engine              # bare heap events/s vs SimPy (if installed)
     python benchmarks/sim_bench.py scale               # prague 1,024 x 1,000 timing-only; digits 256 x 200
-    python benchmarks/sim_bench.py fidelity [--budget 6] [--workers 4 8] [--protocols ...]
+    python benchmarks/sim_bench.py table [--workers 1000 4000 10000 50000] [--iterations 100]
+                                                       # every protocol: wall time, events/s, peak RSS
+    python benchmarks/sim_bench.py fidelity [--budget 120] [--workers 4 8 16] [--protocols ...]
                                                        # hetrain train vs hetrain simulate, same settings
 
 Each prints a markdown table; docs/simulator.md records the figures.
@@ -101,6 +103,20 @@ def bench_scale() -> None:
               f"{r['heterogeneity_efficiency']:.3f} | {acc} |", flush=True)
 
 
+def bench_table(protocols: list[str], worker_counts: list[int], iterations: int) -> None:
+    """Scaling table: timing only, one worker in 8 slowed 5x, each run a fresh process."""
+    print(f"timing only, --iterations {iterations}, --slowdown every:8:5x, each protocol's defaults")
+    print("| protocol | workers | process s | events | events/s | peak MB | efficiency |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for n in worker_counts:
+        for protocol in protocols:
+            r = _measure(["--protocol", protocol, "--workers", str(n), "--iterations", str(iterations),
+                          "--slowdown", "every:8:5x", *PROTOCOL_FLAGS[protocol]])
+            print(f"| {protocol} | {n:,} | {r['process_s']:.1f} | {r['engine_events']:,} | "
+                  f"{r['events_per_s'] / 1e3:.0f}k | {r['peak_mb']:.0f} | {r['heterogeneity_efficiency']:.3f} |",
+                  flush=True)
+
+
 PROTOCOL_FLAGS = {
     "allreduce": [], "dpsgd": [], "hop": [],  # Hop's defaults on a ring, as in train
     "prague": ["--gg", "smart"], "adpsgd": [], "ps": [],
@@ -128,9 +144,11 @@ def bench_fidelity(protocols: list[str], worker_counts: list[int], budget_s: flo
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=("engine", "scale", "fidelity"))
+    parser.add_argument("what", choices=("engine", "scale", "table", "fidelity"))
     parser.add_argument("--protocols", nargs="+", default=list(PROTOCOL_FLAGS))
-    parser.add_argument("--workers", nargs="+", type=int, default=[4, 8])
+    parser.add_argument("--workers", nargs="+", type=int, default=None,
+                        help="fidelity: default 4 8 16; table: default 1000 4000 10000 50000")
+    parser.add_argument("--iterations", type=int, default=100, help="table: iterations per worker")
     parser.add_argument("--budget", type=float, default=120.0, help="fidelity: seconds per real and simulated run")
     parser.add_argument("--compute-ms", type=float, default=50.0)
     args = parser.parse_args()
@@ -138,8 +156,10 @@ def main() -> None:
         bench_engine()
     elif args.what == "scale":
         bench_scale()
+    elif args.what == "table":
+        bench_table(args.protocols, args.workers or [1000, 4000, 10000, 50000], args.iterations)
     else:
-        bench_fidelity(args.protocols, args.workers, args.budget, args.compute_ms)
+        bench_fidelity(args.protocols, args.workers or [4, 8, 16], args.budget, args.compute_ms)
     print(f"(this process peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB)")
 
 

@@ -46,6 +46,8 @@ def _train(ctx, config: RunConfig | None, iterations: list[int], start_after_lef
         sync = get_spec(config.protocol).build(model, opt, config.protocol_options(), seed=config.seed,
                                                timeout_s=ctx.timeout_s)  # the optimizer hook syncs
     gen = torch.Generator().manual_seed(rank)
+    if ctx is not None and not start_after_left:
+        torch.distributed.barrier()  # start together: how far apart the processes start up is the machine's load
     if start_after_left and rank not in start_after_left:
         while not set(start_after_left) <= set(sync.gg.status()["left"]):
             time.sleep(0.01)  # hold this worker back until the named workers have left the GG
