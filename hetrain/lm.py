@@ -124,6 +124,13 @@ class TextSampler:
         window = self.tokens[offsets]
         return window[:, :-1], window[:, 1:]
 
+    def state_dict(self) -> dict:
+        """Where the endless stream is (for checkpoints): the windows are drawn from this generator only."""
+        return {"generator": self.gen.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.gen.set_state(state["generator"])
+
 
 
 def validation_windows(val: torch.Tensor, context: int = CONTEXT, count: int = EVAL_WINDOWS):

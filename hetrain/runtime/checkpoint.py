@@ -77,6 +77,8 @@ def prepare(directory: str, config, resume: bool) -> bool:
         raise UsageError(f"--resume: the checkpoint in {path} is of another configuration ({name} was "
                          f"{saved.get(name)!r}, now {expected.get(name)!r}); run with the same settings "
                          "or another --checkpoint-dir")
+    if not any(path.glob("worker-*.pt")):
+        return False  # the run died before its first checkpoint: a fresh start (torchrun restarts land here)
     for rank in range(config.num_workers):
         load_worker(path, rank)  # every worker file present and readable, before anyone starts
     return True
