@@ -153,3 +153,36 @@ def test_resume_refuses_another_configuration_and_a_corrupt_checkpoint(tmp_path,
     assert _train(tmp_path, "broken", "--resume") == 2
     assert "worker-1.pt is not a readable checkpoint" in capsys.readouterr().err
     assert not (tmp_path / "broken").exists()
+
+
+@pytest.mark.parametrize("workload", ["mlp", "lm"])
+def test_every_workloads_sampler_resumes_where_its_checkpoint_left_it(workload):
+    """A checkpoint holds the sampler's position: the restored stream yields the batches the
+    uninterrupted one does (the LM workload's sampler once had no state to save)."""
+    import torch
+
+    from hetrain.data import load_dataset, make_sampler
+
+    data = load_dataset(workload)
+    first = make_sampler(workload, data, rank=1, world_size=4, batch_size=8, seed=3)
+    for _ in range(5):
+        first.next()
+    state = first.state_dict()
+    ahead = [first.next() for _ in range(3)]
+    restored = make_sampler(workload, data, rank=1, world_size=4, batch_size=8, seed=3)
+    restored.load_state_dict(state)
+    for (x, y), (x2, y2) in zip(ahead, (restored.next() for _ in range(3))):
+        assert torch.equal(x, x2) and torch.equal(y, y2)
+    fresh = make_sampler(workload, data, rank=1, world_size=4, batch_size=8, seed=3)
+    assert not torch.equal(fresh.next()[0], ahead[0][0])  # the position matters: a fresh stream differs
+
+
+def test_resume_after_a_run_that_died_before_its_first_checkpoint_starts_fresh(tmp_path):
+    # what a torchrun restart meets when the first attempt died early: a manifest and no worker file
+    from hetrain.runtime import checkpoint
+
+    config = RunConfig(protocol="hop", num_workers=3, compute_ms=20, iterations=120,
+                       checkpoint_dir=str(tmp_path / "ckpt"), resume=True).validate()
+    checkpoint.start(config.checkpoint_dir, config, resumed=False)
+    assert (tmp_path / "ckpt" / "manifest.json").exists()
+    assert checkpoint.prepare(config.checkpoint_dir, config, resume=True) is False
