@@ -44,21 +44,39 @@ class Topology:
         return all((dst, src) in self.edges for src, dst in self.edges)
 
     @cached_property
-    def mixing_matrix(self) -> np.ndarray:
-        """Row-stochastic W: worker i's new model is sum_j W[i, j] * x_j.
+    def mixing_weights(self) -> list[tuple[dict[int, float], float]]:
+        """Row i of the mixing matrix as (in-neighbour weights, self weight): O(edges) memory.
 
         Symmetric graphs get Metropolis-Hastings weights (doubly stochastic, so
         the average is preserved); directed graphs get uniform weights
         1 / (in-degree + 1), which are doubly stochastic when the graph is regular.
+        The self weight is 1 - the row's sum, summed over a dense row as numpy sums
+        it, so the values are the dense matrix's to the bit (the simulator builds
+        tens of thousands of workers, whose dense matrix would not fit in memory).
         """
         n = self.num_workers
-        w = np.zeros((n, n))
         degree = [len(self.in_neighbors[i]) for i in range(n)]
         symmetric = self.is_symmetric
+        row = np.zeros(n)
+        rows = []
         for i in range(n):
-            for j in self.in_neighbors[i]:
-                w[i, j] = 1.0 / (1 + max(degree[i], degree[j])) if symmetric else 1.0 / (1 + degree[i])
-            w[i, i] = 1.0 - w[i].sum()
+            ins = self.in_neighbors[i]
+            values = [1.0 / (1 + max(degree[i], degree[j])) if symmetric else 1.0 / (1 + degree[i]) for j in ins]
+            row[ins] = values
+            own = float(1.0 - row.sum())
+            row[ins] = 0.0
+            rows.append(({j: (own if j == i else v) for j, v in zip(ins, values)}, own))
+        return rows
+
+    @cached_property
+    def mixing_matrix(self) -> np.ndarray:
+        """Row-stochastic W (dense, n x n): worker i's new model is sum_j W[i, j] * x_j; see :attr:`mixing_weights`."""
+        n = self.num_workers
+        w = np.zeros((n, n))
+        for i, (weights, own) in enumerate(self.mixing_weights):
+            for j, v in weights.items():
+                w[i, j] = v
+            w[i, i] = own
         return w
 
     @cached_property

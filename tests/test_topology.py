@@ -77,3 +77,22 @@ def test_topology_command(capsys):
     assert main(["topology", "hypercube", "6"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "power-of-two" in err[0]
+
+
+@pytest.mark.parametrize("name", ["ring", "double_ring", "torus", "hypercube", "exponential", "complete"])
+def test_sparse_mixing_weights_are_the_dense_matrix_to_the_bit(name):
+    """Workers read their row from ``mixing_weights`` (O(edges) memory: the simulator builds 50,000
+    workers); it must hold exactly the values of the dense matrix as first computed."""
+    for n in (4, 8, 16):
+        topology = make_topology(name, n)
+        degree = [len(topology.in_neighbors[i]) for i in range(n)]
+        dense = np.zeros((n, n))
+        for i in range(n):
+            for j in topology.in_neighbors[i]:
+                dense[i, j] = (1.0 / (1 + max(degree[i], degree[j])) if topology.is_symmetric
+                               else 1.0 / (1 + degree[i]))
+            dense[i, i] = 1.0 - dense[i].sum()
+        for i, (weights, own) in enumerate(topology.mixing_weights):
+            assert weights == {j: float(dense[i, j]) for j in topology.in_neighbors[i]}
+            assert own == float(dense[i, i])
+        assert topology.mixing_matrix.tobytes() == dense.tobytes()

@@ -121,9 +121,8 @@ class HopWorker:
     @classmethod
     def for_rank(cls, topology, rank: int, config: HopConfig) -> HopWorker:
         """Worker ``rank`` of ``topology``, its weights from the graph's mixing matrix."""
-        w = topology.mixing_matrix
-        return cls(rank, {j: float(w[rank, j]) for j in topology.in_neighbors[rank]}, float(w[rank, rank]),
-                   topology.out_neighbors[rank], config)
+        weights, own = topology.mixing_weights[rank]
+        return cls(rank, dict(weights), own, topology.out_neighbors[rank], config)
 
     # ----- arrivals ---------------------------------------------------------
     def receive_update(self, src: int, iteration: int, payload) -> None:

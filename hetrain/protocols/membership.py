@@ -59,7 +59,6 @@ def _reaches_all(start: int, adjacency: dict, count: int) -> bool:
 
 
 def neighbour_weights(topology: Topology, rank: int) -> tuple[dict[int, float], float, list[int]]:
-    """(in-neighbour weights, self weight, out-neighbours) of ``rank`` from ``topology``'s mixing matrix."""
-    w = topology.mixing_matrix
-    return ({j: float(w[rank, j]) for j in topology.in_neighbors[rank]}, float(w[rank, rank]),
-            list(topology.out_neighbors[rank]))
+    """(in-neighbour weights, self weight, out-neighbours) of ``rank`` from ``topology``'s mixing weights."""
+    weights, own = topology.mixing_weights[rank]
+    return dict(weights), own, list(topology.out_neighbors[rank])
