@@ -82,9 +82,10 @@ CASES = [
     ("prague", {"gg": "random", "group_size": 2}),
     ("prague", {"gg": "smart", "group_size": 2, "gg_prefetch_ms": 0.0}),  # ask after the compute
     ("prague", {"gg": "smart", "group_size": 2, "preduce_overlap": 0}),  # block on P-Reduce
-    # sharded: under -m slow. On 2026-12-01 it formed no group at all in some runs (4 fast workers, 2 shards):
-    # failed 4 of 6 tries at this session's commits (db4022d passed once; 4e7523a failed once);
-    # 81a26d3, before them, passed the one try made; not understood yet
+    # sharded: under -m slow. It formed no group at all in 4 of 6 tries (4 fast workers, 2 shards): a
+    # shard's generator groups only workers that arrived in its epoch, and with ~1 ms steps a worker could
+    # finish before its shard partner's process had started. The workers now start together (a barrier
+    # in _train); 4 of 4 tries passed after that (2026-12-01)
     pytest.param("prague", {"gg": "random", "group_size": 2, "gg_shards": 2, "gg_epoch_s": 0.05},
                  marks=pytest.mark.slow),
     ("prague", {"gg": "buffer", "group_size": 3}),
