@@ -105,9 +105,10 @@ class ParameterServerLogic:
             self._at_count[self.pushes[worker]] -= 1
             if worker in self._round:
                 self._round_active -= 1
-            for _, order, held in self._held:  # a worker holds at most one answer; held workers seldom leave
-                if held == worker:
-                    self._held_left.append((order, worker))
+            if any(entry[2] == worker for entry in self._held):  # held workers seldom leave: O(held) is fine
+                self._held_left += [(order, w) for _, order, w in self._held if w == worker]
+                self._held = [entry for entry in self._held if entry[2] != worker]
+                heapq.heapify(self._held)
         return self._close_round() if self.synchronous else self._release()
 
     def waiting_for(self) -> list[int]:
@@ -135,14 +136,8 @@ class ParameterServerLogic:
         """Answer the held workers that are now at most ``staleness`` pushes ahead of the slowest (or left),
         in the order they were held."""
         limit = self._slowest_pushes() + self.staleness
-        released = self._held_left
-        self._held_left = []
-        gone = {order for order, _ in released}
+        released, self._held_left = self._held_left, []
         while self._held and self._held[0][0] <= limit:
             _, order, worker = heapq.heappop(self._held)
-            if order not in gone:
-                released.append((order, worker))
-        if gone:
-            self._held = [entry for entry in self._held if entry[1] not in gone]
-            heapq.heapify(self._held)
+            released.append((order, worker))
         return ServerStep(answer=[worker for _, worker in sorted(released)])
