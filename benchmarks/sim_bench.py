@@ -4,8 +4,11 @@
     python benchmarks/sim_bench.py scale               # prague 1,024 x 1,000 timing-only; digits 256 x 200
     python benchmarks/sim_bench.py table [--workers 1000 4000 10000 50000] [--iterations 100]
                                                        # every protocol: wall time, events/s, peak RSS
+    python benchmarks/sim_bench.py network [--workers 2 4 8 16]
+                                                       # loopback gloo latencies with N processes here
     python benchmarks/sim_bench.py fidelity [--budget 120] [--workers 4 8 16] [--protocols ...]
-                                                       # hetrain train vs hetrain simulate, same settings
+                                                       # hetrain train vs hetrain simulate, same settings;
+                                                       # the simulator's all-reduce step measured per N
 
 Each prints a markdown table; docs/simulator.md records the figures.
 """
@@ -123,20 +126,45 @@ PROTOCOL_FLAGS = {
 }
 
 
-def bench_fidelity(protocols: list[str], worker_counts: list[int], budget_s: float, compute_ms: float) -> None:
+def _gloo(n: int) -> dict:
+    from gloo_latency import measure
+
+    from hetrain.sim.math_model import DIGITS_PARAMS
+    from hetrain.sim.network import NetworkParams
+
+    return measure(n, DIGITS_PARAMS * 4, NetworkParams().bytes_per_s)
+
+
+def bench_network(worker_counts: list[int]) -> None:
+    print("loopback gloo, the digits MLP's gradient (float32) for the all-reduce; medians")
+    print("| processes | one-way 8 B (us) | all-reduce (ms) | ring step (us): --collective-step-us |")
+    print("| ---: | ---: | ---: | ---: |")
+    for n in worker_counts:
+        r = _gloo(n)
+        one_way = "-" if r["one_way_us"] is None else f"{r['one_way_us']:.0f}"
+        print(f"| {n} | {one_way} | {r['allreduce_ms']:.2f} | {r['step_us']:.0f} |", flush=True)
+
+
+def bench_fidelity(protocols: list[str], worker_counts: list[int], budget_s: float, compute_ms: float,
+                   calibrate: bool = True) -> None:
     print(f"compute {compute_ms:g} ms, worker 0 slowed 5x, --time-budget {budget_s:g} s; "
           "efficiency = heterogeneity efficiency")
+    steps = {}
+    for n in worker_counts if calibrate else []:
+        steps[n] = _gloo(n)["step_us"]
+        print(f"all-reduce ring step with {n} processes here: {steps[n]:.0f} us (--collective-step-us)")
     print("| protocol | workers | train samples/s | sim samples/s | ratio | train eff. | sim eff. |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for protocol in protocols:
         for n in worker_counts:
             common = ["--protocol", protocol, "--workers", str(n), "--compute-ms", str(compute_ms),
                       "--slowdown", "0:5x", "--time-budget", str(budget_s), *PROTOCOL_FLAGS[protocol]]
+            step = ["--collective-step-us", f"{steps[n]:.1f}"] if n in steps else []
             with tempfile.TemporaryDirectory() as out:
                 subprocess.run([sys.executable, "-m", "hetrain", "train", *common, "--out", out, "--no-progress"],
                                cwd=ROOT, capture_output=True, text=True, check=True, timeout=600)
                 real = json.loads((Path(out) / "metrics.json").read_text())
-            sim = _measure(common)
+            sim = _measure(common + step)
             ratio = sim["samples_per_s"] / real["samples_per_s"]
             print(f"| {protocol} | {n} | {real['samples_per_s']:.0f} | {sim['samples_per_s']:.0f} | {ratio:.2f} | "
                   f"{real['heterogeneity_efficiency']:.3f} | {sim['heterogeneity_efficiency']:.3f} |", flush=True)
@@ -144,10 +172,12 @@ def bench_fidelity(protocols: list[str], worker_counts: list[int], budget_s: flo
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=("engine", "scale", "table", "fidelity"))
+    parser.add_argument("what", choices=("engine", "scale", "table", "network", "fidelity"))
     parser.add_argument("--protocols", nargs="+", default=list(PROTOCOL_FLAGS))
     parser.add_argument("--workers", nargs="+", type=int, default=None,
-                        help="fidelity: default 4 8 16; table: default 1000 4000 10000 50000")
+                        help="fidelity: default 4 8 16; network: 2 4 8 16; table: 1000 4000 10000 50000")
+    parser.add_argument("--no-calibrate", action="store_true",
+                        help="fidelity: simulate the all-reduce with the default step (the message latency)")
     parser.add_argument("--iterations", type=int, default=100, help="table: iterations per worker")
     parser.add_argument("--budget", type=float, default=120.0, help="fidelity: seconds per real and simulated run")
     parser.add_argument("--compute-ms", type=float, default=50.0)
@@ -158,8 +188,11 @@ def main() -> None:
         bench_scale()
     elif args.what == "table":
         bench_table(args.protocols, args.workers or [1000, 4000, 10000, 50000], args.iterations)
+    elif args.what == "network":
+        bench_network(args.workers or [2, 4, 8, 16])
     else:
-        bench_fidelity(args.protocols, args.workers or [4, 8, 16], args.budget, args.compute_ms)
+        bench_fidelity(args.protocols, args.workers or [4, 8, 16], args.budget, args.compute_ms,
+                       calibrate=not args.no_calibrate)
     print(f"(this process peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB)")
 
 

@@ -33,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help=f"per-worker link bandwidth in gigabits/s (default {DEFAULT_BANDWIDTH_GBPS:g}: loopback gloo)")
     s.add_argument("--latency-us", type=float, default=DEFAULT_LATENCY_US,
                    help=f"per-message latency in microseconds (default {DEFAULT_LATENCY_US:g}: loopback gloo)")
+    s.add_argument("--collective-step-us", type=float, default=None,
+                   help="one step of a ring all-reduce in microseconds (default: --latency-us); with more "
+                        "processes than cores it is larger: benchmarks/sim_bench.py network measures it")
     s.add_argument("--gg-service-us", type=float, default=DEFAULT_GG_SERVICE_US,
                    help=f"a Group Generator's time per request in microseconds (default {DEFAULT_GG_SERVICE_US:g}; "
                         "measured: benchmarks/gg_service_bench.py, docs/simulator.md)")
@@ -63,7 +66,8 @@ def run(args) -> int:
 
     if args.gg_service_us < 0:
         raise UsageError(f"--gg-service-us must be >= 0, got {args.gg_service_us:g}")
-    options = SimOptions(NetworkParams(args.latency_us, args.bandwidth_gbps, gg_service_us=args.gg_service_us),
+    options = SimOptions(NetworkParams(args.latency_us, args.bandwidth_gbps, gg_service_us=args.gg_service_us,
+                                       collective_step_us=args.collective_step_us),
                          args.math, args.timelines,
                          progress=not args.no_progress)
     if args.sweep:

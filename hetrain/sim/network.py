@@ -15,7 +15,10 @@ protocols assume.
 
 Collectives are costed from their message patterns: a ring all-reduce of ``b``
 bytes over ``n`` members is ``2 (n - 1)`` steps, each sending ``b / n`` bytes to
-the ring successor, so ``2 (n - 1) (L + b / (n B))``. A P-Reduce is what the
+the ring successor, so ``2 (n - 1) (S + b / (n B))``, where the step latency
+``S`` is the message latency ``L`` unless ``collective_step_us`` says otherwise
+(with more processes than cores, every step of gloo's ring waits for each
+member to be scheduled: ``benchmarks/sim_bench.py network`` measures it). A P-Reduce is what the
 runtime does (:mod:`hetrain.protocols.exchange_rule`): for small buffers a direct
 exchange, every member sends ``b`` to each of the ``n - 1`` others, charged
 ``(n - 1) (L + b / B)`` (one latency per peer: posting and receiving each
@@ -31,9 +34,9 @@ from dataclasses import dataclass
 
 from hetrain.protocols.exchange_rule import uses_direct_exchange
 
-# Loopback gloo on the 2-core development machine (benchmarks/sim_bench.py measure-network):
-# one-way send/recv of 8 bytes took 46 us between 2 processes and 150-180 us with 8 processes
-# sharing the cores; 10 MB moved at 2.8-3.5 GB/s.
+# Loopback gloo on the 2-core development machine: one-way send/recv of 8 bytes took 46 us
+# between 2 processes and 150-180 us with 8 processes sharing the cores; 10 MB moved at
+# 2.8-3.5 GB/s (`benchmarks/sim_bench.py network` measures latencies on any machine).
 DEFAULT_LATENCY_US = 150.0
 DEFAULT_GG_SERVICE_US = 20.0  # one request handled by the Group Generator service (pure-Python logic)
 DEFAULT_BANDWIDTH_GBPS = 24.0  # gigabits per second (3 GB/s)
@@ -48,10 +51,15 @@ class NetworkParams:
     bandwidth_gbps: float = DEFAULT_BANDWIDTH_GBPS
     new_group_ms: float = 5.0  # creating a communicator (P-Reduce cache miss), from docs/simulator.md
     gg_service_us: float = DEFAULT_GG_SERVICE_US  # a Group Generator's time per request (docs/simulator.md)
+    collective_step_us: float | None = None  # one step of a ring all-reduce; None: latency_us
 
     @property
     def latency_s(self) -> float:
         return self.latency_us * 1e-6
+
+    @property
+    def collective_step_s(self) -> float:
+        return (self.latency_us if self.collective_step_us is None else self.collective_step_us) * 1e-6
 
     @property
     def bytes_per_s(self) -> float:
@@ -60,6 +68,7 @@ class NetworkParams:
     def as_dict(self) -> dict:
         return {"latency_us": self.latency_us, "bandwidth_gbps": self.bandwidth_gbps,
                 "new_group_ms": self.new_group_ms, "gg_service_us": self.gg_service_us,
+                "collective_step_us": self.latency_us if self.collective_step_us is None else self.collective_step_us,
                 "contention": "per-NIC FIFO (egress and ingress)"}
 
 
@@ -68,7 +77,7 @@ def ring_allreduce_s(num_members: int, nbytes: float, params: NetworkParams) -> 
     if num_members <= 1:
         return 0.0
     n = num_members
-    return 2 * (n - 1) * (params.latency_s + nbytes / (n * params.bytes_per_s))
+    return 2 * (n - 1) * (params.collective_step_s + nbytes / (n * params.bytes_per_s))
 
 
 def direct_exchange_s(num_members: int, nbytes: float, params: NetworkParams) -> float:

@@ -72,6 +72,8 @@ def simulate(config: RunConfig, options: SimOptions = SimOptions(), model_params
         raise UsageError(f"unknown --math {options.math!r}; choose one of {', '.join(MATH_MODES)}")
     if options.network.latency_us < 0 or options.network.bandwidth_gbps <= 0:
         raise UsageError("--latency-us must be >= 0 and --bandwidth-gbps > 0")
+    if (options.network.collective_step_us or 0.0) < 0:
+        raise UsageError(f"--collective-step-us must be >= 0, got {options.network.collective_step_us:g}")
     n = config.num_workers
     slowdown = parse_slowdown(config.slowdown, config.seed).check_workers(n)
     compute_ms = DEFAULT_COMPUTE_MS if config.compute_ms is None else config.compute_ms

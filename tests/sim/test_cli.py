@@ -15,6 +15,7 @@ from hetrain.metrics import build_metrics
     (["--iterations", "5", "--math", "mnist"], "unknown --math"),
     (["--workers", "4"], "--iterations"),
     (["--iterations", "5", "--bandwidth-gbps", "0"], "--bandwidth-gbps"),
+    (["--iterations", "5", "--collective-step-us", "-1"], "--collective-step-us"),
     (["--iterations", "5", "--sweep", "nodes=1,2"], "--sweep"),
     (["--iterations", "5", "--protocol", "hop", "--backup", "2", "--topology", "ring"], "--backup 2"),
     (["--iterations", "5", "--protocol", "hypercube"], "unknown protocol"),
@@ -56,3 +57,14 @@ def test_sweep_writes_table_json_and_plot(tmp_path):
     assert (out / "sweep.png").stat().st_size > 1000
     assert "| allreduce | 8 |" in (out / "sweep.md").read_text()
     assert (out / "runs" / "hop-8" / "metrics.json").exists()
+
+
+def test_collective_step_slows_the_allreduce_by_its_steps(tmp_path, capsys):
+    def wall(*extra):
+        out = tmp_path / "-".join(extra or ("default",))
+        assert main(["simulate", "--protocol", "allreduce", "--workers", "4", "--iterations", "10", "--compute-ms", "50",
+                     "--latency-us", "100", *extra, "--out", str(out), "--no-progress"]) == 0
+        return json.loads((out / "metrics.json").read_text())["wall_time_s"]
+
+    # 10 iterations x 2 (4 - 1) ring steps, each 900 us slower than the 100 us latency
+    assert wall("--collective-step-us", "1000") - wall() == pytest.approx(10 * 6 * 900e-6)

@@ -65,6 +65,13 @@ def test_ring_allreduce_cost_and_collective_booking():
     assert net.send(start, 2, 3, 8) > end  # members are busy during the collective
 
 
+def test_a_measured_collective_step_replaces_the_latency_in_ring_steps_only():
+    slow = NetworkParams(latency_us=100.0, bandwidth_gbps=8.0, collective_step_us=900.0)
+    assert ring_allreduce_s(4, 4e6, slow) == pytest.approx(6 * (900e-6 + 1e-3))
+    assert Network(slow, 2).send(0.0, 0, 1, 1e6) == pytest.approx(100e-6 + 1e-3)  # messages keep the latency
+    assert slow.as_dict()["collective_step_us"] == 900.0 and PARAMS.as_dict()["collective_step_us"] == 100.0
+
+
 def test_preduce_cost_follows_the_runtimes_exchange_rule():
     assert preduce_s(1, 1e3, PARAMS) == 0.0
     # 20 KB among 3: a direct exchange, one latency and one buffer per peer

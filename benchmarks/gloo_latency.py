@@ -1,0 +1,84 @@
+"""Latencies of loopback gloo with N processes on this machine, for the simulator's network model.
+
+``measure(n, nbytes)`` starts ``n`` gloo processes (a file store in a temporary
+directory, one torch thread each) and returns:
+
+- ``one_way_us``: half the median round trip of an 8-byte send/recv, every pair
+  of processes (0-1, 2-3, ...) ping-ponging at once;
+- ``allreduce_ms``: the median time of an all-reduce of ``nbytes`` (float32) by
+  all ``n``, every process entering together;
+- ``step_us``: that all-reduce as the simulator's ring (``2 (n - 1)`` steps of
+  ``nbytes / n``) would have to cost per step, bandwidth ``bandwidth_bytes_per_s``
+  taken off: ``hetrain simulate --collective-step-us``.
+
+Used by ``benchmarks/sim_bench.py network`` and ``fidelity``.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from datetime import timedelta
+
+ROUNDS = 200
+
+
+def _worker(rank: int, world: int, store: str, nbytes: int, queue) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=60))
+    ping, peer = torch.zeros(2), rank ^ 1
+    trips = []
+    dist.barrier()
+    if peer < world:
+        for _ in range(ROUNDS):
+            start = time.perf_counter()
+            if rank % 2 == 0:
+                dist.send(ping, peer)
+                dist.recv(ping, peer)
+            else:
+                dist.recv(ping, peer)
+                dist.send(ping, peer)
+            trips.append(time.perf_counter() - start)
+    grad = torch.zeros(max(1, nbytes // 4))
+    for _ in range(10):
+        dist.all_reduce(grad)
+    reduces = []
+    for _ in range(ROUNDS // 2):
+        dist.barrier()
+        start = time.perf_counter()
+        dist.all_reduce(grad)
+        reduces.append(time.perf_counter() - start)
+    if rank == 0:
+        queue.put((statistics.median(trips) / 2 if trips else None, statistics.median(reduces)))
+    dist.destroy_process_group()
+
+
+def measure(n: int, nbytes: int, bandwidth_bytes_per_s: float, timeout_s: float = 120.0) -> dict:
+    """Latencies of ``n`` local gloo processes (see the module docstring)."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = mp.start_processes(_worker, args=(n, os.path.join(tmp, "store"), nbytes, queue), nprocs=n,
+                                   join=False, start_method="spawn")
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not procs.join(timeout=1.0):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{n} gloo processes did not finish the latency measurement in {timeout_s:g} s")
+        finally:
+            for p in procs.processes:
+                if p.is_alive():
+                    p.kill()
+    one_way, reduce_s = queue.get()
+    steps = 2 * (n - 1)
+    step = reduce_s / steps - nbytes / (n * bandwidth_bytes_per_s) if n > 1 else 0.0
+    return {"processes": n, "one_way_us": None if one_way is None else one_way * 1e6,
+            "allreduce_ms": reduce_s * 1e3, "step_us": max(step, 0.0) * 1e6}
