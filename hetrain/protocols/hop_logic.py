@@ -167,11 +167,11 @@ class HopWorker:
         threshold = self.config.skip_threshold
         if threshold is None or self.started or not self.in_weights:
             return None
-        if any(not q for q in self.queues.values()):
-            return None
+        ahead = self.iteration + threshold
+        for q in self.queues.values():  # the common answer, no: some neighbour is not far enough ahead
+            if not q or q[-1][0] < ahead:
+                return None
         newest = {j: q[-1][0] for j, q in self.queues.items()}
-        if min(newest.values()) < self.iteration + threshold:
-            return None
         target = min(newest.values())
         if self.config.uses_tokens:  # a skipped iteration needs a token like a run one
             target = min(target, self.iteration + min(self.tokens.values(), default=0))
@@ -196,17 +196,19 @@ class HopWorker:
     # ----- finishing an iteration --------------------------------------------
     def _usable(self, src: int) -> int | None:
         """Index in src's queue of the update to use at this iteration, or None."""
-        k, s = self.iteration, self.config.staleness
-        best = None
-        for index, (kk, _) in enumerate(self.queues[src]):
-            if k - s <= kk <= k:
-                best = index  # queues are in arrival order, i.e. increasing iteration
-            elif kk > k:
-                return best if best is not None else index
-        return best
+        return _usable_index(self.queues[src], self.iteration, self.config.staleness)
 
     def usable_count(self) -> int:
-        return sum(self._usable(j) is not None for j in self.in_weights)
+        """How many in-neighbours have a usable update: ``_usable`` is None only when every queued
+        update is older than the window, so one update of iteration >= k - s is enough (the newest,
+        last in the queue, is checked first)."""
+        oldest, queues = self.iteration - self.config.staleness, self.queues
+        count = 0
+        for j in self.in_weights:
+            queue = queues[j]
+            if queue and (queue[-1][0] >= oldest or any(kk >= oldest for kk, _ in queue)):
+                count += 1
+        return count
 
     def needed_count(self) -> int:
         return len(self.in_weights) - self.backup
@@ -287,6 +289,18 @@ class HopWorker:
             "skipped_iterations": self.skipped_iterations,
             "queued_updates_max": self.queued_updates_max,
         }
+
+
+def _usable_index(queue, k: int, s: int) -> int | None:
+    """Index of the freshest update of iteration k - s..k in ``queue`` (arrival order, i.e.
+    increasing iteration), else of its oldest newer one, else None."""
+    best = None
+    for index, (kk, _) in enumerate(queue):
+        if k - s <= kk <= k:
+            best = index
+        elif kk > k:
+            return best if best is not None else index
+    return best
 
 
 def make_hop_workers(topology, config: HopConfig) -> list[HopWorker]:
