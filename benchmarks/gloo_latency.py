@@ -6,7 +6,9 @@ directory, one torch thread each) and returns:
 - ``one_way_us``: half the median round trip of an 8-byte send/recv, every pair
   of processes (0-1, 2-3, ...) ping-ponging at once;
 - ``allreduce_ms``: the median time of an all-reduce of ``nbytes`` (float32) by
-  all ``n``, every process entering together;
+  all ``n``, from the moment its last member enters (the others already wait in
+  it, as DDP's workers wait for a straggler; the simulator charges the ring from
+  the last arrival too), timed by that last member;
 - ``step_us``: that all-reduce as the simulator's ring (``2 (n - 1)`` steps of
   ``nbytes / n``) would have to cost per step, bandwidth ``bandwidth_bytes_per_s``
   taken off: ``hetrain simulate --collective-step-us``.
@@ -23,6 +25,7 @@ import time
 from datetime import timedelta
 
 ROUNDS = 200
+LAST_ARRIVAL_S = 0.02  # how long rank 0 lets the others wait in each timed all-reduce
 
 
 def _worker(rank: int, world: int, store: str, nbytes: int, queue) -> None:
@@ -51,6 +54,8 @@ def _worker(rank: int, world: int, store: str, nbytes: int, queue) -> None:
     reduces = []
     for _ in range(ROUNDS // 2):
         dist.barrier()
+        if rank == 0:
+            time.sleep(LAST_ARRIVAL_S)  # the others enter first and wait
         start = time.perf_counter()
         dist.all_reduce(grad)
         reduces.append(time.perf_counter() - start)
