@@ -196,7 +196,14 @@ class HopWorker:
     # ----- finishing an iteration --------------------------------------------
     def _usable(self, src: int) -> int | None:
         """Index in src's queue of the update to use at this iteration, or None."""
-        return _usable_index(self.queues[src], self.iteration, self.config.staleness)
+        k, s = self.iteration, self.config.staleness
+        best = None
+        for index, (kk, _) in enumerate(self.queues[src]):
+            if k - s <= kk <= k:
+                best = index  # queues are in arrival order, i.e. increasing iteration
+            elif kk > k:
+                return best if best is not None else index
+        return best
 
     def usable_count(self) -> int:
         """How many in-neighbours have a usable update: ``_usable`` is None only when every queued
@@ -289,18 +296,6 @@ class HopWorker:
             "skipped_iterations": self.skipped_iterations,
             "queued_updates_max": self.queued_updates_max,
         }
-
-
-def _usable_index(queue, k: int, s: int) -> int | None:
-    """Index of the freshest update of iteration k - s..k in ``queue`` (arrival order, i.e.
-    increasing iteration), else of its oldest newer one, else None."""
-    best = None
-    for index, (kk, _) in enumerate(queue):
-        if k - s <= kk <= k:
-            best = index
-        elif kk > k:
-            return best if best is not None else index
-    return best
 
 
 def make_hop_workers(topology, config: HopConfig) -> list[HopWorker]:

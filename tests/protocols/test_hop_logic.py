@@ -174,3 +174,19 @@ def test_deadlock_prone_or_useless_settings_are_rejected():
     with pytest.raises(UsageError, match="max_ig must be >= 1"):
         validate_hop_config(HopConfig(max_ig=0), ring)
     assert validate_hop_config(HopConfig(backup=1), ring).max_ig is not None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 12), st.integers(0, 3),
+       st.lists(st.lists(st.integers(0, 16), max_size=5), min_size=2, max_size=2))
+def test_usable_count_agrees_with_looking_for_each_neighbours_usable_update(iteration, staleness, queues):
+    """usable_count reads the newest update first; it must count exactly the neighbours _usable finds
+    an update for, whatever the queues hold (late, old, out-of-window or newer updates)."""
+    topology = make_topology("ring", 3)
+    w = make_hop_workers(topology, validate_hop_config(HopConfig(backup=1, staleness=staleness, max_ig=4),
+                                                       topology))[0]
+    w.iteration = iteration
+    for src, arrivals in zip(sorted(w.in_weights), queues):
+        for k in arrivals:
+            w.receive_update(src, k, None)
+    assert w.usable_count() == sum(w._usable(j) is not None for j in w.in_weights)
