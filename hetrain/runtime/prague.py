@@ -50,7 +50,9 @@ class GroupProtocol(SyncProtocol):
         if job.store is None and job.world_size > 1:
             raise UsageError(f"{self.name} needs the job's c10d store (torch.distributed initialised)")
         self.scheduler = scheduler
-        is_dead = (lambda rank: rank in self.dead or rank in self.dead_workers()) if self.dead_workers else None
+        is_dead = (lambda rank: rank in self.dead or rank in self.dead_workers() or self._replaced(rank)) \
+            if self.dead_workers else None
+        self._running = None  # the group being reduced now (respawn: a member replaced since is gone)
         self.preduce = PReduce(job.store, job.rank, cache_size=communicator_cache, timeout_s=job.timeout_s,
                                is_dead=is_dead)
         self._server = None
@@ -151,6 +153,7 @@ class GroupProtocol(SyncProtocol):
                 self._groups_failed += 1
                 continue
             start = time.perf_counter()
+            self._running = group
             try:
                 self.preduce(flat, group.members, group.comm_id, group.fresh)
             except MemberDied as exc:  # continue mode: the group's model average is lost, the job is not
@@ -158,12 +161,22 @@ class GroupProtocol(SyncProtocol):
                 self._groups_failed += 1
                 continue
             finally:
+                self._running = None
                 self._member_wait_s += time.perf_counter() - start
             self._groups_run += 1
             self._members_run += len(group.members)
             if not self._settled and self.job.rank in group.fresh:
                 self._settled = True  # it holds the others' average now
                 self.gg.call("settled")
+
+    def _replaced(self, rank: int) -> bool:
+        """Respawn: whether ``rank``'s process in the group being reduced has been replaced since the
+        group was formed. Its replacement never runs that group, and the launcher counts the rank
+        alive again once the replacement joins, which can be before a member waiting in the group
+        gives up (its wait is one timeout long): without this, that wait would end in an error."""
+        group = self._running
+        return self._membership is not None and group is not None and rank in group.members and \
+            self._membership.incarnations()[rank] != group.incarnation_of(rank)
 
     def _formed_before_a_replacement(self, group) -> bool:
         """Whether a member of ``group`` has been replaced since the group was formed (respawn)."""

@@ -8,7 +8,7 @@ import torch
 from hetrain.metrics import build_metrics, job_series, quarter_rates, rss_at
 from hetrain.runtime.emulation import ComputeEmulator
 from hetrain.runtime.meter import WindowMeter, peak_rss_mb, rss_mb, tcp_connections
-from hetrain.runtime.snapshots import SnapshotKeeper
+from hetrain.runtime.snapshots import MAX_SNAPSHOTS, SnapshotKeeper
 
 
 def test_window_meter_rates_losses_and_empty_windows():
@@ -114,6 +114,17 @@ def test_snapshots_stay_within_their_budget_by_thinning():
     keeper.take_final(100.0, 100, lambda: torch.zeros(250))
     assert keeper.snapshots[-1][0] == math.inf
     assert not SnapshotKeeper(0.5, model_bytes=10**9).enabled  # too big for 8 snapshots: none
+
+
+def test_a_small_models_snapshots_stop_growing_however_long_the_run():
+    keeper = SnapshotKeeper(interval_s=0.5, model_bytes=20_000)  # the digits MLP: the byte budget holds 13,000
+    counts = []
+    for tick in range(4 * 3600 * 2):  # four hours of 0.5 s ticks
+        keeper.maybe_take(tick * 0.5, tick, lambda: None)
+        if tick % 1200 == 0:
+            counts.append(len(keeper.snapshots))
+    assert max(counts) <= MAX_SNAPSHOTS and min(counts[1:]) >= MAX_SNAPSHOTS // 2  # bounded, never emptied
+    assert keeper.snapshots[0][0] == 0.0 and keeper.snapshots[-1][0] > 3.9 * 3600  # still the whole run
 
 
 def test_emulator_shortens_the_sleep_by_the_measured_overhead():

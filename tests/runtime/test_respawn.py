@@ -12,7 +12,9 @@ import torch
 
 from hetrain.cli import main
 from hetrain.config import RunConfig
+from hetrain.protocols.ledger import Group
 from hetrain.runtime.local_job import run_local
+from hetrain.runtime.prague import GroupProtocol
 from hetrain.runtime.preduce import PReduce
 from hetrain.runtime.run import run_training
 
@@ -127,3 +129,29 @@ def test_the_simulator_refuses_respawn_in_one_line(tmp_path, capsys):
                  "--on-failure", "respawn", "--out", str(out)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "respawn" in err[0] and not out.exists()
+
+
+class _Membership:
+    def __init__(self, incarnations):
+        self.now = list(incarnations)
+
+    def incarnations(self):
+        return list(self.now)
+
+
+def test_a_member_replaced_while_its_group_runs_counts_as_gone():
+    """A member waiting in a P-Reduce gives up after one timeout; by then the launcher may count the
+    dead member's rank alive again (its replacement joined). The group must still count that member
+    as gone (its process was replaced: the replacement never runs the group), or the wait ends in
+    an error instead of a lost average (seen under load: AD-PSGD, a worker killed at 0 s)."""
+    protocol = object.__new__(GroupProtocol)  # only the bookkeeping _replaced reads
+    protocol._membership = _Membership([0, 0, 0])
+    protocol._running = Group(seq=1, members=(0, 1), comm_id=1)  # formed with every member's first process
+    assert not protocol._replaced(1)
+    protocol._membership.now = [0, 1, 0]  # rank 1 died and its replacement joined
+    assert protocol._replaced(1) and not protocol._replaced(0)
+    assert not protocol._replaced(2)  # not in the group: not this group's concern
+    protocol._running = Group(seq=2, members=(0, 1), comm_id=2, incarnations=(0, 1))  # formed after the join
+    assert not protocol._replaced(1)
+    protocol._running = None  # between groups nothing is replaced
+    assert not protocol._replaced(1)
