@@ -157,6 +157,20 @@ def quarter_rates(series: list[dict]) -> tuple[float | None, float | None]:
     return mean_rate(0.0, end / 4), mean_rate(3 * end / 4, end)
 
 
+def rss_median(series: list[dict], lo_s: float, hi_s: float) -> float | None:
+    """The job's RSS over the windows ending in (lo_s, hi_s]: their median (None if there are none).
+
+    One window's RSS is a single reading, and a worker's buffers come and go within a step (a
+    Prague worker of a 100 MB model reads 620 or 840 MB depending on whether a background
+    average holds its copies), so a trend (a leak) shows in medians over a minute, not in two readings.
+    """
+    values = sorted(p["rss_mb"] for p in series if lo_s < p["t_s"] <= hi_s)
+    if not values:
+        return None
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
 def rss_at(series: list[dict], t_s: float) -> float | None:
     """The job's RSS at the first window ending at or after ``t_s`` (None if the run is shorter)."""
     for point in series:

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from hetrain.metrics import build_metrics, job_series, quarter_rates, rss_at
+from hetrain.metrics import build_metrics, job_series, quarter_rates, rss_at, rss_median
 from hetrain.runtime.emulation import ComputeEmulator
 from hetrain.runtime.meter import WindowMeter, peak_rss_mb, rss_mb, tcp_connections
 from hetrain.runtime.snapshots import MAX_SNAPSHOTS, SnapshotKeeper
@@ -134,3 +134,14 @@ def test_emulator_shortens_the_sleep_by_the_measured_overhead():
         emulator.note_overhead(0.002)
         emulator.end_iteration()
     assert emulator.overhead_s == pytest.approx(0.002, rel=0.01)
+
+
+def test_rss_median_reads_a_minute_not_one_window():
+    # a worker whose buffers come and go: 620 or 840 MB on alternate readings, no trend
+    series = [{"t_s": 5.0 * (i + 1), "rss_mb": 620.0 if i % 2 else 840.0} for i in range(48)]
+    single = (rss_at(series, 235.0) - rss_at(series, 60.0)) / rss_at(series, 60.0)
+    assert abs(single) > 0.3  # two single readings see a 35% "change"
+    assert rss_median(series, 60.0, 120.0) == rss_median(series, 180.0, 240.0) == 730.0
+    leaking = [{"t_s": 5.0 * (i + 1), "rss_mb": 600.0 + i} for i in range(48)]
+    assert rss_median(leaking, 180.0, 240.0) - rss_median(leaking, 60.0, 120.0) == 24.0  # a trend still shows
+    assert rss_median(series, 300.0, 360.0) is None
