@@ -13,11 +13,16 @@ directory, one torch thread each) and returns:
   ``nbytes / n``) would have to cost per step, bandwidth ``bandwidth_bytes_per_s``
   taken off: ``hetrain simulate --collective-step-us``.
 
-Used by ``benchmarks/sim_bench.py network`` and ``fidelity``.
+Used by ``benchmarks/sim_bench.py network`` (a table) and ``fidelity``; run alone it prints
+one JSON line per process count::
+
+    python benchmarks/gloo_latency.py --workers 2 4 8 16 --bytes 19240
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import statistics
 import tempfile
@@ -87,3 +92,17 @@ def measure(n: int, nbytes: int, bandwidth_bytes_per_s: float, timeout_s: float 
     step = reduce_s / steps - nbytes / (n * bandwidth_bytes_per_s) if n > 1 else 0.0
     return {"processes": n, "one_way_us": None if one_way is None else one_way * 1e6,
             "allreduce_ms": reduce_s * 1e3, "step_us": max(step, 0.0) * 1e6}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", nargs="+", type=int, default=[2, 4, 8, 16], help="process counts")
+    parser.add_argument("--bytes", type=int, default=19_240, help="all-reduce size (default: the digits MLP)")
+    parser.add_argument("--bandwidth-gbps", type=float, default=24.0, help="taken off the ring step (default 24)")
+    args = parser.parse_args()
+    for n in args.workers:
+        print(json.dumps(measure(n, args.bytes, args.bandwidth_gbps * 1e9 / 8)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
