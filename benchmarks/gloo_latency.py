@@ -25,9 +25,15 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from datetime import timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from hetrain.sim.math_model import DIGITS_PARAMS  # noqa: E402
 
 ROUNDS = 200
 LAST_ARRIVAL_S = 0.02  # how long rank 0 lets the others wait in each timed all-reduce
@@ -74,7 +80,7 @@ def measure(n: int, nbytes: int, bandwidth_bytes_per_s: float, timeout_s: float 
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
+    queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         procs = mp.start_processes(_worker, args=(n, os.path.join(tmp, "store"), nbytes, queue), nprocs=n,
                                    join=False, start_method="spawn")
@@ -87,7 +93,7 @@ def measure(n: int, nbytes: int, bandwidth_bytes_per_s: float, timeout_s: float 
             for p in procs.processes:
                 if p.is_alive():
                     p.kill()
-    one_way, reduce_s = queue.get()
+    one_way, reduce_s = queue.get(timeout=10.0)  # every process has exited: rank 0's result is queued
     steps = 2 * (n - 1)
     step = reduce_s / steps - nbytes / (n * bandwidth_bytes_per_s) if n > 1 else 0.0
     return {"processes": n, "one_way_us": None if one_way is None else one_way * 1e6,
@@ -97,7 +103,8 @@ def measure(n: int, nbytes: int, bandwidth_bytes_per_s: float, timeout_s: float 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", nargs="+", type=int, default=[2, 4, 8, 16], help="process counts")
-    parser.add_argument("--bytes", type=int, default=19_240, help="all-reduce size (default: the digits MLP)")
+    parser.add_argument("--bytes", type=int, default=DIGITS_PARAMS * 4,
+                        help="all-reduce size in bytes (default: the digits MLP's float32 gradient)")
     parser.add_argument("--bandwidth-gbps", type=float, default=24.0, help="taken off the ring step (default 24)")
     args = parser.parse_args()
     for n in args.workers:
