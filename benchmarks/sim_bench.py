@@ -6,6 +6,9 @@
                                                        # every protocol: wall time, events/s, peak RSS
     python benchmarks/sim_bench.py network [--workers 2 4 8 16]
                                                        # loopback gloo latencies with N processes here
+    python benchmarks/sim_bench.py floor [--workers 10000] [--iterations 50]
+                                                       # the protocol objects alone (no engine): the
+                                                       # least a simulation of Hop/D-PSGD can cost
     python benchmarks/sim_bench.py fidelity [--budget 120] [--workers 4 8 16] [--protocols ...]
                                                        # hetrain train vs hetrain simulate, same settings;
                                                        # the simulator's all-reduce step measured per N
@@ -126,6 +129,38 @@ PROTOCOL_FLAGS = {
 }
 
 
+def bench_floor(worker_counts: list[int], iterations: int) -> None:
+    """The runtime's HopWorker calls alone, every worker in lock step on a ring: no events, no clock,
+    no network model, no skips. Each worker-iteration makes the calls a simulation must make (start,
+    one receive per in-neighbour, the ready check, complete, one token return per in-neighbour), so
+    this is a lower bound on what simulating these protocols with these objects costs."""
+    from hetrain.protocols.hop_config import HopConfig, hop_config_for
+    from hetrain.protocols.hop_logic import HopWorker
+    from hetrain.topology import make_topology
+
+    print("| protocol | workers | iterations | logic CPU s | us per worker-iteration | 10,000 x 1,000 at this rate |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for n in worker_counts:
+        topology = make_topology("ring", n)
+        for name, config in (("hop", hop_config_for(topology)), ("dpsgd", HopConfig())):
+            workers = [HopWorker.for_rank(topology, rank, config) for rank in range(n)]
+            t0 = time.process_time()
+            for _ in range(iterations):
+                for w in workers:
+                    if w.plan_skip() is None and w.can_start():
+                        w.start()
+                for w in workers:
+                    for m in w.out_neighbors:
+                        workers[m].receive_update(w.rank, w.iteration, None)
+                for w in workers:
+                    assert w.ready_to_average()
+                    for j in w.complete().tokens_to:
+                        workers[j].receive_tokens(w.rank, 1)
+            cpu = time.process_time() - t0
+            per = cpu / (n * iterations)
+            print(f"| {name} | {n:,} | {iterations} | {cpu:.2f} | {per * 1e6:.1f} | {per * 1e7:.0f} s |", flush=True)
+
+
 def _gloo(n: int) -> dict:
     from gloo_latency import measure
 
@@ -172,13 +207,13 @@ def bench_fidelity(protocols: list[str], worker_counts: list[int], budget_s: flo
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=("engine", "scale", "table", "network", "fidelity"))
+    parser.add_argument("what", choices=("engine", "scale", "table", "network", "floor", "fidelity"))
     parser.add_argument("--protocols", nargs="+", default=list(PROTOCOL_FLAGS))
     parser.add_argument("--workers", nargs="+", type=int, default=None,
-                        help="fidelity: default 4 8 16; network: 2 4 8 16; table: 1000 4000 10000 50000")
+                        help="fidelity: default 4 8 16; network: 2 4 8 16; table: 1000 4000 10000 50000; floor: 10000")
     parser.add_argument("--no-calibrate", action="store_true",
                         help="fidelity: simulate the all-reduce with the default step (the message latency)")
-    parser.add_argument("--iterations", type=int, default=100, help="table: iterations per worker")
+    parser.add_argument("--iterations", type=int, default=None, help="table: iterations per worker (default 100); floor: 50")
     parser.add_argument("--budget", type=float, default=120.0, help="fidelity: seconds per real and simulated run")
     parser.add_argument("--compute-ms", type=float, default=50.0)
     args = parser.parse_args()
@@ -187,7 +222,9 @@ def main() -> None:
     elif args.what == "scale":
         bench_scale()
     elif args.what == "table":
-        bench_table(args.protocols, args.workers or [1000, 4000, 10000, 50000], args.iterations)
+        bench_table(args.protocols, args.workers or [1000, 4000, 10000, 50000], args.iterations or 100)
+    elif args.what == "floor":
+        bench_floor(args.workers or [10000], args.iterations or 50)
     elif args.what == "network":
         bench_network(args.workers or [2, 4, 8, 16])
     else:
