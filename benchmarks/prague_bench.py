@@ -29,12 +29,26 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from hetrain.config import RunConfig  # noqa: E402
-from hetrain.protocols.group_generator import GG_MODES  # noqa: E402
+from hetrain.protocols.group_generator import GG_MODES, PragueOptions  # noqa: E402
 from hetrain.runtime.run import run_training  # noqa: E402
 
 
+def _config(**fields) -> RunConfig:
+    return RunConfig(workload="mlp", num_workers=8, compute_ms=50.0, **fields)
+
+
+def straggler_runs(modes, smart_group_sizes) -> dict[str, dict]:
+    """(b)'s configurations by row name: RunConfig fields, Prague's options under ``options``."""
+    default_size = PragueOptions().group_size
+    runs = {"allreduce": dict(protocol="allreduce")}
+    runs.update({f"prague {mode}": dict(protocol="prague", options={"gg": mode}) for mode in modes})
+    runs.update({f"prague smart, s={size}": dict(protocol="prague", options={"gg": "smart", "group_size": size})
+                 for size in smart_group_sizes if size != default_size})
+    return runs
+
+
 def _run(out: Path, name: str, **fields) -> dict:
-    config = RunConfig(workload="mlp", num_workers=8, compute_ms=50.0, **fields)
+    config = _config(**fields)
     began = time.perf_counter()
     metrics = run_training(config, str(out / name), progress=False)
     print(f"  {name}: {time.perf_counter() - began:.0f} s", file=sys.stderr, flush=True)
@@ -92,11 +106,8 @@ def main(argv=None) -> str:
               "| run | runs | efficiency | time to 95% (s) | speed-up vs allreduce | final accuracy | "
               "fast worker wait / iteration (ms) |",
               "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    default_size = RunConfig.group_size
-    runs = {"allreduce": dict(protocol="allreduce")}
-    runs.update({f"prague {mode}": dict(protocol="prague", gg=mode) for mode in args.modes})
-    runs.update({f"prague smart, s={size}": dict(protocol="prague", gg="smart", group_size=size)
-                 for size in args.smart_group_sizes if size != default_size})
+    default_size = PragueOptions().group_size
+    runs = straggler_runs(args.modes, args.smart_group_sizes)
     slow: dict[str, list[dict]] = {name: [] for name in runs}
     for repeat in range(args.repeats):
         for name, fields in runs.items():

@@ -27,3 +27,16 @@ def test_sim_floor_drives_hop_in_lock_step():
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [line for line in done.stdout.splitlines() if line.startswith("| hop |") or line.startswith("| dpsgd |")]
     assert [row.split("|")[2].strip() for row in rows] == ["16", "16"]
+
+
+def test_prague_bench_configurations_are_valid_runs():
+    """prague_bench runs for hours, so CI checks what it would run: every configuration validates."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import prague_bench
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    runs = prague_bench.straggler_runs(["smart", "random"], [2, 3])
+    assert list(runs) == ["allreduce", "prague smart", "prague random", "prague smart, s=3"]
+    for fields in runs.values():
+        prague_bench._config(slowdown="0:5x", time_budget_s=1.0, **fields).validate()
