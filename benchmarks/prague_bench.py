@@ -32,6 +32,8 @@ from hetrain.config import RunConfig  # noqa: E402
 from hetrain.protocols.group_generator import GG_MODES, PragueOptions  # noqa: E402
 from hetrain.runtime.run import run_training  # noqa: E402
 
+DEFAULT_GROUP_SIZE = PragueOptions().group_size
+
 
 def _config(**fields) -> RunConfig:
     return RunConfig(workload="mlp", num_workers=8, compute_ms=50.0, **fields)
@@ -39,11 +41,10 @@ def _config(**fields) -> RunConfig:
 
 def straggler_runs(modes, smart_group_sizes) -> dict[str, dict]:
     """(b)'s configurations by row name: RunConfig fields, Prague's options under ``options``."""
-    default_size = PragueOptions().group_size
     runs = {"allreduce": dict(protocol="allreduce")}
     runs.update({f"prague {mode}": dict(protocol="prague", options={"gg": mode}) for mode in modes})
     runs.update({f"prague smart, s={size}": dict(protocol="prague", options={"gg": "smart", "group_size": size})
-                 for size in smart_group_sizes if size != default_size})
+                 for size in smart_group_sizes if size != DEFAULT_GROUP_SIZE})
     return runs
 
 
@@ -106,7 +107,6 @@ def main(argv=None) -> str:
               "| run | runs | efficiency | time to 95% (s) | speed-up vs allreduce | final accuracy | "
               "fast worker wait / iteration (ms) |",
               "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    default_size = PragueOptions().group_size
     runs = straggler_runs(args.modes, args.smart_group_sizes)
     slow: dict[str, list[dict]] = {name: [] for name in runs}
     for repeat in range(args.repeats):
@@ -119,7 +119,7 @@ def main(argv=None) -> str:
         t95 = [m["time_to_target_s"] for m in ms]
         speedups = [t_ar / t for t in t95 if t_ar and t]
         waits = [_fast_wait_ms(m) for m in ms]
-        label = name if name == "allreduce" or "s=" in name else f"{name} (s={default_size})"
+        label = name if name == "allreduce" or "s=" in name else f"{name} (s={DEFAULT_GROUP_SIZE})"
         lines.append(f"| {label} | {len(ms)} | {_spread([m['heterogeneity_efficiency'] for m in ms], '.3f')} | "
                      f"{_spread(t95, '.2f')} | {_spread(speedups, '.2f', 'x') if len(speedups) == len(ms) else '-'} | "
                      f"{_fmt(_median([m['final_accuracy_avg_model'] for m in ms]), '.4f')} | "
