@@ -11,12 +11,17 @@ Mixed dtypes: the buffer has the widest floating dtype among the tensors
 float32), so every value is averaged at least at its own precision and
 written back in its own dtype. Integer buffers (``num_batches_tracked``) are
 counters, not state to average: they stay local.
+
+Flat buffers come from a :class:`~hetrain.runtime.buffer_pool.BufferPool`: at
+100 MB a fresh allocation per step costs more kernel time than the step's math.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from hetrain.runtime.buffer_pool import BufferPool
 
 _WIDTH = {torch.float64: 3, torch.float32: 2, torch.bfloat16: 1, torch.float16: 1}
 
@@ -37,14 +42,15 @@ class FlatState:
         if self.dtype in (torch.bfloat16, torch.float16) and len(dtypes) > 1:
             self.dtype = torch.float32
         self.numel = sum(t.numel() for t in self.tensors)
+        self.pool = BufferPool(self.numel, self.dtype, self.device)
 
     @property
     def nbytes(self) -> int:
         return self.numel * torch.empty((), dtype=self.dtype).element_size()
 
     def gather(self) -> torch.Tensor:
-        """A fresh flat copy (shares no memory with the model)."""
-        return torch.cat([t.detach().reshape(-1).to(self.dtype) for t in self.tensors])
+        """A flat copy that shares memory with nothing in use (not the model, not another gather)."""
+        return torch.cat([t.detach().reshape(-1).to(self.dtype) for t in self.tensors], out=self.pool.take())
 
     def scatter(self, flat: torch.Tensor) -> None:
         """Copy ``flat`` (from :meth:`gather`, possibly averaged) back into the model's tensors."""
@@ -58,5 +64,5 @@ class FlatState:
                 offset += count
 
     def empty(self) -> torch.Tensor:
-        """An uninitialised buffer of the flat layout (to receive into)."""
-        return torch.empty(self.numel, dtype=self.dtype, device=self.device)
+        """An uninitialised buffer of the flat layout (to receive or mix into), from the pool."""
+        return self.pool.take()

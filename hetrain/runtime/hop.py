@@ -81,7 +81,8 @@ class Hop(SyncProtocol):
         self._neighbors_stopped = False
         self.channels = PeerChannels(self.job, self.state.numel, self.state.dtype, self._on_message,
                                      self._on_channel_error, tolerate_lost_peers=self.tolerant,
-                                     incarnation=self.incarnation, peer_incarnations=self.incarnations)
+                                     incarnation=self.incarnation, peer_incarnations=self.incarnations,
+                                     new_payload=self.state.empty)
         if not self.joining:  # a replacement's neighbours are mid-training: no handshake
             self.channels.handshake(self.topology.out_neighbors[rank], self.topology.in_neighbors[rank])
         self.channels.listen("update", self.topology.in_neighbors[rank])
@@ -216,7 +217,7 @@ class Hop(SyncProtocol):
         return True
 
     def _apply(self, plan: AveragePlan, own: torch.Tensor) -> None:
-        mixed = own * plan.self_weight
+        mixed = torch.mul(own, plan.self_weight, out=self.state.empty())
         for term in plan.terms:
             mixed.add_(term.payload, alpha=term.weight)
         self.state.scatter(mixed)

@@ -58,17 +58,21 @@ class PeerChannels:
     def __init__(self, job: JobView, payload_numel: int, payload_dtype: torch.dtype,
                  on_message: Callable[[Message], None], on_error: Callable[[int, str], None], *,
                  max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, name: str = "peers", tolerate_lost_peers: bool = False,
-                 incarnation: int = 0, peer_incarnations: list[int] | None = None):
+                 incarnation: int = 0, peer_incarnations: list[int] | None = None,
+                 new_payload: Callable[[], torch.Tensor] | None = None):
         """``on_message(message)`` and ``on_error(peer, text)`` run on receiver threads; ``max_in_flight``
         bounds the messages (both channels) outstanding to each peer. With ``tolerate_lost_peers`` a
         failed send is reported through ``on_error`` instead of raised (the protocol decides whether the
         peer died), and :meth:`forget` drops a peer known dead. ``incarnation``: this process's number
-        for its rank; ``peer_incarnations``: the others' (both 0 unless replacements joined)."""
+        for its rank; ``peer_incarnations``: the others' (both 0 unless replacements joined).
+        ``new_payload()`` gives the buffer each update is received into (default: a fresh tensor; the
+        protocols pass their :class:`~hetrain.runtime.flat_state.FlatState`'s pooled ``empty``)."""
         self.job = job
         self.payload_numel = payload_numel
         self.payload_dtype = payload_dtype
         self.on_message = on_message
         self.on_error = on_error
+        self.new_payload = new_payload or (lambda: torch.empty(payload_numel, dtype=payload_dtype, device=job.device))
         self.max_in_flight = max_in_flight
         self.tolerate_lost_peers = tolerate_lost_peers
         self.forgotten: set[int] = set()
@@ -152,7 +156,7 @@ class PeerChannels:
                 kind, iteration, count = (int(v) for v in header.tolist())
                 payload = None
                 if kind == UPDATE:
-                    payload = torch.empty(self.payload_numel, dtype=self.payload_dtype, device=device)
+                    payload = self.new_payload()
                     self._recv(link, payload, src, tag, f"the model of iteration {iteration}")
                 if not current():
                     return  # a message from a process since replaced

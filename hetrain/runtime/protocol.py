@@ -170,6 +170,8 @@ class SyncProtocol:
     def metrics(self) -> dict:
         if self.dead:
             self.stats.extra["workers_known_dead"] = sorted(self.dead)
+        pool = self.state.pool
+        self.stats.extra.update(flat_buffers_reused=pool.reused, flat_buffers_allocated=pool.allocated)
         return self.stats.as_dict()
 
     def new_deaths(self) -> set[int]:
