@@ -14,7 +14,11 @@ that keeps it, a send still reading it, a view of a slice of it all keep it
 busy, and no caller has to give it back. At most ``capacity`` buffers are
 kept, of which at most ``spare`` idle ones survive a take (a burst of
 buffers in use does not stay resident after it); beyond ``capacity`` a take
-allocates a plain tensor.
+allocates a plain tensor. So memory follows the buffers in use (plus
+``spare``), and ``capacity`` only bounds the scan: it must exceed what a
+protocol holds at once, or the excess is allocated fresh every step (a Hop
+worker that fell behind holds up to in-degree x max_ig queued models, and
+with a capacity of 8 the allocations slowed it further behind).
 
     pool = BufferPool(numel, torch.float32, torch.device("cpu"))
     buf = pool.take()         # uninitialised, shares memory with nothing in use
@@ -27,7 +31,7 @@ import threading
 
 import torch
 
-DEFAULT_CAPACITY = 8
+DEFAULT_CAPACITY = 32  # about 0.2 us per kept buffer per take; Hop at 8 workers held up to 12 queued models
 DEFAULT_SPARE = 1
 
 _use_count = getattr(torch._C, "_storage_Use_Count", None)  # private; without it the pool allocates plainly
