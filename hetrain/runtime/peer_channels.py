@@ -68,8 +68,6 @@ class PeerChannels:
         ``new_payload()`` gives the buffer each update is received into (default: a fresh tensor; the
         protocols pass their :class:`~hetrain.runtime.flat_state.FlatState`'s pooled ``empty``)."""
         self.job = job
-        self.payload_numel = payload_numel
-        self.payload_dtype = payload_dtype
         self.on_message = on_message
         self.on_error = on_error
         self.new_payload = new_payload or (lambda: torch.empty(payload_numel, dtype=payload_dtype, device=job.device))
