@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/soak_bench.py --out runs/soak              # 6 protocols x 4,8 workers x 2 models x 10 min
     .venv/bin/python benchmarks/soak_bench.py --out runs/soak --duration 60 --protocols hop --workers 4   # a quick look
+    .venv/bin/python benchmarks/soak_bench.py --out runs/soak-ig4 --protocols hop --option max_ig=4      # a protocol option
 
 Models: the digits MLP (``--compute-ms 50``, 20 KB messages) and a synthetic
 model of 25M parameters (100 MB per message, real compute). No slowdown. For
@@ -85,6 +86,18 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _option(text: str) -> tuple[str, object]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise SystemExit(f"--option {text!r}: write NAME=VALUE, e.g. max_ig=4")
+    for kind in (int, float):
+        try:
+            return name, kind(value)
+        except ValueError:
+            pass
+    return name, value
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/soak")
@@ -94,7 +107,10 @@ def main() -> int:
     parser.add_argument("--models", default=",".join(MODELS), help=f"from {', '.join(MODELS)}")
     parser.add_argument("--timeout", type=float, default=300.0, help="per-wait timeout of the runs (seconds)")
     parser.add_argument("--skip-done", action="store_true", help="reuse runs whose metrics.json exists")
+    parser.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
+                        help="a protocol option by its Python name, e.g. max_ig=4 (repeatable)")
     args = parser.parse_args()
+    options = dict(_option(text) for text in args.option)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -106,7 +122,7 @@ def main() -> int:
                     metrics = json.loads((run_dir / "metrics.json").read_text())
                 else:
                     config = RunConfig(protocol=protocol, num_workers=workers, time_budget_s=args.duration,
-                                       timeout_s=args.timeout, **MODELS[model])
+                                       timeout_s=args.timeout, options=options, **MODELS[model])
                     began = time.time()
                     print(f"== {model}, {workers} workers, {protocol}: {args.duration:.0f} s", file=sys.stderr)
                     metrics = run_training(config, str(run_dir), progress=True, label=f"{model}/{workers}/{protocol}")
