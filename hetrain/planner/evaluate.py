@@ -58,6 +58,12 @@ class NetIndex:
                            for j in range(2)]
         self.cons_idx = [np.array([nodes[c[min(j, len(c) - 1)]].index for _, c in tensors], dtype=np.int64)
                          for j in range(2)]
+        # each reader as a layer index (0 where it is a join) and as a join index (0 where it is a layer)
+        self.reader_layer = [np.where(self.cons_layer[j], self.cons_idx[j], 0) for j in range(2)]
+        self.reader_join = [np.where(self.cons_layer[j], 0, self.cons_idx[j]) for j in range(2)]
+        join_src = np.array(self.join_source or [0], dtype=np.int64)
+        self.reader_join_src = [join_src[self.reader_join[j]] for j in range(2)]
+        self.tensor_range = np.arange(self.num_tensors)
 
 
 def net_index(net: Net) -> NetIndex:
@@ -127,49 +133,83 @@ def evaluate(net: Net, shapes: Shapes, lc: LevelCost, asg):
 
     Same terms, same operations, same order of addition as the reference (a fork's two readers
     are handled as ``forward_fanout`` and ``backward_accumulate`` handle a list of two).
+    What depends on the assignment alone (layouts, readers) is kept per assignment
+    (:class:`_Layouts`); a ratio search re-costs the same assignments on other shapes.
     """
     idx = net_index(net)
-    b, di, do = (np.array(v) for v in (shapes.batch, shapes.d_in, shapes.d_out))
+    lay = _layouts(net, idx, asg)
+    b, di, do = shapes.arrays()
     ins, outs, ws = b * di * idx.hw_in, b * do * idx.hw_out, di * do * idx.kernel
-    types = np.array(asg.types, dtype=np.int64)
     rel = np.array(lc.rel)                      # [src, dst, metric]
-    n_intra = np.where(types == 0, ws, np.where(types == 1, outs, np.where(idx.first_mask, 0.0, ins)))
-    terms = np.empty((len(types) + idx.num_tensors, 3))
-    terms[:len(types)] = n_intra[:, None] * np.array(lc.both)[None, :]
-    joins = np.array(asg.joins if asg.joins else [(0, 0)], dtype=np.int64)
-    join_src = np.array(idx.join_source or [0], dtype=np.int64)
-    need_of = np.array(NEED)[types]
-    kind, pidx = idx.prod_kind, idx.prod_idx
-    src = np.where(kind == 0, F, np.where(kind == 1, np.array(OUT)[types[np.where(kind == 1, pidx, 0)]],
-                                          joins[np.where(kind == 2, pidx, 0), 0]))
-    need = np.where(kind == 0, NONE, np.where(kind == 1, src, joins[np.where(kind == 2, pidx, 0), 1]))
-    fl, bl, n = [], [], []
-    for j in range(2):  # each reader: the layout it reads in, the layout of its error, elements
-        is_layer, cidx = idx.cons_layer[j], idx.cons_idx[j]
-        li, ji = np.where(is_layer, cidx, 0), np.where(is_layer, 0, cidx)
-        fl.append(np.where(is_layer, need_of[li], joins[ji, 0]))
-        bl.append(np.where(is_layer, need_of[li], joins[ji, 1]))
-        n.append(np.where(is_layer, ins[li], outs[join_src[ji]])[:, None])
+    n_intra = np.where(lay.type_i, ws, np.where(lay.type_ii, outs, np.where(idx.first_mask, 0.0, ins)))
+    num_layers = len(lay.type_i)
+    terms = np.empty((num_layers + idx.num_tensors, 3))
+    terms[:num_layers] = n_intra[:, None] * np.array(lc.both)[None, :]
+    n = [np.where(idx.cons_layer[j], ins[idx.reader_layer[j]], outs[idx.reader_join_src[j]])[:, None]
+         for j in range(2)]
     two = idx.two[:, None]
+    # every per-element cost the tensors read, in one gather (see _Layouts.gather)
+    src_fl0, src_fl1, src_f, *per_m = rel.reshape(-1, 3)[lay.gather].reshape(12, idx.num_tensors, 3)
     # forward fan-out: one layout (or two equal ones): convert the biggest; two: direct or via a full copy
-    f_same = (~idx.two) | (fl[0] == fl[1])
-    big_f = np.where(f_same[:, None] & idx.two[:, None], np.maximum(n[0], n[1]), n[0])
-    direct = rel[src, fl[0]] * n[0] + rel[src, fl[1]] * n[1]
-    via = rel[src, F] * np.maximum(n[0], n[1])
-    fwd = np.where(f_same[:, None], rel[src, fl[0]] * big_f,
+    big_f = np.where(lay.f_same_two, np.maximum(n[0], n[1]), n[0])
+    direct = src_fl0 * n[0] + src_fl1 * n[1]
+    via = src_f * np.maximum(n[0], n[1])
+    fwd = np.where(lay.f_same, src_fl0 * big_f,
                    np.where((via[:, 0] < direct[:, 0])[:, None], via, direct))
     # backward accumulation: into the best layout m, then to the producer's error layout
-    b_same = (~idx.two) | (bl[0] == bl[1])
     big_b = np.where(two, np.maximum(n[0], n[1]), n[0])
-    first_b = np.where((b_same & idx.two)[:, None], big_b, n[0])
+    first_b = np.where(lay.b_same_two, big_b, n[0])
     totals = []
     for m in range(3):
-        one = rel[m, need] * big_b + rel[bl[0], m] * first_b
-        totals.append(np.where(b_same[:, None], one, one + rel[bl[1], m] * n[1]))
+        m_need, bl0_m, bl1_m = per_m[3 * m:3 * m + 3]
+        one = m_need * big_b + bl0_m * first_b
+        totals.append(np.where(lay.b_same, one, one + bl1_m * n[1]))
     totals = np.stack(totals)                   # [m, tensor, metric]
     best = totals[:, :, 0].argmin(axis=0)
-    bwd = totals[best, np.arange(idx.num_tensors)]
-    bwd[need == NONE] = 0.0
-    terms[len(types):] = fwd + bwd
+    bwd = totals[best, idx.tensor_range]
+    bwd[lay.no_error] = 0.0
+    terms[num_layers:] = fwd + bwd
     total = np.cumsum(terms, axis=0)[-1]  # sequential, like the reference's left fold
     return float(total[0]), float(total[1]), float(total[2])
+
+
+class _Layouts:
+    """What :func:`evaluate` reads of an assignment: layer types, and each tensor's layouts."""
+
+    def __init__(self, idx: NetIndex, asg):
+        types = np.array(asg.types, dtype=np.int64)
+        self.type_i, self.type_ii = types == 0, types == 1
+        joins = np.array(asg.joins if asg.joins else [(0, 0)], dtype=np.int64)
+        need_of = np.array(NEED)[types]
+        kind, pidx = idx.prod_kind, idx.prod_idx
+        self.src = np.where(kind == 0, F, np.where(kind == 1, np.array(OUT)[types[np.where(kind == 1, pidx, 0)]],
+                                                   joins[np.where(kind == 2, pidx, 0), 0]))
+        self.need = np.where(kind == 0, NONE, np.where(kind == 1, self.src, joins[np.where(kind == 2, pidx, 0), 1]))
+        self.no_error = self.need == NONE
+        self.fl, self.bl = [], []
+        for j in range(2):  # each reader: the layout it reads in, the layout of its error
+            is_layer = idx.cons_layer[j]
+            li, ji = idx.reader_layer[j], idx.reader_join[j]
+            self.fl.append(np.where(is_layer, need_of[li], joins[ji, 0]))
+            self.bl.append(np.where(is_layer, need_of[li], joins[ji, 1]))
+        self.f_same = ((~idx.two) | (self.fl[0] == self.fl[1]))[:, None]
+        self.f_same_two = self.f_same & idx.two[:, None]
+        b_same = (~idx.two) | (self.bl[0] == self.bl[1])
+        self.b_same = b_same[:, None]
+        self.b_same_two = (b_same & idx.two)[:, None]
+        # flat indices into rel[src, dst] (4 x 4 layouts) of what evaluate reads, 12 rows of tensors:
+        # rel[src, fl0], rel[src, fl1], rel[src, F], then for m = 0, 1, 2: rel[m, need], rel[bl0, m], rel[bl1, m]
+        rows = [self.src * 4 + self.fl[0], self.src * 4 + self.fl[1], self.src * 4 + F]
+        for m in range(3):
+            rows += [m * 4 + self.need, self.bl[0] * 4 + m, self.bl[1] * 4 + m]
+        self.gather = np.concatenate(rows)
+
+
+def _layouts(net: Net, idx: NetIndex, asg) -> _Layouts:
+    cache = net.__dict__.setdefault("_layouts", {})
+    got = cache.get(asg)
+    if got is None:
+        if len(cache) >= 512:
+            cache.pop(next(iter(cache)))
+        got = cache[asg] = _Layouts(idx, asg)
+    return got

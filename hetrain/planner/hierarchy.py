@@ -141,8 +141,11 @@ class _Planner:
         self.net, self.cfg = net, cfg
         self.allowed = allowed_mask(cfg.allowed(net) if callable(cfg.allowed) else cfg.allowed, len(net.layers))
         self.fixed = fixed_assignment(net, self.allowed)  # fixed-type baselines need no search
+        one_type = bool((self.allowed.sum(axis=1) == 1).all())
+        self.fixed_types = tuple(int(t) for t in self.allowed.argmax(axis=1)) if one_type else None
         self.memo: dict = {}
         self.solved: dict = {}
+        self.templates: dict = {}
         self.tables = TableCache()
 
     def _key(self, p: GroupPlan):
@@ -150,7 +153,7 @@ class _Planner:
         return (max(p.worst.over, 0.0) if (self.cfg.fit_memory and p.worst) else 0.0, p.objective)
 
     def group(self, shapes: Shapes, devs: list[Device], depth: int, lam: float, look: int) -> GroupPlan:
-        key = (tuple(d.kind for d in devs), shapes, depth, lam, look)
+        key = (tuple([d.kind for d in devs]), shapes, depth, lam, look)
         got = self.memo.get(key)
         if got is None:
             got = self.memo[key] = self._leaf(shapes, devs[0], depth) if len(devs) == 1 else \
@@ -198,7 +201,10 @@ class _Planner:
             alpha = 0.5
         else:
             guess = capacity_ratio(sum(d.flops_per_s for d in left), sum(d.flops_per_s for d in right))
-            alpha, trials = balance(lambda a: _gap(attempt(a)), guess)
+            if self.fixed is None and self.fixed_types is not None:
+                guess = self._fixed_types_guess(shapes, left, right, guess)
+            alpha, trials = balance(lambda a: _gap(attempt(a)), guess,
+                                    slope=lambda a, gap: self._slope(shapes, left, right, attempt(a), gap))
             if cfg.fit_memory:
                 alpha = _fit_ratio(alpha, attempt)
                 trials = len(tried)
@@ -219,6 +225,69 @@ class _Planner:
         if lp is best.left and rp is best.right:
             return best
         return self._combine(shapes, devs, depth, alpha, lc, best.assignment, lp, rp, trials, lam)
+
+    def _fixed_types_guess(self, shapes: Shapes, left, right, guess: float, h: float = 1e-4) -> float:
+        """A first ratio for fixed types whose joins the DP chooses (one weird trick): one Newton step
+        on the re-costed gap of those types with every join adding rows (R, R), no DP. It saves the
+        trial at the compute-only guess, most of all when the answer is an end of (0, 1)."""
+        asg = Assignment(self.fixed_types, ((0, 0),) * self.net.num_adds)
+        trees, memo = (self._template(left, asg), self._template(right, asg)), {}
+
+        def gap(a):
+            return (self._replay(trees[0], shapes.split(asg.types, a), left, memo)
+                    - self._replay(trees[1], shapes.split(asg.types, 1.0 - a), right, memo))
+
+        at = gap(guess)
+        step = -h if guess + h > HI else h
+        slope = (gap(guess + step) - at) / step
+        if not slope > 0:
+            return guess
+        return min(max(guess - at / slope, LO), HI)
+
+    def _template(self, devs: list[Device], asg: Assignment) -> GroupPlan:
+        """A plan tree with ``asg`` at every level and compute-only ratios, to re-cost (no DP)."""
+        kinds = tuple([d.kind for d in devs])
+        got = self.templates.get((kinds, asg))
+        if got is None:
+            got = GroupPlan(describe(devs), len(devs), 0.0, 0.0, 0.0, 0.0, 0.0)
+            if len(devs) > 1:
+                half = (len(devs) + 1) // 2
+                left, right = devs[:half], devs[half:]
+                same = [d.kind for d in left] == [d.kind for d in right]
+                got.assignment = asg
+                got.alpha = 0.5 if same or self.cfg.ratio == "equal" else capacity_ratio(
+                    sum(d.flops_per_s for d in left), sum(d.flops_per_s for d in right))
+                got.left, got.right = self._template(left, asg), self._template(right, asg)
+            self.templates[(kinds, asg)] = got
+        return got
+
+    def _slope(self, shapes: Shapes, left, right, tried, gap: float, h: float = 1e-4) -> float:
+        """d gap / d alpha of a tried ratio's plan, every level's types held (re-costed, no DP)."""
+        lc, asg, lp, rp = tried
+        step = -h if gap > 0 else h
+        if not LO <= lc.alpha + step <= HI:
+            step = -step
+        at, memo = lc.alpha + step, {}
+        moved = (self._replay(lp, shapes.split(asg.types, at), left, memo)
+                 - self._replay(rp, shapes.split(asg.types, 1.0 - at), right, memo))
+        return (moved - gap) / step
+
+    def _replay(self, g: GroupPlan, shapes: Shapes, devs: list[Device], memo: dict) -> float:
+        """Step time of ``g``'s partitioning (its types, joins and ratios at every level) on ``shapes``."""
+        if g.assignment is None:
+            return shapes.train_flops(self.net) / devs[0].flops_per_s
+        key = (id(g), shapes)
+        got = memo.get(key)
+        if got is None:
+            half = (len(devs) + 1) // 2
+            left, right = devs[:half], devs[half:]
+            lc = LevelCost(g.alpha, self.cfg.bytes_per_elem, sum(d.link_bytes_per_s for d in left),
+                           sum(d.link_bytes_per_s for d in right), self.cfg.objective)
+            types = g.assignment.types
+            slow = max(self._replay(g.left, shapes.split(types, g.alpha), left, memo),
+                       self._replay(g.right, shapes.split(types, 1.0 - g.alpha), right, memo))
+            got = memo[key] = slow + evaluate(self.net, shapes, lc, g.assignment)[1]
+        return got
 
     def _combine(self, shapes, devs, depth, alpha, lc, asg, lp, rp, trials, lam) -> GroupPlan:
         _, level_s, level_bytes = evaluate(self.net, shapes, lc, asg)

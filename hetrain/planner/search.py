@@ -98,7 +98,7 @@ class Level:
 
     def __init__(self, net: Net, shapes: Shapes, tables: Tables, mask: np.ndarray, extra=None):
         idx = net_index(net)
-        b, di, do = np.array(shapes.batch), np.array(shapes.d_in), np.array(shapes.d_out)
+        b, di, do = shapes.arrays()
         ins, outs, ws = b * di * idx.hw_in, b * do * idx.hw_out, di * do * idx.kernel
         self.tb = tables
         self.intra = tables.intra(ins, outs, ws, idx.first_mask, mask)

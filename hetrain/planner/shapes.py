@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from hetrain.planner.layers import INPUT, Net
 
 
@@ -21,11 +23,29 @@ class Shapes:
     d_in: tuple[float, ...]
     d_out: tuple[float, ...]
 
+    def __hash__(self) -> int:  # a memo key of every plan: hash the 3 x layers floats once
+        try:
+            return self._hash
+        except AttributeError:
+            object.__setattr__(self, "_hash", hash((self.batch, self.d_in, self.d_out)))
+            return self._hash
+
     @classmethod
     def full(cls, net: Net, batch: int) -> Shapes:
         n = len(net.layers)
         return cls((float(batch),) * n, tuple(float(la.d_in) for la in net.layers),
                    tuple(float(la.d_out) for la in net.layers))
+
+    def arrays(self):
+        """``(batch, d_in, d_out)`` as numpy arrays, made once per shapes (read-only)."""
+        try:
+            return self._arrays
+        except AttributeError:
+            arrays = tuple(np.array(v) for v in (self.batch, self.d_in, self.d_out))
+            for a in arrays:
+                a.flags.writeable = False
+            object.__setattr__(self, "_arrays", arrays)
+            return arrays
 
     def sizes(self, net: Net):
         """Element counts (inputs, outputs, weights), one list entry per layer."""
@@ -36,9 +56,9 @@ class Shapes:
 
     def split(self, types, share: float) -> Shapes:
         """The shapes one half sees when layer i of type ``types[i]`` gives it ``share`` of its split dim."""
-        b, di, do = list(self.batch), list(self.d_in), list(self.d_out)
+        b, di, do = dims = list(self.batch), list(self.d_in), list(self.d_out)
         for i, t in enumerate(types):
-            (b, di, do)[t][i] *= share
+            dims[t][i] *= share
         return Shapes(tuple(b), tuple(di), tuple(do))
 
     def train_flops(self, net: Net) -> float:
