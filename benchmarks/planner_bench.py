@@ -2,6 +2,7 @@
 
     python benchmarks/planner_bench.py speed     [--repeats 5]   # planning time vs devices (8..4,096) and layers
     python benchmarks/planner_bench.py command   [--repeats 5]   # whole `hetrain plan` command, every zoo model
+    python benchmarks/planner_bench.py headline  [--repeats 20]  # the goal's case: ResNet-152, 1,024 devices
     python benchmarks/planner_bench.py hypar                      # like for like with HyPar's published figures
     python benchmarks/planner_bench.py search                     # look-ahead vs level by level (AccPar shapes, zoo)
     python benchmarks/planner_bench.py tpu                        # TPU-v3 + TPU-v2, time objective
@@ -95,6 +96,25 @@ def speed(repeats: int) -> None:
                 look = _times(lambda n=net, d=devs, o=opts: plan(n, 512, d, searched(**o, search="lookahead")),
                               max(1, repeats // 2))
                 print(f"| {name} | {len(net.layers)} | {spec} | {_ms(only)} | {_ms(every)} | {_ms(look)} |", flush=True)
+
+
+def headline(repeats: int) -> None:
+    """The issue's goal case: plan and three baselines, ResNet-152, batch 512, tpu-v3:512,tpu-v2:512.
+
+    Run it on two trees in turn (copy this file into the other tree's benchmarks/) to compare them
+    side by side on a shared machine; CPU time is printed too, since waiting for the CPU is not planning.
+    """
+    net, devs = load("resnet-152"), parse_array("tpu-v3:512,tpu-v2:512")
+    compare(net, 512, devs)  # caches of the net (index, layouts) are filled once per process
+    wall, cpu = [], []
+    for _ in range(repeats):
+        w0, c0 = time.perf_counter(), time.process_time()
+        plans = compare(net, 512, devs)
+        wall.append(time.perf_counter() - w0)
+        cpu.append(time.process_time() - c0)
+    trials = ", ".join(f"{name} {p.ratio_trials}" for name, p in plans.items())
+    print(f"| {ROOT.name} | {min(wall) * 1e3:.0f} / {statistics.median(wall) * 1e3:.0f} | "
+          f"{min(cpu) * 1e3:.0f} / {statistics.median(cpu) * 1e3:.0f} | {trials} |", flush=True)
 
 
 def command(repeats: int) -> None:
@@ -243,7 +263,8 @@ def measure(workers: list[int], repeats: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("section", choices=("speed", "command", "hypar", "search", "tpu", "memory", "measure", "all"))
+    parser.add_argument("section", choices=("speed", "command", "headline", "hypar", "search", "tpu", "memory",
+                                            "measure", "all"))
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--workers", type=int, nargs="+", default=[2, 4])
     args = parser.parse_args()
@@ -253,6 +274,8 @@ def main() -> None:
             speed(args.repeats)
         elif s == "command":
             command(args.repeats)
+        elif s == "headline":
+            headline(args.repeats)
         elif s == "measure":
             measure(args.workers, max(1, args.repeats // 2))
         else:
