@@ -65,7 +65,7 @@ def balance(gap: Callable[[float], float], guess: float, tol: float = 1e-4, max_
             lo = (a, fa)
         else:
             hi = (a, fa)
-        if lo and hi and (hi[0] - lo[0] <= tol or len(seen) >= max_trials):
+        if lo and hi and hi[0] - lo[0] <= tol:
             return a, len(seen)
         if len(seen) >= max_trials or (not (lo and hi) and a == (HI if fa < 0 else LO)):
             return a, len(seen)  # out of trials, or slower than the other half even at the end
