@@ -11,6 +11,12 @@ rank 0 receives the others' messages over a dedicated gloo group (one for
 requests, one for answers, so the thread's receive never blocks a send). A
 worker that stops sends ``leave`` and is no longer waited for; when all have
 left, rank 0 broadcasts the global model so every worker ends with it.
+
+Every 100 MB message of a large model (a delta, an answer, a received one) is
+a CPU buffer from a :class:`~hetrain.runtime.buffer_pool.BufferPool` (the
+model's own when it lives on the CPU), not a fresh allocation per step. Rank 0
+holds a round's deltas and answers at once and few between rounds, so its pool
+keeps that many idle buffers instead of one (memory stays what a round needs).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import torch.distributed as dist
 
 from hetrain.errors import UsageError, WorkerError
 from hetrain.protocols.ps_logic import ParameterServerLogic, PSOptions, ServerStep
+from hetrain.runtime.buffer_pool import DEFAULT_CAPACITY, DEFAULT_SPARE, BufferPool
 from hetrain.runtime.consensus import survivor_group, wait_for_death_notice
 from hetrain.runtime.job import DEFAULT_TIMEOUT_S, private_group
 from hetrain.runtime.protocol import SyncProtocol
@@ -39,8 +46,10 @@ _ANSWERS_IN_FLIGHT = 2
 class _Server:
     """Rank 0's server: the global model, the logic's decisions carried out, answers in flight."""
 
-    def __init__(self, model: torch.Tensor, logic: ParameterServerLogic, down, timeout_s: float):
+    def __init__(self, model: torch.Tensor, logic: ParameterServerLogic, down, timeout_s: float,
+                 buffers: BufferPool):
         self.model = model
+        self.buffers = buffers
         self.logic = logic
         self.down = down
         self.timeout_s = timeout_s
@@ -68,7 +77,7 @@ class _Server:
             self._answer(worker)
 
     def _answer(self, worker: int) -> None:
-        reply = self.model.clone()
+        reply = self.buffers.take().copy_(self.model)
         if worker == 0:
             self.local_reply = reply
             self.cond.notify_all()
@@ -122,25 +131,37 @@ class ParameterServer(SyncProtocol):
         else:
             self._up = self._down = None
         self._pulled = flat.detach().cpu().clone()
+        self._buffers = self._message_buffers()
         if job.rank == 0:
             logic = ParameterServerLogic(job.world_size, self.staleness)
-            self._server = _Server(self._pulled.clone(), logic, self._down, job.timeout_s)
+            self._server = _Server(self._pulled.clone(), logic, self._down, job.timeout_s, self._buffers)
             self._thread = threading.Thread(target=self._serve, name="hetrain-ps", daemon=True)
             self._thread.start()
         self.stats.extra.update(ps_mode="sync" if self.staleness == 0 else f"async(staleness={self.staleness})")
         self.restart_clock()
 
+    def _message_buffers(self) -> BufferPool:
+        """The pool of CPU buffers messages use; on the CPU it is the model's own (gathers too)."""
+        state, world = self.state, self.job.world_size
+        # rank 0: a round's deltas and answers (one per worker each) plus its own gather, delta and pull
+        spare, capacity = (2 * world + 3, max(DEFAULT_CAPACITY, 2 * world + 4)) if self.job.rank == 0 else \
+            (DEFAULT_SPARE + 1, DEFAULT_CAPACITY)
+        pool = BufferPool(state.numel, state.dtype, torch.device("cpu"), capacity=capacity, spare=spare)
+        if state.device.type == "cpu":
+            state.pool = pool
+        return pool
+
     # -- worker side ---------------------------------------------------------
     def _sync(self) -> None:
         self._raise_server_error()
-        delta = self.state.gather().cpu() - self._pulled
+        delta = torch.sub(self.state.gather().cpu(), self._pulled, out=self._buffers.take())
         if self.job.rank == 0:
             reply = self._push_local(delta)
         else:
             header = torch.tensor([self.job.rank, _PUSH, self.stats.iterations], dtype=torch.int64)
             self._send(header, _TAG_HEADER)
             self._send(delta, _TAG_DELTA)
-            reply = torch.empty_like(delta)
+            reply = self._buffers.take()
             self._wait(self._down.recv([reply], 0, _TAG_REPLY), f"the server's answer to push {self.stats.iterations}")
         self._pulled = reply
         self.state.scatter(reply.to(self.job.device))
@@ -192,7 +213,7 @@ class ParameterServer(SyncProtocol):
                     remote_left += 1
                     server.leave(worker)
                     continue
-                delta = torch.empty_like(self._pulled)
+                delta = self._buffers.take()
                 self._up.recv([delta], worker, _TAG_DELTA).wait(self.job.timeout)
                 server.push(worker, delta)
             except Exception as exc:

@@ -87,6 +87,10 @@ def test_parameter_server_keeps_a_bounded_number_of_answers_and_flat_memory():
     # synchronous PS: each round adds the workers' mean delta (1.0) to the global model
     assert server["moved"] == pytest.approx(MESSAGES) and worker["moved"] == pytest.approx(MESSAGES)
     assert server["metrics"]["pushes"] == MESSAGES
+    # deltas, answers and received messages come from the model's buffer pool, not fresh every push
+    for side in (server, worker):
+        assert side["metrics"]["flat_buffers_allocated"] <= 8, side["metrics"]
+        assert side["metrics"]["flat_buffers_reused"] >= 2 * MESSAGES, side["metrics"]
 
 
 def _sigkill_rank_1(ctx):
