@@ -36,7 +36,7 @@ from hetrain.planner.evaluate import evaluate
 from hetrain.planner.layers import Net
 from hetrain.planner.memory import NoFit, Worst, fit, need_bytes, penalty, shortfall_message
 from hetrain.planner.ratio import HI, LO, balance, capacity_ratio
-from hetrain.planner.search import Assignment, allowed_mask, fixed_assignment, solve
+from hetrain.planner.search import Assignment, allowed_mask, fixed_assignment, fixed_types, solve
 from hetrain.planner.shapes import Shapes
 from hetrain.planner.tables import TableCache
 
@@ -141,8 +141,7 @@ class _Planner:
         self.net, self.cfg = net, cfg
         self.allowed = allowed_mask(cfg.allowed(net) if callable(cfg.allowed) else cfg.allowed, len(net.layers))
         self.fixed = fixed_assignment(net, self.allowed)  # fixed-type baselines need no search
-        one_type = bool((self.allowed.sum(axis=1) == 1).all())
-        self.fixed_types = tuple(int(t) for t in self.allowed.argmax(axis=1)) if one_type else None
+        self.fixed_types = fixed_types(self.allowed)  # fixed types whose joins are searched: a cheaper first ratio
         self.memo: dict = {}
         self.solved: dict = {}
         self.templates: dict = {}

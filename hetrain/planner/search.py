@@ -75,6 +75,13 @@ def allowed_mask(allowed, n: int) -> np.ndarray:
     return mask
 
 
+def fixed_types(mask: np.ndarray) -> tuple[int, ...] | None:
+    """The types when the mask allows one type per layer (a fixed-type baseline), else None."""
+    if not (mask.sum(axis=1) == 1).all():
+        return None
+    return tuple(int(t) for t in mask.argmax(axis=1))
+
+
 def fixed_assignment(net: Net, mask: np.ndarray) -> Assignment | None:
     """The DP's answer when there is nothing to search, else None.
 
@@ -83,9 +90,9 @@ def fixed_assignment(net: Net, mask: np.ndarray) -> Assignment | None:
     add in R with their error in R, the only choice that moves nothing (any other
     layout makes some half receive part of a tensor), so it is the DP's unique optimum.
     """
-    if not (mask.sum(axis=1) == 1).all():
+    types = fixed_types(mask)
+    if types is None:
         return None
-    types = tuple(int(t) for t in mask.argmax(axis=1))
     if net.num_adds == 0:
         return Assignment(types, ())
     if all(t == 0 for t in types):
