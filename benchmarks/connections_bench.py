@@ -9,7 +9,7 @@ job twice: gloo's default (connect every pair of a group when it is created)
 and ``TORCH_GLOO_LAZY_INIT=1`` (connect a pair on its first message; hetrain's
 default since this measurement). Each
 worker counts its established TCP connections (``/proc``; see
-``hetrain.runtime.meter.tcp_connections``) while training, just before the
+``hetrain.jobs.meter.tcp_connections``) while training, just before the
 final average over the whole job, and after it. Writes OUT/connections.md and
 OUT/connections.json.
 """
@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from hetrain.config import RunConfig
-from hetrain.runtime.run import run_training
+from hetrain.jobs.run import run_training
 
 LAZY_ENV = "TORCH_GLOO_LAZY_INIT"
 

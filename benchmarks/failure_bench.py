@@ -29,7 +29,7 @@ from pathlib import Path
 
 from hetrain.config import RunConfig
 from hetrain.errors import WorkerError
-from hetrain.runtime.run import run_training
+from hetrain.jobs.run import run_training
 
 KILLS = [(60.0, 3), (120.0, 5), (180.0, 6), (240.0, 7)]
 WORKLOADS = {

@@ -29,8 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from hetrain.config import RunConfig  # noqa: E402
+from hetrain.jobs.run import run_training  # noqa: E402
 from hetrain.protocols.group_generator import GG_MODES, PragueOptions  # noqa: E402
-from hetrain.runtime.run import run_training  # noqa: E402
 
 DEFAULT_GROUP_SIZE = PragueOptions().group_size
 

@@ -31,7 +31,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from hetrain.runtime.local_job import run_local
+from hetrain.jobs.local_job import run_local
 from hetrain.runtime.preduce import PReduce
 
 

@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 
 from hetrain.config import RunConfig
+from hetrain.jobs.run import run_training
 from hetrain.metrics import job_series, quarter_rates, rss_median
 from hetrain.registry import PROTOCOL_NAMES
-from hetrain.runtime.run import run_training
 
 MODELS = {
     "mlp": dict(workload="mlp", compute_ms=50.0),

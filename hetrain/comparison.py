@@ -33,7 +33,10 @@ TABLE_COLUMNS = (
 
 def run_comparison(configs: list[RunConfig], out_dir: str, progress: bool = True) -> dict:
     """Validate every config first, then run each in turn; return the summary dict."""
-    from hetrain.runtime.run import check_run_config, run_training
+    from hetrain.jobs.warm_start import start_early
+
+    start_early()  # the warm server imports torch while this process does
+    from hetrain.jobs.run import check_run_config, run_training
 
     for config in configs:
         check_run_config(config)

@@ -26,11 +26,23 @@ SYNTHETIC_FEATURES = 64
 
 @dataclass
 class Dataset:
+    """A workload's tensors. Pickled as numpy arrays: the launcher loads the data once and hands it to its
+    workers, and torch's own pickling of tensors between processes goes through shared memory that
+    the sender must keep alive."""
+
     x_train: torch.Tensor
     y_train: torch.Tensor
     x_test: torch.Tensor
     y_test: torch.Tensor
     image_shape: tuple = (1, 8, 8)
+
+    def __reduce__(self):
+        arrays = tuple(t.numpy() for t in (self.x_train, self.y_train, self.x_test, self.y_test))
+        return _dataset_from_arrays, (arrays, self.image_shape)
+
+
+def _dataset_from_arrays(arrays: tuple, image_shape: tuple) -> Dataset:
+    return Dataset(*(torch.from_numpy(a) for a in arrays), image_shape=image_shape)
 
 
 def load_dataset(workload: str, seed: int = 0) -> Dataset:

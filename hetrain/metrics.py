@@ -187,6 +187,15 @@ def _fmt(value, spec: str = ".3f") -> str:
     return format(value, spec)
 
 
+def format_phases(m: dict) -> str:
+    """Start-up and ending on one line: where the seconds outside the training loop went."""
+    slow = m.get("startup_slowest_worker") or {}
+    parts = ", ".join(f"{k[:-2]} {_fmt(slow.get(k), '.2f')}" for k in ("import_s", "setup_s", "connect_s"))
+    return (f"start-up {_fmt(m['startup_s'], '.2f')} s to every worker's first iteration (last: worker "
+            f"{slow.get('rank', '-')}, {parts} s); finish {_fmt(m.get('finish_s_max_worker'), '.2f')} s;"
+            f" teardown {_fmt(m.get('teardown_s'), '.2f')} s")
+
+
 def format_summary(m: dict) -> str:
     """A one-screen human summary of a metrics record."""
     lines = [
@@ -201,6 +210,8 @@ def format_summary(m: dict) -> str:
         f"  consensus distance {_fmt(m['consensus_distance'], '.3g')}  max iteration gap {m['max_iteration_gap']}"
         f"  updates stale {m.get('updates_stale', 0)} dropped {m.get('updates_dropped', 0)}",
     ]
+    if m.get("startup_s") is not None:
+        lines.append("  " + format_phases(m))
     if m.get("final_loss_avg_model") is not None:
         lines.append(f"  loss: validation (averaged model) {_fmt(m['final_loss_avg_model'], '.4f')}"
                      f"  training (last window) {_fmt(m.get('final_train_loss'), '.4f')}")

@@ -3,7 +3,7 @@ import torch
 import torch.distributed as dist
 
 from hetrain.errors import WorkerError
-from hetrain.runtime.local_job import run_local
+from hetrain.jobs.local_job import run_local
 
 
 def _sum_ranks(ctx):

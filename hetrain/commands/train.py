@@ -27,21 +27,28 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from hetrain.metrics import format_summary
-    from hetrain.runtime.run import run_training, run_training_torchrun, under_torchrun
+    from hetrain.jobs.meter import process_started_at
+    from hetrain.jobs.torchrun_env import under_torchrun
 
     get_spec(args.protocol)  # an unknown protocol fails here, before any work
     warn_unused(protocol_values(args), [args.protocol])
     config = config_from_args(args)
+    if not under_torchrun():
+        from hetrain.jobs.warm_start import start_early
+
+        start_early()  # the warm server imports torch while this process does (2 cores: in parallel)
+    from hetrain.jobs.run import run_training, run_training_torchrun
+    from hetrain.metrics import format_summary
+
     if under_torchrun():
         metrics = run_training_torchrun(config, args.out)
     else:
-        metrics = run_training(config, args.out, progress=not args.no_progress)
+        metrics = run_training(config, args.out, progress=not args.no_progress, launched_at=process_started_at())
     if metrics is not None:
         print(format_summary(metrics))
         print(f"wrote {args.out}/metrics.json")
     if under_torchrun():
-        from hetrain.runtime.local_job import exit_without_teardown
+        from hetrain.jobs.worker_process import exit_without_teardown
 
         exit_without_teardown(0)
     return INTERRUPTED_EXIT_CODE if metrics is not None and metrics.get("interrupted") else 0

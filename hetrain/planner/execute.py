@@ -280,7 +280,7 @@ class _Clock:
 
 def worker(ctx, program: Program, dtype_name: str, steps: int, check: bool, calibrate_s: float = 0.0,
            sync: bool = True) -> dict:
-    """One rank (run by :func:`hetrain.runtime.local_job.run_local`): a warm-up step, ``steps`` timed
+    """One rank (run by :func:`hetrain.jobs.local_job.run_local`): a warm-up step, ``steps`` timed
     steps (each right after ``calibrate_s`` seconds of FLOP/s and bandwidth measurement, when > 0, so
     that a shared machine's drift affects both alike), and the check against the unpartitioned step."""
     import torch

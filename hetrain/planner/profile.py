@@ -86,7 +86,7 @@ def profile_local(workers: int, seconds: float = 2.0, timeout_s: float = 120.0) 
     """Measure ``workers`` local processes; returns the figures and a device-file dict."""
     if not 2 <= workers <= 64:
         raise UsageError(f"--workers must be between 2 and 64, got {workers}")
-    from hetrain.runtime.local_job import run_local
+    from hetrain.jobs import run_local
 
     results = run_local(_worker, workers, (seconds,), backend="gloo", timeout_s=timeout_s, job_timeout_s=timeout_s)
     flops = min(r["flops_per_s"] for r in results)

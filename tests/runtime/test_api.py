@@ -9,8 +9,8 @@ import torch.distributed as dist
 from torch import nn
 
 import hetrain
+from hetrain.jobs.local_job import run_local
 from hetrain.runtime.flat_state import FlatState
-from hetrain.runtime.local_job import run_local
 
 
 def _ring_expected(rank: int, n: int) -> float:

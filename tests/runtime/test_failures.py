@@ -13,7 +13,7 @@ import pytest
 from hetrain.cli import main
 from hetrain.config import RunConfig
 from hetrain.errors import WorkerError
-from hetrain.runtime.run import run_training
+from hetrain.jobs.run import run_training
 
 BASE = dict(num_workers=4, compute_ms=20.0, slowdown="0:2x", time_budget_s=6.0, timeout_s=20.0)
 
@@ -179,7 +179,7 @@ def test_every_workloads_sampler_resumes_where_its_checkpoint_left_it(workload):
 
 def test_resume_after_a_run_that_died_before_its_first_checkpoint_starts_fresh(tmp_path):
     # what a torchrun restart meets when the first attempt died early: a manifest and no worker file
-    from hetrain.runtime import checkpoint
+    from hetrain.jobs import checkpoint
 
     config = RunConfig(protocol="hop", num_workers=3, compute_ms=20, iterations=120,
                        checkpoint_dir=str(tmp_path / "ckpt"), resume=True).validate()

@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from hetrain.config import RunConfig
+from hetrain.jobs.local_job import run_local
 from hetrain.registry import get_spec
-from hetrain.runtime.local_job import run_local
 
 ITERATIONS = [40, 60, 50, 70]
 PROBE = 35  # every worker's model after this many steps (all still training) measures the mixing

@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 
+from hetrain.jobs.emulation import ComputeEmulator
+from hetrain.jobs.meter import WindowMeter, peak_rss_mb, rss_mb, tcp_connections
+from hetrain.jobs.snapshots import MAX_SNAPSHOTS, SnapshotKeeper
 from hetrain.metrics import build_metrics, job_series, quarter_rates, rss_at, rss_median
-from hetrain.runtime.emulation import ComputeEmulator
-from hetrain.runtime.meter import WindowMeter, peak_rss_mb, rss_mb, tcp_connections
-from hetrain.runtime.snapshots import MAX_SNAPSHOTS, SnapshotKeeper
 
 
 def test_window_meter_rates_losses_and_empty_windows():

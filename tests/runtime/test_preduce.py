@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from hetrain.errors import UsageError, WorkerError
+from hetrain.jobs.local_job import run_local
 from hetrain.protocols.exchange_rule import DIRECT_MAX_BYTES
-from hetrain.runtime.local_job import run_local
 from hetrain.runtime.preduce import PReduce
 
 # Rounds of groups issued concurrently: disjoint within a round, overlapping across rounds,

@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from hetrain.errors import WorkerError
+from hetrain.jobs.local_job import run_local
 from hetrain.runtime.allreduce import AllReduce
 from hetrain.runtime.hop import DPSGD, Hop
-from hetrain.runtime.local_job import run_local
 
 
 def _rank_model(rank: int) -> nn.Module:

@@ -15,10 +15,10 @@ import torch
 from torch import nn
 
 from hetrain.errors import WorkerError
+from hetrain.jobs.local_job import run_local
+from hetrain.jobs.meter import rss_mb
 from hetrain.runtime.hop import DPSGD
 from hetrain.runtime.job import JobView
-from hetrain.runtime.local_job import run_local
-from hetrain.runtime.meter import rss_mb
 from hetrain.runtime.parameter_server import ParameterServer
 from hetrain.runtime.peer_channels import STOP, UPDATE, PeerChannels
 from hetrain.runtime.send_window import DEFAULT_MAX_IN_FLIGHT
@@ -174,14 +174,20 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _descendants(pid: int) -> list[int]:
+    kids = _children(pid)
+    return kids + [d for kid in kids for d in _descendants(kid)]
+
+
 def _workers_of(pid: int) -> list[int]:
-    return [p for p in _children(pid) if "resource_tracker" not in _cmdline(p)]
+    """The launcher's workers: forked by its warm server, each named ``hetrain-wR`` (ps, top)."""
+    return [p for p in _descendants(pid) if _comm(p).startswith("hetrain-w")]
 
 
-def _cmdline(pid: int) -> str:
+def _comm(pid: int) -> str:
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            return handle.read().replace(b"\0", b" ").decode()
+        with open(f"/proc/{pid}/comm") as handle:
+            return handle.read().strip()
     except OSError:
         return ""
 
@@ -193,14 +199,16 @@ def test_killing_the_launcher_leaves_no_worker_behind(tmp_path):
         job.wait_until_training()
         workers = _workers_of(job.pid)
         assert len(workers) == 3
+        helpers = [p for p in _descendants(job.pid) if p not in workers]  # the warm server, the resource tracker
         os.kill(job.pid, signal.SIGKILL)
         job.finish(timeout_s=10)
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(_alive(p) for p in workers):
+        while time.monotonic() < deadline and any(_alive(p) for p in workers + helpers):
             time.sleep(0.2)
         assert not [p for p in workers if _alive(p)], "workers outlived their killed launcher"
+        assert not [p for p in helpers if _alive(p)], "the launcher's helper processes outlived it"
     finally:
-        for pid in _children(job.pid):
+        for pid in _descendants(job.pid):
             os.kill(pid, signal.SIGKILL)
 
 

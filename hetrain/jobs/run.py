@@ -7,12 +7,15 @@ and writes ``OUT/metrics.json`` (atomically) plus ``OUT/summary.txt``. A job
 stopped by Ctrl-C still writes what it has (``"interrupted": true``); a failed
 job writes every worker's traceback to ``OUT/errors.log``.
 Under torchrun, ``run_training_torchrun`` does the same from inside the job.
+The record times the job's start and end (``startup_s``, ``teardown_s`` and each
+worker's phases: :mod:`hetrain.jobs.phases`).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 import warnings
 
 import numpy as np
@@ -20,15 +23,19 @@ import torch
 from tqdm import tqdm
 
 from hetrain.config import RunConfig
-from hetrain.data import build_model, evaluate, load_dataset
+from hetrain.data import Dataset, build_model, evaluate, load_dataset
+from hetrain.jobs import checkpoint
+from hetrain.jobs.local_job import run_local
+from hetrain.jobs.meter import process_started_at
+from hetrain.jobs.phases import job_phases
+from hetrain.jobs.process_guard import die_with_parent
+from hetrain.jobs.torchrun_env import under_torchrun  # noqa: F401  (re-exported: hetrain.jobs.run.under_torchrun)
+from hetrain.jobs.train_worker import train_worker
+from hetrain.jobs.warm_start import start_early
 from hetrain.metrics import build_metrics, format_summary
 from hetrain.outputs import prepare_out_dir, write_json_atomic, write_text_atomic
 from hetrain.protocols.options import OptionError
-from hetrain.runtime import checkpoint
 from hetrain.runtime.flat_state import FlatState
-from hetrain.runtime.local_job import run_local
-from hetrain.runtime.process_guard import die_with_parent
-from hetrain.runtime.train_worker import train_worker
 from hetrain.slowdown import parse_slowdown
 
 
@@ -41,18 +48,22 @@ def check_run_config(config: RunConfig) -> RunConfig:
     return config
 
 
-def under_torchrun() -> bool:
-    return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
+def run_training(config: RunConfig, out_dir: str | None, progress: bool = True, label: str | None = None,
+                 launched_at: float | None = None) -> dict:
+    """Start the local job, then evaluate and record it; returns the metrics record.
 
-
-def run_training(config: RunConfig, out_dir: str | None, progress: bool = True, label: str | None = None) -> dict:
-    """Spawn the local job, then evaluate and record it; returns the metrics record."""
+    ``launched_at``: the ``time.time()`` the job counts its start-up from (default: now; ``hetrain
+    train`` passes its own process's start, so ``startup_s`` covers the whole command).
+    """
+    launched_at = time.time() if launched_at is None else launched_at
     check_run_config(config)
+    start_early()  # the warm server imports while this process loads the data and sets up
     if config.checkpoint_dir:  # checked before anything is written
         config = config.replace(resume=checkpoint.prepare(config.checkpoint_dir, config, config.resume))
     out = prepare_out_dir(out_dir) if out_dir else None
     if config.checkpoint_dir:
         checkpoint.start(config.checkpoint_dir, config, config.resume)
+    data = load_dataset(config.workload, config.seed)  # once, here: no worker imports scikit-learn
     bar = _ProgressBar(config, label or config.protocol, enabled=progress)
     gg = _launcher_gg(config)  # served here, so no worker's death takes it down
     services = {"gg_address": (f"{gg.host}:{gg.port}", gg.secret)} if gg is not None else {}
@@ -69,7 +80,7 @@ def run_training(config: RunConfig, out_dir: str | None, progress: bool = True, 
 
     try:
         results = run_local(
-            train_worker, config.num_workers, (config, services),
+            train_worker, config.num_workers, (config, services, data),
             backend="nccl" if config.device == "cuda" else "gloo",
             timeout_s=config.timeout_s, job_timeout_s=_job_timeout_s(config), on_message=bar.update,
             log_path=out / "errors.log" if out is not None else None,
@@ -80,7 +91,8 @@ def run_training(config: RunConfig, out_dir: str | None, progress: bool = True, 
         if gg is not None:
             gg.close()
     return finalize_run(config, results, out, interrupted=results.interrupted, deaths=results.deaths,
-                        joins=results.joins, gg_stats=gg.scheduler.stats() if gg is not None else None)
+                        joins=results.joins, gg_stats=gg.scheduler.stats() if gg is not None else None,
+                        data=data, launched_at=launched_at, results_at=results.finished_at)
 
 
 def _launcher_gg(config: RunConfig):
@@ -103,12 +115,14 @@ def run_training_torchrun(config: RunConfig, out_dir: str | None) -> dict | None
     """Run as one rank of a torchrun job; rank 0 gathers, evaluates and writes the record."""
     import torch.distributed as dist
 
-    from hetrain.runtime.context import WorkerContext
+    from hetrain.jobs.context import WorkerContext
     from hetrain.runtime.job import init
 
     die_with_parent(os.getppid())  # torchrun's agent: no orphan if it is killed
+    launched_at, connecting = process_started_at(), time.time()
     device = init("nccl" if config.device == "cuda" else "gloo", timeout_s=config.timeout_s)
-    ctx = WorkerContext(dist.get_rank(), dist.get_world_size(), device, config.timeout_s)
+    phases = {"launched_at": launched_at, "import_s": connecting - launched_at, "connect_s": time.time() - connecting}
+    ctx = WorkerContext(dist.get_rank(), dist.get_world_size(), device, config.timeout_s, phases=phases)
     config = config.replace(num_workers=ctx.world_size)
     if config.resolved_on_failure() != "abort":
         # no launcher of ours watches the ranks: torchrun restarts the job (--max-restarts) from checkpoints
@@ -130,21 +144,29 @@ def run_training_torchrun(config: RunConfig, out_dir: str | None) -> dict | None
     result = train_worker(ctx, config, {})
     gathered = [None] * ctx.world_size if ctx.rank == 0 else None
     dist.gather_object(result, gathered, dst=0)
+    results_at = time.time()
     dist.barrier()
     if ctx.rank != 0:
         return None
-    return finalize_run(config, gathered, out)
+    return finalize_run(config, gathered, out, launched_at=min(r["worker"]["launched_at"] for r in gathered),
+                        results_at=results_at)
 
 
 def finalize_run(config: RunConfig, results: list[dict | None], out, interrupted: bool = False,
                  deaths: list[dict] | None = None, joins: list[dict] | None = None,
-                 gg_stats: dict | None = None) -> dict:
-    """Build, write and return the run's record. ``results`` has None for workers that died."""
+                 gg_stats: dict | None = None, data: Dataset | None = None, launched_at: float | None = None,
+                 results_at: float | None = None) -> dict:
+    """Build, write and return the run's record. ``results`` has None for workers that died.
+
+    ``data``: the workload's data if the caller has it loaded; ``launched_at``: when the job started
+    (``time.time()``), for ``startup_s``; ``results_at``: when the last result came in, for ``teardown_s``.
+    """
     deaths = deaths or []
     survivors = [r for r in results if r is not None]
     workers = [r["worker"] for r in survivors]
     wall_s = max(w["loop_s"] for w in workers)
-    curve = evaluation_curve(config, [r["snapshots"] for r in survivors])
+    timing = job_phases(workers, launched_at)
+    curve = evaluation_curve(config, [r["snapshots"] for r in survivors], data)
     lost = _lost_workers(config, workers, deaths, wall_s)
     metrics = build_metrics(
         protocol=config.protocol,
@@ -164,10 +186,11 @@ def finalize_run(config: RunConfig, results: list[dict | None], out, interrupted
         extra={"interrupted": interrupted, "resumed": config.resume, "on_failure": config.resolved_on_failure(),
                "workers_lost": len(deaths), "workers_joined": len(joins or []), "deaths": deaths,
                "joins": joins or [], "num_workers": config.num_workers, **(gg_stats or {}),
-               "config": dict(vars(config))},
+               **timing, "config": dict(vars(config))},
     )
     # iterations that count: a dead worker's last gradient may never have left it
     metrics["goodput_samples_per_s"] = max(0, metrics["total_iterations"] - len(deaths)) * config.batch_size / wall_s
+    metrics["teardown_s"] = time.time() - results_at if results_at is not None else None
     if out is not None:
         write_json_atomic(out / "metrics.json", metrics)
         write_text_atomic(out / "summary.txt", format_summary(metrics) + "\n")
@@ -187,15 +210,15 @@ def _lost_workers(config: RunConfig, survivors: list[dict], deaths: list[dict], 
             for d in deaths]
 
 
-def evaluation_curve(config: RunConfig, snapshots_by_worker: list[list]) -> list[dict]:
+def evaluation_curve(config: RunConfig, snapshots_by_worker: list[list], data: Dataset | None = None) -> list[dict]:
     """Accuracy and loss of the average of the workers' models at each snapshot time.
 
     Snapshots are ``(due_s, t_s, iteration, flat)``; at each due time every worker
-    contributes its latest snapshot due at or before it.
+    contributes its latest snapshot due at or before it. ``data``: the workload's data (None: load it).
     """
     if not all(snapshots_by_worker):
         return []
-    data = load_dataset(config.workload, config.seed)
+    data = data if data is not None else load_dataset(config.workload, config.seed)
     model = build_model(config.workload, config.model_params, config.seed)
     state = FlatState(model)
     due_times = sorted({snap[0] for snaps in snapshots_by_worker for snap in snaps})

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import resource
 import sys
+import time
 
 DEFAULT_WINDOW_S = 5.0
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -24,6 +25,18 @@ def rss_mb() -> float:
             return int(handle.read().split()[1]) * _PAGE_BYTES / 2**20
     except OSError:
         return peak_rss_mb()
+
+
+def process_started_at() -> float:
+    """When this process started, as ``time.time()`` (Linux: from /proc, to the clock tick; else: now)."""
+    try:
+        with open("/proc/self/stat") as handle:
+            start_ticks = int(handle.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as handle:
+            uptime_s = float(handle.read().split()[0])
+        return time.time() - (uptime_s - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.time()
 
 
 def peak_rss_mb() -> float:

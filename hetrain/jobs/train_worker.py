@@ -2,7 +2,7 @@
 
 take a batch -> (emulated) compute -> optimizer step -> protocol.step(), until
 the iteration or time budget is spent (or the launcher asks to stop); then
-protocol.finish(). Emulation (:mod:`hetrain.runtime.emulation`): with
+protocol.finish(). Emulation (:mod:`hetrain.jobs.emulation`): with
 ``compute_ms`` T, a worker of slowdown factor f sleeps so that each iteration's
 compute lasts T*f ms (the model math still runs); without it, it sleeps
 (f - 1) times its measured math time. The sleep comes before the math, so it
@@ -18,16 +18,17 @@ import torch.distributed as dist
 from torch import nn
 
 from hetrain.config import RunConfig
-from hetrain.data import build_model, evaluate, load_dataset, loss_fn, make_optimizer, make_sampler
+from hetrain.data import Dataset, build_model, evaluate, load_dataset, loss_fn, make_optimizer, make_sampler
+from hetrain.jobs import checkpoint
+from hetrain.jobs.context import WorkerContext
+from hetrain.jobs.emulation import ComputeEmulator
+from hetrain.jobs.meter import WindowMeter, peak_rss_mb, tcp_connections
+from hetrain.jobs.phases import PhaseClock
+from hetrain.jobs.snapshots import SnapshotKeeper
 from hetrain.registry import get_spec
-from hetrain.runtime import checkpoint
-from hetrain.runtime.context import WorkerContext
-from hetrain.runtime.emulation import ComputeEmulator
-from hetrain.runtime.meter import WindowMeter, peak_rss_mb, tcp_connections
-from hetrain.runtime.snapshots import SnapshotKeeper
 from hetrain.slowdown import parse_slowdown
 
-CALIBRATION_ITERATIONS = 5
+CALIBRATION_ITERATIONS = 3  # measured, after one warm-up: start-up costs at most 4 iterations' math
 PROGRESS_INTERVAL_S = 0.25
 
 
@@ -44,12 +45,16 @@ def measure_math_s(model: nn.Module, sampler, iterations: int = CALIBRATION_ITER
     return times[len(times) // 2]
 
 
-def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = None) -> dict:
+def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = None,
+                 data: Dataset | None = None) -> dict:
     """Run one worker; return its counters, snapshots and final accuracies (picklable).
 
-    ``services``: what the launcher serves the job (``gg_address``: its Group Generator).
+    ``services``: what the launcher serves the job (``gg_address``: its Group Generator);
+    ``data``: the workload's data, loaded once by the launcher (None: load it here, as under torchrun).
+    The result's ``phases`` time this worker's start and end (:class:`hetrain.jobs.phases.PhaseClock`).
     """
-    data = load_dataset(config.workload, config.seed)
+    clock = PhaseClock(ctx.phases)
+    data = data if data is not None else load_dataset(config.workload, config.seed)
     model = build_model(config.workload, config.model_params, config.seed).to(ctx.device)
     sampler = make_sampler(config.workload, data, ctx.rank, ctx.world_size, config.batch_size, config.seed)
     slowdown = parse_slowdown(config.slowdown, config.seed).check_workers(ctx.world_size)
@@ -63,12 +68,14 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
     # optimizer.step() never includes the protocol's waiting
     on_failure = config.resolved_on_failure() if ctx.continue_on_death else "abort"
     joining = ctx.incarnation > 0  # a replacement: the protocol hands it the model of the running job
+    clock.lap("setup_s")
     protocol = get_spec(config.protocol).build(
         model, None, config.protocol_options(), seed=config.seed, timeout_s=config.timeout_s,
         on_failure=on_failure, dead_workers=ctx.dead_workers if on_failure != "abort" else None,
         **(services or {}))
     if joining:
         protocol.inherit_iteration(ctx.start_iteration)
+    clock.lap("connect_s")
     if config.resume and not joining:
         _restore(checkpoint.load_worker(config.checkpoint_dir, ctx.rank), model, optimizer, sampler, protocol)
     checkpoints = checkpoint.CheckpointTimer(config.checkpoint_every_s) if config.checkpoint_dir else None
@@ -78,8 +85,10 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
     emulator = ComputeEmulator(math_s)
     stop_requested = ctx.stop_requested or (lambda: False)
 
+    clock.lap("setup_s")
     if not joining:  # the others are training already
         dist.barrier()
+    clock.lap("connect_s")
     protocol.restart_clock()
     t0 = time.perf_counter() - ctx.clock_offset_s  # the job's training clock
     last_report = 0.0
@@ -111,9 +120,12 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
         emulator.note_overhead(math_began - began + time.perf_counter() - stepped)
         emulator.end_iteration()
         computed += 1
+        if computed == 1:
+            clock.mark("first_iteration_at")
         protocol.step()
         meter.record(time.perf_counter() - t0, len(x), float(loss.detach()))
     loop_s = time.perf_counter() - t0
+    clock.lap(None)
     x_test, y_test = data.x_test.to(ctx.device), data.y_test.to(ctx.device)
     local_accuracy, local_loss = evaluate(model, x_test, y_test)
     snapshots.take_final(loop_s, protocol.stats.iteration, state.gather)
@@ -133,8 +145,10 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
                   throughput_series=meter.finish(loop_s), checkpoints_saved=checkpoints.saved if checkpoints else 0,
                   incarnation=ctx.incarnation, started_t_s=ctx.clock_offset_s)
     # numpy, not tensors: tensors sent through a multiprocessing queue need the sender alive
-    return {"worker": worker,
-            "snapshots": [(due, t, it, flat.cpu().numpy()) for due, t, it, flat in snapshots.snapshots]}
+    kept = [(due, t, it, flat.cpu().numpy()) for due, t, it, flat in snapshots.snapshots]
+    clock.lap("finish_s")
+    worker.update(clock.phases)
+    return {"worker": worker, "snapshots": kept}
 
 
 def _save(config: RunConfig, rank: int, model, optimizer, sampler, protocol) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -15,7 +15,7 @@ from hetrain.runtime.job import DEFAULT_TIMEOUT_S
 
 @dataclass
 class WorkerContext:
-    """One local worker's view of :func:`hetrain.runtime.local_job.run_local`'s job.
+    """One local worker's view of :func:`hetrain.jobs.local_job.run_local`'s job.
 
     The default process group is initialised before ``fn(ctx, ...)`` runs, so
     protocols built inside take ``process_group=None``. ``report(message)``
@@ -28,6 +28,9 @@ class WorkerContext:
     (0: an original worker; more: a replacement, which joins a running job);
     ``clock_offset_s`` is the job's training time when this process started,
     ``start_iteration`` its predecessor's last reported iteration.
+    ``phases``: start-up timing the launcher measured for this process (``launched_at``: the
+    launcher's ``time.time()`` at its start; ``import_s`` until the worker's code ran;
+    ``connect_s`` so far: the default process group); the training app adds its own.
     """
 
     rank: int
@@ -42,6 +45,7 @@ class WorkerContext:
     incarnation: int = 0
     clock_offset_s: float = 0.0
     start_iteration: int = 0  # a replacement: its predecessor's last reported iteration
+    phases: dict = field(default_factory=dict)
 
     @property
     def timeout(self) -> datetime.timedelta:

@@ -1,0 +1,82 @@
+"""What a local job knows of its deaths and replacements (``continue`` and ``respawn``): records only.
+
+A death's record holds the rank and incarnation that died, how (``describe_exit``),
+the training time and iteration of its last report, and ``recovery_s``: seconds
+until every survivor has computed again (from their progress reports). A
+replacement's record runs from its start until it announces it joined.
+"""
+
+from __future__ import annotations
+
+import time
+
+
+class DeathRecords:
+    def __init__(self):
+        self.records: list[dict] = []  # in order; keys starting with "_" are the launcher's own
+
+    def known(self, rank: int, incarnation: int) -> bool:
+        """Whether the death of ``rank``'s process ``incarnation`` is already recorded."""
+        return any(d["rank"] == rank and d["incarnation"] == incarnation for d in self.records)
+
+    def not_admitted(self, rank: int, incarnation: int) -> None:
+        """A replacement stopped because the job was ending: not a death anyone must recover from."""
+        self.records.append({"rank": rank, "incarnation": incarnation, "_not_admitted": True})
+
+    def died(self, rank: int, incarnation: int, how: str, started_t_s: float, last_report: dict,
+             training_time_s: float, survivors_computed: dict[int, int]) -> None:
+        self.records.append({"rank": rank, "incarnation": incarnation, "how": how, "started_t_s": started_t_s,
+                             "iteration": last_report.get("iteration", 0), "t_s": training_time_s,
+                             "wall_s": time.monotonic(), "computed": last_report.get("computed", 0),
+                             "recovery_s": None, "_awaiting": dict(survivors_computed)})
+
+    def last_iteration(self, rank: int) -> int:
+        return max((d.get("iteration", 0) for d in self.records if d["rank"] == rank), default=0)
+
+    def note_recoveries(self, progress: dict[int, dict], is_dead) -> None:
+        """A death's recovery ends when every survivor has computed again (or died, or finished)."""
+        for event in self.records:
+            awaiting = event.get("_awaiting")
+            if not awaiting:
+                continue
+            for rank in list(awaiting):
+                report = progress.get(rank, {})
+                if is_dead(rank) or report.get("done") or report.get("computed", 0) > awaiting[rank]:
+                    del awaiting[rank]
+            if not awaiting:
+                event["recovery_s"] = time.monotonic() - event["wall_s"]
+                event.pop("_awaiting")
+
+    def last_cause(self) -> dict:
+        return [d for d in self.records if "how" in d][-1]
+
+    def public(self) -> list[dict]:
+        """The deaths as the run's record lists them (stopped replacements left out)."""
+        return [{k: v for k, v in d.items() if not k.startswith("_")} for d in self.records
+                if not d.get("_not_admitted")]
+
+
+class Replacements:
+    """Replacements started and not yet joined, and those that joined (``respawn``)."""
+
+    def __init__(self):
+        self.joining: dict[int, dict] = {}  # rank -> its replacement's record until it joins
+        self.joined: list[dict] = []
+        self.stopped_pids: set[int] = set()  # replacements killed because the job was ending
+
+    def started(self, rank: int, incarnation: int, t_s: float) -> None:
+        self.joining[rank] = {"rank": rank, "incarnation": incarnation, "started_t_s": t_s,
+                              "_started": time.monotonic()}
+
+    def forget(self, rank: int) -> None:
+        self.joining.pop(rank, None)
+
+    def join(self, rank: int, incarnation: int, training_time_s: float) -> bool:
+        """Record that ``rank``'s replacement ``incarnation`` joined; False if it is not the one we wait for."""
+        record = self.joining.get(rank)
+        if record is None or record["incarnation"] != incarnation:
+            return False
+        del self.joining[rank]
+        record.update(joined_t_s=training_time_s, join_s=time.monotonic() - record.pop("_started"))
+        self.joined.append(record)
+        return True

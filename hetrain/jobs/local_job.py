@@ -1,0 +1,304 @@
+"""Run a function on N local worker processes that form one torch.distributed job.
+
+Used by ``hetrain train``, the planner's ``--measure``/``profile`` and the
+tests. Workers are forked from a warm server that has imported torch and
+hetrain once (:mod:`hetrain.jobs.warm_start`), so a worker starts in tens of
+milliseconds, not seconds. Rendezvous goes through a ``FileStore`` in a fresh
+temporary directory (no ports to pick). The launcher watches the workers:
+
+- the first failure (an error a worker reports, or a worker that dies) kills
+  every rank and raises :class:`WorkerError` with one line naming the worker
+  that failed first and how (:mod:`hetrain.jobs.failure_report`); every
+  worker's full traceback goes to ``log_path`` when one is given;
+- workers die with the launcher (:mod:`hetrain.jobs.process_guard`), so a
+  killed launcher leaves no orphans;
+- Ctrl-C (SIGINT) asks the workers to stop at their next iteration
+  (``ctx.stop_requested()``) and returns what they have, marked
+  ``interrupted``; a second Ctrl-C kills them (:mod:`hetrain.jobs.interrupts`);
+- with ``on_failure="continue"`` a worker that *dies* (exits without a
+  result) does not end the job: the launcher records the death
+  (:mod:`hetrain.jobs.deaths`), publishes it to the survivors through shared
+  memory (``ctx.dead_workers()``; protocols repair around it) and waits for
+  the others. A worker that *reports an error* still fails the job. ``kills``
+  injects deaths for real (:mod:`hetrain.jobs.fault_injection`: SIGKILL at a
+  given training time, from the workers' progress reports);
+- with ``on_failure="respawn"`` a death is handled as with ``continue`` and a
+  replacement process starts for the same rank, one *incarnation* later. It
+  builds its protocol, which announces ``{"joined": incarnation}``; only then
+  does the launcher mark the rank alive again (``ctx.membership``), so the
+  survivors connect to it and hand it the model (docs/decisions.md,
+  "Respawn"). No replacement starts once a worker has finished or Ctrl-C
+  was pressed: the job is ending.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+from hetrain.errors import WorkerError
+from hetrain.jobs.deaths import DeathRecords, Replacements
+from hetrain.jobs.failure_report import failure_error, write_log
+from hetrain.jobs.fault_injection import KillSchedule
+from hetrain.jobs.interrupts import CtrlC
+from hetrain.jobs.process_guard import describe_exit
+from hetrain.jobs.worker_process import WorkerSpec
+from hetrain.jobs.workers import WorkerProcesses
+
+_POLL_S = 0.05
+_FAILURE_GRACE_S = 1.5  # after a first failure: time to hear from the rest (who died, who merely lost a peer)
+ON_FAILURE_MODES = ("abort", "continue", "respawn")
+
+
+class JobResults(list):
+    """Results by rank (None for a worker that died); ``interrupted`` when Ctrl-C stopped the job early;
+    ``joins``: each replacement that joined (rank, incarnation, training time);
+    ``deaths``: one dict per worker lost (rank, how, training time, recovery time of the survivors);
+    ``last_progress``: each worker's last progress report; ``finished_at``: the ``time.time()`` at which
+    the last result came in."""
+
+    interrupted: bool = False
+    finished_at: float | None = None
+    deaths: list = []
+    joins: list = []
+    last_progress: dict = {}
+
+
+def run_local(
+    fn: Callable[..., Any],
+    num_workers: int,
+    args: tuple = (),
+    *,
+    backend: str = "gloo",
+    timeout_s: float = 60.0,
+    job_timeout_s: float | None = None,
+    on_message: Callable[[int, Any], None] | None = None,
+    log_path: str | os.PathLike | None = None,
+    on_failure: str = "abort",
+    kills: list[tuple[float, int]] | None = None,
+    on_death: Callable[[int], None] | None = None,
+    on_join: Callable[[int, int], None] | None = None,
+) -> JobResults:
+    """Run ``fn(ctx, *args)`` on ``num_workers`` processes; return their results by rank.
+
+    ``ctx`` is a :class:`hetrain.jobs.context.WorkerContext` with a
+    ``report(message)`` method that sends a picklable message to the parent,
+    where ``on_message(rank, message)`` receives it (e.g. for a progress bar),
+    and ``stop_requested()``, which turns True after Ctrl-C.
+    ``timeout_s`` bounds each blocking wait inside the job; ``job_timeout_s``
+    bounds the whole job (default: no bound beyond the per-wait timeouts).
+    ``log_path``: where a failed job writes every worker's full traceback.
+    ``on_failure``: ``abort`` (a death fails the job), ``continue`` or ``respawn`` (see the
+    module docstring); ``kills``: ``(training_time_s, rank)`` pairs to SIGKILL; ``on_death(rank)``
+    runs in the launcher when a worker is found dead (e.g. to tell a Group Generator),
+    ``on_join(rank, incarnation)`` when its replacement has joined.
+    """
+    if on_failure not in ON_FAILURE_MODES:
+        raise ValueError(f"on_failure must be abort, continue or respawn, got {on_failure!r}")
+    return LocalJob(fn, args, num_workers, backend=backend, timeout_s=timeout_s, job_timeout_s=job_timeout_s,
+                    on_failure=on_failure, log_path=log_path, kills=kills or [], on_message=on_message,
+                    on_death=on_death, on_join=on_join).run()
+
+
+class LocalJob:
+    """The launcher's watch loop over one job's workers: results, progress, deaths, joins and the end."""
+
+    def __init__(self, fn, args: tuple, num_workers: int, *, backend: str, timeout_s: float,
+                 job_timeout_s: float | None, on_failure: str, log_path, kills: list[tuple[float, int]],
+                 on_message, on_death, on_join):
+        self.n = num_workers
+        self.on_failure = on_failure
+        self.continue_on_death = on_failure != "abort"
+        self.timeout_s = timeout_s
+        self.job_timeout_s = job_timeout_s
+        self.log_path = log_path
+        self.kills = KillSchedule(kills)
+        self.on_message, self.on_death, self.on_join = on_message, on_death, on_join
+        self.tmp = tempfile.mkdtemp(prefix="hetrain-job-")
+        self.workers = WorkerProcesses(WorkerSpec(
+            fn=fn, args=args, rank=0, world_size=num_workers, store_path=os.path.join(self.tmp, "store"),
+            backend=backend, timeout_s=timeout_s, on_failure=on_failure, launcher_pid=os.getpid(),
+            launched_at=0.0))
+        self.channels = self.workers.channels
+        self.done: dict[int, Any] = {}
+        self.failures: dict[int, tuple[str, str, str | None]] = {}  # rank -> (kind, summary, detail)
+        self.deaths = DeathRecords()
+        self.replacements = Replacements()
+        self.gone: set[int] = set()  # ranks dead for good (no replacement)
+        self.started_t_s: dict[int, float] = {}  # rank -> training time its current process started
+        self.progress: dict[int, dict] = {}  # rank -> its last progress report (with "at": launcher clock)
+        self.interrupt = CtrlC(self.channels.stop, grace_s=timeout_s)
+        self.finished_at: float | None = None
+
+    # -- the watch loop ------------------------------------------------------------
+    def run(self) -> JobResults:
+        deadline = None if self.job_timeout_s is None else time.monotonic() + self.job_timeout_s
+        try:
+            with self.interrupt:
+                for rank in range(self.n):
+                    self.workers.start(rank)
+                while len(self.done) + len(self.gone) < self.n:
+                    self._watch_once()
+                    now = time.monotonic()
+                    if deadline is not None and now > deadline:
+                        raise WorkerError(f"job did not finish within {self.job_timeout_s:.0f} s; still running: "
+                                          f"workers {self._missing()}")
+                    if self.interrupt.overdue(now):
+                        raise WorkerError(f"interrupted: workers {self._missing()} did not stop within "
+                                          f"{self.timeout_s:.0f} s of Ctrl-C")
+                self.finished_at = time.time()
+                self._drain_messages()
+                self.workers.join(self.timeout_s)
+            if len(self.gone) == self.n:
+                last = self.deaths.last_cause()
+                raise WorkerError(f"every worker died; the last, worker {last['rank']}, {last['how']}")
+            return self._results()
+        finally:
+            self.workers.kill_all()
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def _watch_once(self) -> None:
+        self._drain_messages()
+        self._collect(_POLL_S)
+        self._inject_kills()
+        dead = [r for r in self._dead_without_result()
+                if not self.deaths.known(r, self.channels.incarnations[r])]
+        if self.continue_on_death and dead and not self.failures:
+            for rank in dead:
+                self._record_death(rank)
+            self._note_recoveries()
+        elif self.failures or dead:
+            self._fail()
+
+    def _results(self) -> JobResults:
+        results = JobResults(self.done.get(rank) for rank in range(self.n))
+        results.interrupted = self.interrupt.count > 0
+        results.deaths = self.deaths.public()
+        results.joins = list(self.replacements.joined)
+        results.last_progress = dict(self.progress)
+        results.finished_at = self.finished_at
+        return results
+
+    def _collect(self, wait_s: float) -> None:
+        try:
+            rank, kind, value, detail = self.channels.results.get(timeout=wait_s)
+        except queue.Empty:
+            return
+        if kind == "ok":
+            self.done[rank] = value
+        else:
+            self.failures.setdefault(rank, (kind, value, detail))
+
+    def _drain_messages(self) -> None:
+        while True:
+            try:
+                rank, message = self.channels.messages.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(message, dict) and "joined" in message:
+                self._joined(rank, message["joined"])
+                continue
+            if isinstance(message, dict) and "finishing" in message:
+                self._close_membership()
+                continue
+            if isinstance(message, dict):
+                self.progress[rank] = dict(message, at=time.monotonic())
+                self._note_recoveries()
+            if self.on_message is not None:
+                self.on_message(rank, message)
+
+    # -- deaths (continue and respawn), replacements and injected kills -----------------------------
+    def _training_time_s(self) -> float:
+        return max((p.get("t_s", 0.0) for p in self.progress.values()), default=0.0)
+
+    def _inject_kills(self) -> None:
+        if not self.progress:
+            return
+        for rank in self.kills.due(self._training_time_s()):
+            if rank not in self.done and self.workers.alive(rank):
+                self.kills.killed_pids.add(self.workers.pid(rank))
+                self.workers.kill(rank)
+
+    def _record_death(self, rank: int) -> None:
+        dead_flags, incarnation = self.channels.dead, self.channels.incarnations[rank]
+        self.replacements.forget(rank)  # a replacement that died before joining
+        if self.workers.pid(rank) in self.replacements.stopped_pids:
+            self.gone.add(rank)
+            self.deaths.not_admitted(rank, incarnation)
+            return
+        dead_flags[rank] = 1  # the survivors see it at their next check
+        alive = [r for r in range(self.n) if r != rank and r not in self.done and not dead_flags[r]]
+        how = ("was killed by --fail (SIGKILL)" if self.workers.pid(rank) in self.kills.killed_pids
+               else describe_exit(self.workers.exitcode(rank)))
+        self.deaths.died(rank, incarnation, how, self.started_t_s.get(rank, 0.0), self.progress.pop(rank, {}),
+                         self._training_time_s(), {r: self.progress.get(r, {}).get("computed", 0) for r in alive})
+        if self.on_death is not None:
+            self.on_death(rank)
+        if self.on_failure == "respawn" and not self._ending() and alive:
+            self._respawn(rank)
+        else:
+            self.gone.add(rank)
+
+    def _ending(self) -> bool:
+        return self.channels.closing.is_set() or self.channels.stop.is_set()
+
+    def _respawn(self, rank: int) -> None:
+        """Start a replacement for ``rank``; it stays dead to the others until it announces it joined."""
+        incarnation = self.channels.incarnations[rank] + 1
+        self.channels.incarnations[rank] = incarnation
+        t_s = self._training_time_s()
+        self.started_t_s[rank] = t_s
+        self.workers.start(rank, incarnation, t_s, self.deaths.last_iteration(rank))
+        self.replacements.started(rank, incarnation, t_s)
+
+    def _close_membership(self) -> None:
+        """A worker is finishing: no replacement joins from now on (the final average needs one
+        agreed set of members); replacements still joining are stopped."""
+        if self.channels.closing.is_set():
+            return
+        self.channels.closing.set()
+        for rank in list(self.replacements.joining):
+            if self.workers.alive(rank):
+                self.replacements.stopped_pids.add(self.workers.pid(rank))  # not a failure: the job ends without it
+                self.workers.kill(rank)
+
+    def _joined(self, rank: int, incarnation: int) -> None:
+        awaited = self.replacements.joining.get(rank, {}).get("incarnation")
+        if awaited != incarnation or self.channels.incarnations[rank] != incarnation or self.channels.closing.is_set():
+            self.replacements.forget(rank)  # a replacement that has since died, or came too late
+            return
+        if self.on_join is not None:  # first (e.g. the Group Generator re-admits it), then the others see it
+            self.on_join(rank, incarnation)
+        self.channels.dead[rank] = 0  # alive again: the survivors connect to its new incarnation
+        self.replacements.join(rank, incarnation, self._training_time_s())
+
+    def _note_recoveries(self) -> None:
+        self.deaths.note_recoveries(self.progress, lambda r: self.channels.dead[r])
+
+    def _dead_without_result(self) -> list[int]:
+        return [rank for rank in range(self.n) if self.workers.exitcode(rank) not in (None, 0)
+                and rank not in self.done and rank not in self.failures]
+
+    def _missing(self) -> list[int]:
+        return sorted(set(range(self.n)) - set(self.done))
+
+    # -- failure -----------------------------------------------------------------------
+    def _fail(self) -> None:
+        """Listen a little longer (who died, who only lost a peer), then raise one line naming the cause."""
+        grace_end = time.monotonic() + _FAILURE_GRACE_S
+        while time.monotonic() < grace_end:
+            self._collect(_POLL_S)
+            self._drain_messages()
+            if self.workers.exited(r for r in range(self.n) if r not in self.done):
+                break
+        for rank in self._dead_without_result():  # an error report may still be in the queue just behind the death
+            self._collect(0.2 if self.workers.exitcode(rank) > 0 else 0.0)
+        dead = {rank: self.workers.exitcode(rank) for rank in self._dead_without_result()}
+        if self.log_path and not write_log(self.log_path, dead, self.failures):
+            self.log_path = None
+        raise failure_error(dead, self.failures, self.log_path)

@@ -1,0 +1,25 @@
+"""What the warm server (:mod:`hetrain.jobs.warm_start`) imports once, before it forks any worker.
+
+Everything a worker of ``hetrain train`` needs, and nothing it does not: no
+scikit-learn (the launcher loads the data and hands it over), matplotlib or
+progress bar. The server stays single-threaded: numpy's OpenBLAS would start a
+thread at import, so it is limited to one before numpy loads. Nothing here
+touches CUDA or makes a process group.
+"""
+
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+import torch._dynamo  # noqa: E402, F401  (torch.optim's first optimizer imports it: 1.3 s)
+import torch.distributed  # noqa: E402, F401
+import torch.nn.parallel  # noqa: E402, F401
+
+import hetrain.jobs.train_worker  # noqa: E402, F401
+import hetrain.lm  # noqa: E402, F401
+from hetrain.registry import PROTOCOLS  # noqa: E402
+
+for _spec in PROTOCOLS.values():
+    _spec.runtime_class()

@@ -1,0 +1,56 @@
+"""Workers that start warm: forked from a server that imported torch and hetrain once.
+
+Starting a worker with ``spawn`` costs a fresh interpreter and every import
+again (``import torch`` alone is 1-4 s here, and 8 workers on 2 cores pay it
+8 times over). Local jobs instead start their workers with multiprocessing's
+``forkserver``, preloaded with :mod:`hetrain.jobs.warm`: one server process
+imports torch, torch.distributed, torch._dynamo (which torch's optimizers
+import on first use), the runtime's protocols and the training app once, and
+each worker -- a replacement under ``respawn`` too -- is a fork of it.
+
+Why a forkserver and not a fork of the launcher (docs/decisions.md, "Warm
+workers"): the server is single-threaded and has never made a process group,
+a CUDA context or a gloo connection, so a fork of it is safe with gloo and
+CUDA; the launcher, by then, runs threads (the Group Generator's server, the
+progress bar's monitor, queue feeders) whose locks a fork would copy held.
+
+``HETRAIN_START_METHOD=spawn`` starts workers the old way (for comparison, or
+where a forkserver is unavailable: then spawn is the fallback anyway).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+
+WARM_MODULES = ("hetrain.jobs.warm",)
+START_METHOD_ENV = "HETRAIN_START_METHOD"
+
+
+def start_method() -> str:
+    chosen = os.environ.get(START_METHOD_ENV, "forkserver")
+    if chosen not in ("forkserver", "spawn"):
+        raise ValueError(f"{START_METHOD_ENV} must be forkserver or spawn, got {chosen!r}")
+    return chosen if chosen in mp.get_all_start_methods() else "spawn"
+
+
+def worker_context():
+    """The multiprocessing context local jobs start their workers with."""
+    method = start_method()
+    context = mp.get_context(method)
+    if method == "forkserver":
+        context.set_forkserver_preload(list(WARM_MODULES))
+    return context
+
+
+def start_early() -> None:
+    """Start the warm server now, so that its imports overlap the launcher's own work.
+
+    Returns at once (the server imports in the background); the first worker
+    started waits for it. One server serves every job of this process.
+    """
+    if start_method() == "forkserver":
+        worker_context()
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()

@@ -1,0 +1,171 @@
+"""One worker process of a local job: what it is started with, and what it runs.
+
+The launcher (:mod:`hetrain.jobs.local_job`) starts each worker with a
+:class:`WorkerSpec` (its place in the job) and the job's :class:`JobChannels`
+(the queues, events and shared arrays every worker holds). In the worker,
+:func:`worker_main` names the process, ties its life to the launcher's, joins
+the process group, runs ``fn(ctx, *args)`` and reports the result (or the
+error) before leaving without interpreter teardown.
+
+Workers are forked from a warm server (:mod:`hetrain.jobs.warm_start`) that
+has imported torch and hetrain already; the spec carries the launcher's
+environment, which the worker takes as its own, so a worker sees the
+variables the launcher had when it started the worker (as with ``spawn``),
+not those the server had when it started.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import datetime
+import os
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from hetrain.errors import HetrainError, UsageError
+from hetrain.jobs.process_guard import die_with_parent
+
+_PR_SET_NAME = 15
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What one worker process is started with (picklable): its rank in the job and how to join it.
+
+    ``launched_at``: the launcher's ``time.time()`` when it started this process (the worker's
+    ``import_s`` counts from there); ``incarnation``, ``clock_offset_s``, ``start_iteration``:
+    for a replacement (``respawn``), as :class:`hetrain.jobs.context.WorkerContext` describes.
+    """
+
+    fn: Callable[..., Any]
+    args: tuple
+    rank: int
+    world_size: int
+    store_path: str
+    backend: str
+    timeout_s: float
+    on_failure: str
+    launcher_pid: int
+    launched_at: float
+    env: dict = field(default_factory=dict)
+    incarnation: int = 0
+    clock_offset_s: float = 0.0
+    start_iteration: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"hetrain-w{self.rank}" + (f".{self.incarnation}" if self.incarnation else "")
+
+
+@dataclass(frozen=True)
+class JobChannels:
+    """The launcher's shared objects, one set per job, handed to every worker.
+
+    ``results``: (rank, kind, value, detail) once per worker; ``messages``: (rank, message) progress
+    and membership reports; ``stop``: Ctrl-C was pressed; ``closing``: a worker is finishing, so no
+    replacement joins from now on; ``dead``: a byte per rank, 1 while the launcher holds it dead;
+    ``incarnations``: each rank's current process number.
+    """
+
+    results: Any
+    messages: Any
+    stop: Any
+    closing: Any
+    dead: Any
+    incarnations: Any
+
+    @classmethod
+    def create(cls, context, num_workers: int) -> JobChannels:
+        return cls(results=context.Queue(), messages=context.Queue(), stop=context.Event(),
+                   closing=context.Event(), dead=context.Array("b", num_workers, lock=False),
+                   incarnations=context.Array("i", num_workers, lock=False))
+
+
+def worker_main(spec: WorkerSpec, channels: JobChannels) -> None:
+    """The body of a worker process (multiprocessing's target)."""
+    os.environ.clear()
+    os.environ.update(spec.env)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.update(LOCAL_RANK=str(spec.rank), LOCAL_WORLD_SIZE=str(spec.world_size))  # one node, as torchrun
+    _name_process(spec.name)
+    die_with_parent(spec.launcher_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher handles Ctrl-C and asks us to stop
+    rank = spec.rank
+    try:
+        import torch
+        import torch.distributed as dist
+
+        from hetrain.jobs.context import LauncherMembership, WorkerContext
+        from hetrain.runtime.job import prefer_lazy_connections
+
+        imported = time.time()
+        torch.set_num_threads(1)
+        prefer_lazy_connections()
+        store = dist.FileStore(spec.store_path, spec.world_size)
+        timeout = datetime.timedelta(seconds=spec.timeout_s)
+        dist.init_process_group(spec.backend, store=store, rank=rank, world_size=spec.world_size, timeout=timeout)
+        if spec.backend == "nccl":
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+            device = torch.device("cuda", rank % torch.cuda.device_count())
+        else:
+            device = torch.device("cpu")
+        report = lambda message: channels.messages.put((rank, message))  # noqa: E731
+        membership = None if spec.on_failure == "abort" else LauncherMembership(
+            channels.dead, channels.incarnations, rank, spec.incarnation, report, channels.closing.wait)
+        ctx = WorkerContext(rank, spec.world_size, device, spec.timeout_s, report=report,
+                            stop_requested=channels.stop.is_set, dead_workers=membership,
+                            continue_on_death=spec.on_failure != "abort", on_failure=spec.on_failure,
+                            incarnation=spec.incarnation, clock_offset_s=spec.clock_offset_s,
+                            start_iteration=spec.start_iteration,
+                            phases={"launched_at": spec.launched_at,
+                                    "import_s": max(0.0, imported - spec.launched_at),
+                                    "connect_s": time.time() - imported})
+        result = spec.fn(ctx, *spec.args)
+        channels.results.put((rank, "ok", result, None))
+        if spec.on_failure == "abort":
+            dist.barrier()  # nobody leaves while another rank may still talk to it (a dead rank never would)
+    except BaseException as exc:  # report every failure to the parent, then die
+        kind = "usage" if isinstance(exc, UsageError) else "error"
+        detail = traceback.format_exc()
+        summary = str(exc) if isinstance(exc, HetrainError) else last_line(detail)
+        channels.results.put((rank, kind, summary, detail))
+        _exit_now(1, channels.results, channels.messages)
+    _exit_now(0, channels.results, channels.messages)
+
+
+def last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "unknown error"
+
+
+def _name_process(name: str) -> None:
+    """Show the worker as ``hetrain-w3`` in ps/top (forked workers would otherwise all read like their server)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None).prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+
+
+def exit_without_teardown(code: int) -> None:
+    """Flush stdio and leave without interpreter finalization.
+
+    PyTorch 2.13's gloo/DDP objects destroyed during finalization sometimes abort
+    the process ("terminate called without an active exception") after all work is
+    done -- reproduced with a plain DDP script under torchrun (docs/decisions.md).
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _exit_now(code: int, *queues) -> None:
+    for q in queues:  # let the queues' feeder threads deliver what was put
+        q.close()
+        q.join_thread()
+    exit_without_teardown(code)

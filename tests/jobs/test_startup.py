@@ -1,0 +1,76 @@
+"""Start-up: workers start warm, import only what they use, and every phase of a job is timed."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from worker_probe import train_then_list_modules
+
+from hetrain.config import RunConfig
+from hetrain.data import load_dataset
+from hetrain.jobs import run_local
+from hetrain.jobs.phases import WORKER_PHASES
+from hetrain.jobs.run import run_training
+from hetrain.jobs.warm_start import START_METHOD_ENV, start_method
+
+SHORT = dict(num_workers=2, compute_ms=20.0, time_budget_s=1.0, timeout_s=30.0)
+
+
+def test_a_worker_imports_neither_scikit_learn_nor_matplotlib():
+    config = RunConfig(protocol="hop", **SHORT)
+    data = load_dataset(config.workload, config.seed)  # the launcher's copy, as run_training hands it over
+    results = run_local(train_then_list_modules, 2, (config, {}, data), timeout_s=30)
+    for rank, result in enumerate(results):
+        assert result["result"]["worker"]["iterations"] > 0
+        assert result["modules"] == [], f"worker {rank} imported {result['modules']}"
+
+
+def test_the_warm_server_module_leaves_one_thread_and_no_cuda_or_process_group():
+    """What the server imports before it forks must leave it single-threaded (fork copies no other
+    thread, so a lock another thread held would stay held in every worker) and without CUDA or gloo."""
+    code = ("import os, sys; import hetrain.jobs.warm; import torch, torch.distributed as dist; "
+            "print(len(os.listdir('/proc/self/task')), torch.cuda.is_initialized(), dist.is_initialized(), "
+            "sorted({m.split('.')[0] for m in sys.modules} & {'sklearn', 'matplotlib'}))")
+    if not sys.platform.startswith("linux"):
+        pytest.skip("reads /proc")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split(None, 3) == ["1", "False", "False", "[]\n"], out.stdout
+
+
+@pytest.mark.parametrize("protocol", ["hop", "allreduce"])
+def test_the_phases_of_a_run_add_up(protocol):
+    metrics = run_training(RunConfig(protocol=protocol, **SHORT), None, progress=False)
+    workers = metrics["workers"]
+    for w in workers:
+        assert all(w[phase] >= 0 for phase in WORKER_PHASES), w
+        assert w["first_iteration_s"] > 0
+    slowest = max(workers, key=lambda w: w["first_iteration_s"])
+    assert metrics["startup_slowest_worker"]["rank"] == slowest["rank"]
+    # launch -> every worker's first iteration covers the slowest starter's import, set-up and connection
+    assert metrics["startup_s"] == slowest["first_iteration_s"]
+    assert metrics["startup_s"] >= sum(slowest[p] for p in ("import_s", "setup_s", "connect_s"))
+    # and none of it is training: the loop's own clock starts after the phases
+    assert metrics["finish_s_max_worker"] == max(w["finish_s"] for w in workers) > 0
+    assert metrics["teardown_s"] > 0
+
+
+def test_start_method_is_forkserver_unless_asked_otherwise(monkeypatch):
+    monkeypatch.delenv(START_METHOD_ENV, raising=False)
+    assert start_method() == ("forkserver" if sys.platform != "win32" else "spawn")
+    monkeypatch.setenv(START_METHOD_ENV, "spawn")
+    assert start_method() == "spawn"
+    monkeypatch.setenv(START_METHOD_ENV, "fork")
+    with pytest.raises(ValueError, match="forkserver or spawn"):
+        start_method()
+
+
+def _environment_variable(ctx, name):
+    return os.environ.get(name)
+
+
+def test_a_worker_sees_the_launchers_environment_at_its_start_not_the_servers(monkeypatch):
+    run_local(_environment_variable, 1, ("HETRAIN_TEST_VALUE",), timeout_s=30)  # the server runs by now
+    monkeypatch.setenv("HETRAIN_TEST_VALUE", "set after the server started")
+    assert run_local(_environment_variable, 2, ("HETRAIN_TEST_VALUE",), timeout_s=30) == [
+        "set after the server started"] * 2
