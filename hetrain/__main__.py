@@ -1,5 +1,3 @@
-import sys
+from hetrain.cli import console_main
 
-from hetrain.cli import main
-
-sys.exit(main())
+console_main()

@@ -8,8 +8,8 @@
 - ``finish_s``: from the end of the training loop to the result: evaluation, final averaging,
   the last checkpoint, the snapshots made ready to send.
 
-The job adds ``startup_s`` (launch to the moment every worker has computed its first iteration)
-and ``teardown_s`` (all results in to the record written); see :func:`hetrain.jobs.run.finalize_run`.
+The job adds ``startup_s`` (launch to the moment every worker has computed its first iteration),
+``startup_launcher_s`` (launch to its first worker's start) and ``teardown_s`` (all results in to the record written); see :func:`hetrain.jobs.run.finalize_run`.
 """
 
 from __future__ import annotations
@@ -42,18 +42,22 @@ class PhaseClock:
 def job_phases(workers: list[dict], launched_at: float | None) -> dict:
     """The job's ``startup_s`` and its slowest starter's phases, from the workers' records.
 
-    Each worker's absolute times (``launched_at``, ``first_iteration_at``) become
-    ``first_iteration_s``: seconds from the job's launch. Only the job's original workers count for
+    Each worker's absolute times (``launched_at``, ``first_iteration_at``) become ``started_s`` and
+    ``first_iteration_s``: seconds from the job's launch. ``startup_launcher_s``: launch to the first
+    worker's start (the launcher's own imports, data and set-up). Only the job's original workers count for
     ``startup_s`` (a replacement starts later by design); None if one of them never computed.
     """
     for w in workers:
-        first = w.pop("first_iteration_at", None)
-        w.pop("launched_at", None)
-        w["first_iteration_s"] = first - launched_at if first is not None and launched_at is not None else None
+        first, started = w.pop("first_iteration_at", None), w.pop("launched_at", None)
+        known = launched_at is not None
+        w["first_iteration_s"] = first - launched_at if first is not None and known else None
+        w["started_s"] = started - launched_at if started is not None and known else None
     originals = [w for w in workers if not w.get("incarnation")]
     if launched_at is None or not originals or any(w["first_iteration_s"] is None for w in originals):
         return {"startup_s": None, "startup_slowest_worker": None}
     slowest = max(originals, key=lambda w: w["first_iteration_s"])
+    started = [w["started_s"] for w in originals if w["started_s"] is not None]
     return {"startup_s": slowest["first_iteration_s"],
+            "startup_launcher_s": min(started) if started else None,
             "startup_slowest_worker": {"rank": slowest["rank"], **{k: slowest[k] for k in WORKER_PHASES[:3]}},
             "finish_s_max_worker": max(w["finish_s"] for w in workers)}

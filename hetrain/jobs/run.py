@@ -255,6 +255,7 @@ class _ProgressBar:
         total = config.time_budget_s if self.by_time else config.iterations
         self.state: dict[int, dict] = {}
         self.dead: set[int] = set()
+        self.training = False
         self.bar = tqdm(total=total, desc=label, unit="s" if self.by_time else "it", file=sys.stderr,
                         disable=not enabled, leave=False, dynamic_ncols=True,
                         mininterval=0.1 if sys.stderr.isatty() else 5.0,
@@ -268,6 +269,9 @@ class _ProgressBar:
         computed = sum(m["computed"] for m in self.state.values())
         lost = f", {len(self.dead)} lost" if self.dead else ""
         self.bar.set_postfix_str(f"{computed} gradients, {len(live)} workers live{lost}", refresh=False)
+        if computed and not self.training:  # the first gradient shows at once, even in a log (no tty)
+            self.training = True
+            self.bar.refresh()
         self.bar.update(0)  # redraws at most every mininterval
 
     def lost(self, rank: int) -> None:

@@ -28,18 +28,26 @@ from hetrain.jobs.snapshots import SnapshotKeeper
 from hetrain.registry import get_spec
 from hetrain.slowdown import parse_slowdown
 
-CALIBRATION_ITERATIONS = 3  # measured, after one warm-up: start-up costs at most 4 iterations' math
+CALIBRATION_ITERATIONS = 3  # timed, after one warm-up, unless they take longer than:
+CALIBRATION_BUDGET_S = 0.25  # a slow model (the LM on busy cores: 2 s a step) is timed once, after its warm-up
 PROGRESS_INTERVAL_S = 0.25
 
 
-def measure_math_s(model: nn.Module, sampler, iterations: int = CALIBRATION_ITERATIONS) -> float:
-    """Median seconds of one forward+backward on this worker's batches (no step, grads cleared)."""
+def measure_math_s(model: nn.Module, sampler, iterations: int = CALIBRATION_ITERATIONS,
+                   budget_s: float = CALIBRATION_BUDGET_S) -> float:
+    """Median seconds of one forward+backward on this worker's batches (no step, grads cleared).
+
+    One warm-up pass, then up to ``iterations`` timed ones, stopping early once the timed ones
+    add up to ``budget_s``: start-up costs at most 4 iterations' math, and 2 for a slow model.
+    """
     times = []
-    for _ in range(iterations + 1):
+    for index in range(iterations + 1):
         x, y = sampler.next()
         began = time.perf_counter()
         loss_fn(model(x), y).backward()
         times.append(time.perf_counter() - began)
+        if index >= 1 and sum(times[1:]) >= budget_s:
+            break
     model.zero_grad(set_to_none=True)
     times = sorted(times[1:])
     return times[len(times) // 2]

@@ -25,6 +25,7 @@ import os
 
 WARM_MODULES = ("hetrain.jobs.warm",)
 START_METHOD_ENV = "HETRAIN_START_METHOD"
+SERVER_ENV = "HETRAIN_WARM_SERVER"  # set in the server's environment only: it then leaves quickly (warm.py)
 
 
 def start_method() -> str:
@@ -53,4 +54,8 @@ def start_early() -> None:
         worker_context()
         from multiprocessing import forkserver
 
-        forkserver.ensure_running()
+        os.environ[SERVER_ENV] = "1"  # the server starts with this process's environment, now
+        try:
+            forkserver.ensure_running()
+        finally:
+            del os.environ[SERVER_ENV]

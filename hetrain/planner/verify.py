@@ -10,19 +10,15 @@ check is that the plan's partition of every layer is complete and that its
 partial sums add up to the unpartitioned loss and gradients, in float64.
 Communication is deliberately simple here; the cost model prices it.
 
-Processes are spawned with torch.multiprocessing, meet through a FileStore in
-a temporary directory, wait at most ``timeout_s`` anywhere, and are all killed
-when one fails or time runs out.
+The ranks run under the project's launcher (:func:`hetrain.jobs.run_local`):
+warm processes, a FileStore in a temporary directory, at most ``timeout_s``
+for any wait and for the whole run, all ranks killed when one fails.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 
 TOLERANCE = 1e-5
 SIZES = (24, 40, 32, 8)  # the MLP checked: 24 -> 40 -> 32 -> 8, ReLU between, no bias
@@ -104,20 +100,11 @@ def cases(world: int) -> list[tuple[str, Split]]:
             ("mixed same dim twice", Split(0.6, (1, 1, 2), Split(0.5, (1, 0, 2)), Split(0.5, (1, 2, 2))))]
 
 
-def _worker(rank: int, world: int, store_dir: str, case_blocks: list, timeout_s: float) -> None:
+def _worker(ctx, case_blocks: list) -> list[dict]:
     import torch
     import torch.distributed as dist
 
-    store = dist.FileStore(os.path.join(store_dir, "store"), world)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
-    try:
-        results = [_run_case(rank, per_rank[rank], torch, dist) for per_rank in case_blocks]
-        if rank == 0:
-            with open(os.path.join(store_dir, "result.json"), "w") as fh:
-                json.dump(results, fh)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    return [_run_case(ctx.rank, per_rank[ctx.rank], torch, dist) for per_rank in case_blocks]
 
 
 def _run_case(rank, boxes, torch, dist):
@@ -162,33 +149,14 @@ def _run_case(rank, boxes, torch, dist):
 
 def verify(world: int, timeout_s: float = 120.0) -> list[VerifyReport]:
     """Run every case of :func:`cases` on ``world`` gloo processes; one report per case."""
-    import torch.multiprocessing as mp
-
-    from hetrain.errors import WorkerError
+    from hetrain.jobs import run_local
 
     named = cases(world)
     case_blocks = [blocks(tree, len(SIZES) - 1) for _, tree in named]
     if any(len(b) != world for b in case_blocks):
         raise ValueError(f"every case must have {world} leaves")
     start = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="hetrain-verify-") as tmp:
-        ctx = mp.start_processes(_worker, args=(world, tmp, case_blocks, timeout_s), nprocs=world, join=False,
-                                 start_method="spawn")
-        deadline = start + timeout_s
-        try:
-            while not ctx.join(timeout=0.2):  # raises (and kills the others) when a rank fails
-                if time.monotonic() > deadline:
-                    raise WorkerError(f"verify on {world} processes: no result after {timeout_s:.0f} s")
-        except Exception as exc:
-            for proc in ctx.processes:
-                if proc.is_alive():
-                    proc.kill()
-            if isinstance(exc, WorkerError):
-                raise
-            raise WorkerError(f"verify on {world} processes: a rank failed ({type(exc).__name__}: "
-                              f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else ''})") from None
-        with open(os.path.join(tmp, "result.json")) as fh:
-            results = json.load(fh)
+    results = run_local(_worker, world, (case_blocks,), timeout_s=timeout_s, job_timeout_s=timeout_s)[0]
     seconds = time.monotonic() - start
     return [VerifyReport(name, world, r["loss_err"], r["grad_err"], seconds) for (name, _), r in zip(named, results)]
 

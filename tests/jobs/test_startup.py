@@ -3,8 +3,10 @@
 import os
 import subprocess
 import sys
+import time
 
 import pytest
+import torch
 from worker_probe import train_then_list_modules
 
 from hetrain.config import RunConfig
@@ -12,6 +14,7 @@ from hetrain.data import load_dataset
 from hetrain.jobs import run_local
 from hetrain.jobs.phases import WORKER_PHASES
 from hetrain.jobs.run import run_training
+from hetrain.jobs.train_worker import CALIBRATION_BUDGET_S, CALIBRATION_ITERATIONS, measure_math_s
 from hetrain.jobs.warm_start import START_METHOD_ENV, start_method
 
 SHORT = dict(num_workers=2, compute_ms=20.0, time_budget_s=1.0, timeout_s=30.0)
@@ -74,3 +77,36 @@ def test_a_worker_sees_the_launchers_environment_at_its_start_not_the_servers(mo
     monkeypatch.setenv("HETRAIN_TEST_VALUE", "set after the server started")
     assert run_local(_environment_variable, 2, ("HETRAIN_TEST_VALUE",), timeout_s=30) == [
         "set after the server started"] * 2
+
+
+class _CountingSampler:
+    def __init__(self):
+        self.batches = 0
+
+    def next(self):
+        self.batches += 1
+        return torch.zeros(4, 64), torch.zeros(4, dtype=torch.long)
+
+
+class _SlowModel(torch.nn.Module):
+    def __init__(self, seconds):
+        super().__init__()
+        self.linear = torch.nn.Linear(64, 10)
+        self.seconds = seconds
+
+    def forward(self, x):
+        time.sleep(self.seconds)
+        return self.linear(x)
+
+
+@pytest.mark.parametrize("step_s, passes", [(0.0, 1 + CALIBRATION_ITERATIONS), (0.3, 2)])
+def test_calibration_costs_at_most_a_few_iterations(step_s, passes):
+    """A fast model is timed CALIBRATION_ITERATIONS times after a warm-up; one slower than the
+    calibration budget only once (the LM on busy cores takes seconds a step)."""
+    assert CALIBRATION_BUDGET_S < 0.3
+    sampler = _CountingSampler()
+    model = _SlowModel(step_s)
+    math_s = measure_math_s(model, sampler)
+    assert sampler.batches == passes
+    assert math_s >= step_s
+    assert all(p.grad is None for p in model.parameters())  # calibration leaves no gradient behind

@@ -15,7 +15,7 @@ from hetrain.config import RunConfig
 from hetrain.errors import WorkerError
 from hetrain.jobs.run import run_training
 
-BASE = dict(num_workers=4, compute_ms=20.0, slowdown="0:2x", time_budget_s=6.0, timeout_s=20.0)
+BASE = dict(num_workers=4, compute_ms=20.0, slowdown="0:2x", time_budget_s=4.0, timeout_s=20.0)
 
 
 def _survive(protocol, fail, **options):
@@ -36,29 +36,29 @@ def _survive(protocol, fail, **options):
     ("ps", {}),
 ])
 def test_survivors_go_on_when_a_worker_is_killed_mid_training(protocol, options):
-    metrics = _survive(protocol, "2@3s", **options)
+    metrics = _survive(protocol, "2@2s", **options)
     assert [d["rank"] for d in metrics["deaths"]] == [2]
     assert metrics["deaths"][0]["recovery_s"] is not None  # every survivor computed again after it
 
 
 def test_prague_survives_the_death_of_rank_0_whose_group_generator_lives_in_the_launcher():
-    _survive("prague", "0@3s", gg="smart")
+    _survive("prague", "0@2s", gg="smart")
 
 
 def test_two_deaths_in_a_ring_are_repaired_around():
-    metrics = _survive("hop", "1@2s,2@4s")
+    metrics = _survive("hop", "1@1.5s,2@3s")
     assert sorted(d["rank"] for d in metrics["deaths"]) == [1, 2]
 
 
 @pytest.mark.parametrize("protocol", ["hop", "prague", "ps"])
 def test_abort_fails_the_job_naming_the_dead_worker(protocol):
-    config = RunConfig(protocol=protocol, fail="1@3s", on_failure="abort", **BASE)
+    config = RunConfig(protocol=protocol, fail="1@2s", on_failure="abort", **BASE)
     with pytest.raises(WorkerError, match="^worker 1 was killed by SIGKILL"):
         run_training(config, None, progress=False)
 
 
 def test_the_parameter_servers_own_death_ends_the_job():
-    config = RunConfig(protocol="ps", fail="0@3s", on_failure="continue", **BASE)
+    config = RunConfig(protocol="ps", fail="0@2s", on_failure="continue", **BASE)
     with pytest.raises(WorkerError, match="^worker 0 was killed by SIGKILL"):
         run_training(config, None, progress=False)
 
@@ -66,8 +66,8 @@ def test_the_parameter_servers_own_death_ends_the_job():
 def _random_points(protocol, seed):
     rng = random.Random(seed)
     worker = rng.randrange(4)
-    # before the first iteration, mid-run, or in the last moments (during finish: the budget is 6 s)
-    when = rng.choice([0.0, rng.uniform(0.5, 5.5), 6.05])
+    # before the first iteration, mid-run, or in the last moments (during finish: the budget is 4 s)
+    when = rng.choice([0.0, rng.uniform(0.5, 3.5), 4.05])
     if protocol == "ps" and worker == 0:
         worker = 1  # the server's death ends a ps job by design (tested above)
     return f"{worker}@{when:.2f}s"
@@ -92,8 +92,8 @@ def test_sigkill_at_random_points_over_twenty_seeds(protocol, seed):
 
 def test_train_continues_and_records_the_death(tmp_path, capsys):
     out = tmp_path / "run"
-    code = main(["train", "--protocol", "hop", "--workers", "4", "--compute-ms", "20", "--time-budget", "6",
-                 "--fail", "3@3s", "--no-progress", "--out", str(out)])
+    code = main(["train", "--protocol", "hop", "--workers", "4", "--compute-ms", "20", "--time-budget", "4",
+                 "--fail", "3@2s", "--no-progress", "--out", str(out)])
     assert code == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["workers_lost"] == 1 and metrics["deaths"][0]["rank"] == 3

@@ -18,7 +18,7 @@ from hetrain.protocols.ledger import Group
 from hetrain.runtime.prague import GroupProtocol
 from hetrain.runtime.preduce import PReduce
 
-BASE = dict(num_workers=4, compute_ms=20.0, slowdown="0:2x", time_budget_s=10.0, timeout_s=20.0)
+BASE = dict(num_workers=4, compute_ms=20.0, slowdown="0:2x", time_budget_s=6.0, timeout_s=20.0)
 
 
 def _respawn(protocol, fail, **options):
@@ -58,7 +58,7 @@ def test_two_workers_die_and_both_are_replaced():
 
 @pytest.mark.slow
 def test_a_replacement_that_dies_is_replaced_in_turn():
-    metrics = _respawn("hop", "1@2s,1@5.5s")  # the second kill finds the replacement (joined or still joining)
+    metrics = _respawn("hop", "1@2s,1@4s")  # the second kill finds the replacement (joined or still joining)
     assert metrics["workers_lost"] == 2 and 1 <= metrics["workers_joined"] <= 2
     assert [d["incarnation"] for d in metrics["deaths"]] == [0, 1]
 
@@ -66,7 +66,7 @@ def test_a_replacement_that_dies_is_replaced_in_turn():
 def _random_points(seed):
     rng = random.Random(seed)
     worker = rng.randrange(4)
-    when = rng.choice([0.0, rng.uniform(0.5, 9.5), 10.05])  # before the first iteration, mid-run, in finish
+    when = rng.choice([0.0, rng.uniform(0.5, 5.5), 6.05])  # before the first iteration, mid-run, in finish
     return f"{worker}@{when:.2f}s"
 
 
@@ -86,7 +86,7 @@ def test_respawn_at_random_points_over_twenty_seeds(protocol, seed):
 
 def test_train_respawn_from_the_command_line(tmp_path, capsys):
     out = tmp_path / "run"
-    code = main(["train", "--protocol", "hop", "--workers", "4", "--compute-ms", "20", "--time-budget", "8",
+    code = main(["train", "--protocol", "hop", "--workers", "4", "--compute-ms", "20", "--time-budget", "5",
                  "--fail", "3@2s", "--on-failure", "respawn", "--no-progress", "--out", str(out)])
     assert code == 0
     metrics = json.loads((out / "metrics.json").read_text())
