@@ -235,8 +235,9 @@ class LocalJob:
         alive = [r for r in range(self.n) if r != rank and r not in self.done and not dead_flags[r]]
         how = ("was killed by --fail (SIGKILL)" if self.workers.pid(rank) in self.kills.killed_pids
                else describe_exit(self.workers.exitcode(rank)))
+        t_s = self._training_time_s()  # its own last report counts: the job had reached it
         self.deaths.died(rank, incarnation, how, self.started_t_s.get(rank, 0.0), self.progress.pop(rank, {}),
-                         self._training_time_s(), {r: self.progress.get(r, {}).get("computed", 0) for r in alive})
+                         t_s, {r: self.progress.get(r, {}).get("computed", 0) for r in alive})
         if self.on_death is not None:
             self.on_death(rank)
         if self.on_failure == "respawn" and not self._ending() and alive:

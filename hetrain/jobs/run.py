@@ -1,7 +1,7 @@
 """Run one training job (local processes or under torchrun) and write its record.
 
 ``run_training(config, out_dir)`` validates everything first (so bad input
-writes nothing), spawns ``config.num_workers`` local gloo/NCCL processes with
+writes nothing), starts ``config.num_workers`` warm local gloo/NCCL processes with
 a progress bar, evaluates the models the workers snapshotted along the way,
 and writes ``OUT/metrics.json`` (atomically) plus ``OUT/summary.txt``. A job
 stopped by Ctrl-C still writes what it has (``"interrupted": true``); a failed
@@ -255,6 +255,7 @@ class _ProgressBar:
         total = config.time_budget_s if self.by_time else config.iterations
         self.state: dict[int, dict] = {}
         self.dead: set[int] = set()
+        self.num_workers = config.num_workers
         self.training = False
         self.bar = tqdm(total=total, desc=label, unit="s" if self.by_time else "it", file=sys.stderr,
                         disable=not enabled, leave=False, dynamic_ncols=True,
@@ -268,7 +269,8 @@ class _ProgressBar:
         self.bar.n = min(max(values) if self.by_time else min(values), self.bar.total)
         computed = sum(m["computed"] for m in self.state.values())
         lost = f", {len(self.dead)} lost" if self.dead else ""
-        self.bar.set_postfix_str(f"{computed} gradients, {len(live)} workers live{lost}", refresh=False)
+        alive = self.num_workers - len(self.dead)  # not only those heard from: at the start, one has reported
+        self.bar.set_postfix_str(f"{computed} gradients, {alive} workers live{lost}", refresh=False)
         if computed and not self.training:  # the first gradient shows at once, even in a log (no tty)
             self.training = True
             self.bar.refresh()

@@ -7,7 +7,7 @@ import os
 import signal
 import time
 
-from hetrain.jobs.warm_start import worker_context
+from hetrain.jobs.warm_start import start_early, worker_context
 from hetrain.jobs.worker_process import JobChannels, WorkerSpec, worker_main
 
 
@@ -15,6 +15,7 @@ class WorkerProcesses:
     """One process per rank (the current incarnation), started from ``template`` with the job's channels."""
 
     def __init__(self, template: WorkerSpec):
+        start_early()  # a no-op once the warm server runs
         self.context = worker_context()
         self.template = template
         self.channels = JobChannels.create(self.context, template.world_size)
