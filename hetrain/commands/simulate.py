@@ -28,6 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_run_options(parser, RunConfig())
     add_protocol_options(parser)
     parser.set_defaults(model_params=None)  # None: the digits MLP's size, as train's default workload
+    parser.set_defaults(momentum=None)  # the simulated math is plain SGD: a --momentum would be ignored
     s = parser.add_argument_group("simulator")
     s.add_argument("--bandwidth-gbps", type=float, default=DEFAULT_BANDWIDTH_GBPS,
                    help=f"per-worker link bandwidth in gigabits/s (default {DEFAULT_BANDWIDTH_GBPS:g}: loopback gloo)")
@@ -64,6 +65,10 @@ def run(args) -> int:
     from hetrain.sim.report import summary, write_run
     from hetrain.sim.runner import SimOptions, simulate
 
+    if args.momentum not in (None, 0.0):
+        raise UsageError(f"the simulator's model math is plain SGD without momentum; drop --momentum "
+                         f"{args.momentum:g} (or give 0)")
+    args.momentum = 0.0  # what the simulated math does, so the record's config says so
     if args.gg_service_us < 0:
         raise UsageError(f"--gg-service-us must be >= 0, got {args.gg_service_us:g}")
     options = SimOptions(NetworkParams(args.latency_us, args.bandwidth_gbps, gg_service_us=args.gg_service_us,

@@ -44,6 +44,21 @@ def model_params_for(config: RunConfig, math: str, given: int | None) -> int:
     return config.model_params if config.workload == "synthetic" else DIGITS_PARAMS
 
 
+def refuse_unmodelled(config: RunConfig) -> None:
+    """One-line errors for settings the simulator would otherwise ignore silently (it models the digits
+    MLP's or the synthetic model's messages, and with ``--math digits`` plain SGD on the digits MLP)."""
+    if config.workload in ("cnn", "lm"):
+        raise OptionError(f"the simulator does not model {{workload}} {config.workload} (its messages are the "
+                          "digits MLP's or the synthetic model's); use {workload} synthetic {model_params} P for "
+                          "its message size, or measure it with hetrain train")
+    if config.optimizer not in (None, "sgd"):
+        raise OptionError(f"the simulator's model math is plain SGD; {{optimizer}} {config.optimizer} is not "
+                          "modelled (measure it with hetrain train)")
+    if config.target_loss is not None:
+        raise OptionError("the simulator reports accuracy, not validation loss; {target_loss} applies to "
+                          "hetrain train's lm workload (use {target_accuracy})")
+
+
 def _progress_bar(total: int, enabled: bool, desc: str):
     if not enabled:
         return None, None
@@ -65,6 +80,7 @@ def simulate(config: RunConfig, options: SimOptions = SimOptions(), model_params
     ``options.timelines`` is set.
     """
     config = config.validate()
+    refuse_unmodelled(config)
     if config.on_failure == "respawn":
         raise OptionError("the simulator models {on_failure} abort and continue; respawn (a replacement "
                           "process joining) is measured by real runs: hetrain train")

@@ -21,11 +21,26 @@ from hetrain.metrics import build_metrics
     (["--iterations", "5", "--protocol", "hypercube"], "unknown protocol"),
     (["--iterations", "5", "--topology", "hypercube", "--workers", "6", "--protocol", "dpsgd"], "power-of-two"),
     (["--iterations", "five"], "invalid int"),
+    # settings the simulator does not model are refused, not ignored
+    (["--iterations", "5", "--optimizer", "adamw"], "--optimizer adamw is not modelled"),
+    (["--iterations", "5", "--momentum", "0.5"], "drop --momentum 0.5"),
+    (["--iterations", "5", "--target-loss", "2.0"], "--target-loss applies to"),
+    (["--iterations", "5", "--workload", "lm"], "does not model --workload lm"),
+    (["--iterations", "5", "--workload", "cnn", "--math", "digits"], "does not model --workload cnn"),
 ])
 def test_bad_input_is_a_one_line_error_with_exit_code_2(argv, words, tmp_path, capsys):
     assert main(["simulate", *argv, "--out", str(tmp_path / "out"), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and words in err
+
+
+def test_what_the_simulator_models_is_accepted_and_recorded(tmp_path):
+    out = tmp_path / "run"
+    argv = ["simulate", "--workers", "4", "--iterations", "5", "--optimizer", "sgd", "--momentum", "0",
+            "--workload", "synthetic", "--model-params", "1000", "--out", str(out), "--no-progress"]
+    assert main(argv) == 0
+    record = json.loads((out / "metrics.json").read_text())
+    assert record["model_params"] == 1000 and record["total_iterations"] == 20
 
 
 def test_simulate_writes_the_fields_train_writes(tmp_path, capsys):
