@@ -79,20 +79,32 @@ def test_topology_command(capsys):
     assert len(err) == 1 and "power-of-two" in err[0]
 
 
-@pytest.mark.parametrize("name", ["ring", "double_ring", "torus", "hypercube", "exponential", "complete"])
-def test_sparse_mixing_weights_are_the_dense_matrix_to_the_bit(name):
+# In-degree of every worker of the built-in graphs, worked out by hand: each is regular, so its
+# Metropolis-Hastings (symmetric) or uniform (directed) weights are all 1 / (degree + 1), self included.
+HAND_DEGREES = {
+    "ring": {4: 2, 8: 2, 16: 2},  # i-1, i+1
+    "double_ring": {4: 3, 8: 4, 16: 4},  # i-+1, i-+2 (at 4 workers i+2 and i-2 are the same worker)
+    "torus": {4: 2, 8: 3, 16: 4},  # a 2x2, 2x4 and 4x4 grid: up and down coincide on 2 rows
+    "hypercube": {4: 2, 8: 3, 16: 4},  # log2 n
+    "exponential": {4: 2, 8: 3, 16: 4},  # i - 2^k for 2^k < n
+    "complete": {4: 3, 8: 7, 16: 15},
+}
+
+
+@pytest.mark.parametrize("name", sorted(HAND_DEGREES))
+def test_mixing_weights_are_the_closed_form_and_sparse_equals_dense(name):
     """Workers read their row from ``mixing_weights`` (O(edges) memory: the simulator builds 50,000
-    workers); it must hold exactly the values of the dense matrix as first computed."""
-    for n in (4, 8, 16):
+    workers); it must hold exactly the dense matrix's values, and both the closed form of a regular
+    graph: 1 / (degree + 1) for every in-neighbour and for the worker itself."""
+    for n, degree in HAND_DEGREES[name].items():
         topology = make_topology(name, n)
-        degree = [len(topology.in_neighbors[i]) for i in range(n)]
-        dense = np.zeros((n, n))
-        for i in range(n):
-            for j in topology.in_neighbors[i]:
-                dense[i, j] = (1.0 / (1 + max(degree[i], degree[j])) if topology.is_symmetric
-                               else 1.0 / (1 + degree[i]))
-            dense[i, i] = 1.0 - dense[i].sum()
+        expected = 1.0 / (degree + 1)
+        dense = topology.mixing_matrix
         for i, (weights, own) in enumerate(topology.mixing_weights):
-            assert weights == {j: float(dense[i, j]) for j in topology.in_neighbors[i]}
+            assert len(topology.in_neighbors[i]) == degree
+            assert weights == pytest.approx({j: expected for j in topology.in_neighbors[i]}, abs=1e-15)
+            assert own == pytest.approx(expected, abs=1e-15)
+            assert weights == {j: float(dense[i, j]) for j in topology.in_neighbors[i]}  # sparse == dense, bits
             assert own == float(dense[i, i])
-        assert topology.mixing_matrix.tobytes() == dense.tobytes()
+            others = set(range(n)) - set(topology.in_neighbors[i]) - {i}
+            assert all(dense[i, j] == 0.0 for j in others)

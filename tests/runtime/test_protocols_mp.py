@@ -101,7 +101,9 @@ def test_hop_straggler_skips_and_fast_workers_do_not_wait_for_it():
     assert slow["iterations"] < min(m["iterations"] for m in fast)
     assert all(m["iterations"] == m["iteration"] for m in fast)  # fast workers never skip
     models = [m for m, _ in results]
-    assert max(models) - min(models) < 3  # mixed before finish: started 3 apart (0..3), no gradients
+    # mixed before finish: they started 3 apart (0..3) and take no gradients, so only averaging moves
+    # them; 40 iterations of it leave ~1e-11 (measured), and a worker that never mixed would leave 3
+    assert max(models) - min(models) < 0.01
 
 
 def _ddp_gradient(ctx):
