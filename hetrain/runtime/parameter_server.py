@@ -47,7 +47,9 @@ class _Server:
     """Rank 0's server: the global model, the logic's decisions carried out, answers in flight."""
 
     def __init__(self, model: torch.Tensor, logic: ParameterServerLogic, down, timeout_s: float,
-                 buffers: BufferPool):
+                 buffers: BufferPool, tolerate_lost_workers: bool = False):
+        self.tolerate_lost_workers = tolerate_lost_workers  # continue mode: a lost worker is the launcher's news
+        self.unanswered: set[int] = set()  # workers an answer could not reach (continue mode)
         self.model = model
         self.buffers = buffers
         self.logic = logic
@@ -86,15 +88,22 @@ class _Server:
         if window is None:
             window = self._windows[worker] = SendWindow("the parameter server (rank 0)", worker,
                                                         max_in_flight=_ANSWERS_IN_FLIGHT, timeout_s=self.timeout_s)
-        window.post(lambda: [self.down.send([reply], worker, _TAG_REPLY)], reply)
+        try:
+            window.post(lambda: [self.down.send([reply], worker, _TAG_REPLY)], reply)
+        except Exception:  # gloo raises at once on a closed connection; the window, on a send that failed
+            if not self.tolerate_lost_workers:
+                raise
+            # continue mode: the worker most likely died a moment ago and the launcher will say so (rank 0
+            # then stops waiting for it); were it alive, it would fail waiting for this answer, naming it
+            self.unanswered.add(worker)
 
     def answers_in_flight_max(self) -> int:
         """The most answers ever outstanding to one worker."""
         return max((w.max_seen_in_flight for w in self._windows.values()), default=0)
 
     def close(self, drain: bool) -> None:
-        for window in self._windows.values():
-            if drain:
+        for worker, window in self._windows.items():
+            if drain and worker not in self.unanswered:  # (an unreachable worker's window holds its error)
                 window.drain()
             window.close()
 
@@ -134,7 +143,8 @@ class ParameterServer(SyncProtocol):
         self._buffers = self._message_buffers()
         if job.rank == 0:
             logic = ParameterServerLogic(job.world_size, self.staleness)
-            self._server = _Server(self._pulled.clone(), logic, self._down, job.timeout_s, self._buffers)
+            self._server = _Server(self._pulled.clone(), logic, self._down, job.timeout_s, self._buffers,
+                                   tolerate_lost_workers=self.tolerant)
             self._thread = threading.Thread(target=self._serve, name="hetrain-ps", daemon=True)
             self._thread.start()
         self.stats.extra.update(ps_mode="sync" if self.staleness == 0 else f"async(staleness={self.staleness})")
