@@ -23,6 +23,8 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 
+from hetrain.errors import UsageError
+
 WARM_MODULES = ("hetrain.jobs.warm",)
 START_METHOD_ENV = "HETRAIN_START_METHOD"
 SERVER_ENV = "HETRAIN_WARM_SERVER"  # set in the server's environment only: it then leaves quickly (warm.py)
@@ -31,7 +33,7 @@ SERVER_ENV = "HETRAIN_WARM_SERVER"  # set in the server's environment only: it t
 def start_method() -> str:
     chosen = os.environ.get(START_METHOD_ENV, "forkserver")
     if chosen not in ("forkserver", "spawn"):
-        raise ValueError(f"{START_METHOD_ENV} must be forkserver or spawn, got {chosen!r}")
+        raise UsageError(f"{START_METHOD_ENV} must be forkserver or spawn, got {chosen!r}; unset it for forkserver")
     return chosen if chosen in mp.get_all_start_methods() else "spawn"
 
 

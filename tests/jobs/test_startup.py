@@ -11,6 +11,7 @@ from worker_probe import train_then_list_modules
 
 from hetrain.config import RunConfig
 from hetrain.data import load_dataset
+from hetrain.errors import UsageError
 from hetrain.jobs import run_local
 from hetrain.jobs.phases import WORKER_PHASES
 from hetrain.jobs.run import run_training
@@ -64,7 +65,7 @@ def test_start_method_is_forkserver_unless_asked_otherwise(monkeypatch):
     monkeypatch.setenv(START_METHOD_ENV, "spawn")
     assert start_method() == "spawn"
     monkeypatch.setenv(START_METHOD_ENV, "fork")
-    with pytest.raises(ValueError, match="forkserver or spawn"):
+    with pytest.raises(UsageError, match="forkserver or spawn"):
         start_method()
 
 
