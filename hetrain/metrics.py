@@ -191,9 +191,10 @@ def format_phases(m: dict) -> str:
     """Start-up and ending on one line: where the seconds outside the training loop went."""
     slow = m.get("startup_slowest_worker") or {}
     parts = ", ".join(f"{k[:-2]} {_fmt(slow.get(k), '.2f')}" for k in ("import_s", "setup_s", "connect_s"))
-    return (f"start-up {_fmt(m['startup_s'], '.2f')} s to every worker's first iteration (launcher "
-            f"{_fmt(m.get('startup_launcher_s'), '.2f')} s; last worker {slow.get('rank', '-')}: {parts} s); finish {_fmt(m.get('finish_s_max_worker'), '.2f')} s;"
-            f" teardown {_fmt(m.get('teardown_s'), '.2f')} s")
+    return (f"start-up {_fmt(m['startup_s'], '.2f')} s to every worker's first iteration "
+            f"(launcher {_fmt(m.get('startup_launcher_s'), '.2f')} s; last worker {slow.get('rank', '-')}: "
+            f"{parts} s); finish {_fmt(m.get('finish_s_max_worker'), '.2f')} s; "
+            f"teardown {_fmt(m.get('teardown_s'), '.2f')} s")
 
 
 def format_summary(m: dict) -> str:

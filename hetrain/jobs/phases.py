@@ -53,11 +53,12 @@ def job_phases(workers: list[dict], launched_at: float | None) -> dict:
         w["first_iteration_s"] = first - launched_at if first is not None and known else None
         w["started_s"] = started - launched_at if started is not None and known else None
     originals = [w for w in workers if not w.get("incarnation")]
-    if launched_at is None or not originals or any(w["first_iteration_s"] is None for w in originals):
-        return {"startup_s": None, "startup_slowest_worker": None}
-    slowest = max(originals, key=lambda w: w["first_iteration_s"])
     started = [w["started_s"] for w in originals if w["started_s"] is not None]
-    return {"startup_s": slowest["first_iteration_s"],
-            "startup_launcher_s": min(started) if started else None,
-            "startup_slowest_worker": {"rank": slowest["rank"], **{k: slowest[k] for k in WORKER_PHASES[:3]}},
-            "finish_s_max_worker": max(w["finish_s"] for w in workers)}
+    record = {"startup_s": None, "startup_launcher_s": min(started) if started else None,
+              "startup_slowest_worker": None,
+              "finish_s_max_worker": max((w["finish_s"] for w in workers), default=None)}
+    if originals and all(w["first_iteration_s"] is not None for w in originals):
+        slowest = max(originals, key=lambda w: w["first_iteration_s"])
+        record.update(startup_s=slowest["first_iteration_s"],
+                      startup_slowest_worker={"rank": slowest["rank"], **{k: slowest[k] for k in WORKER_PHASES[:3]}})
+    return record

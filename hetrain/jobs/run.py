@@ -29,7 +29,6 @@ from hetrain.jobs.local_job import run_local
 from hetrain.jobs.meter import process_started_at
 from hetrain.jobs.phases import job_phases
 from hetrain.jobs.process_guard import die_with_parent
-from hetrain.jobs.torchrun_env import under_torchrun  # noqa: F401  (re-exported: hetrain.jobs.run.under_torchrun)
 from hetrain.jobs.train_worker import train_worker
 from hetrain.jobs.warm_start import start_early
 from hetrain.metrics import build_metrics, format_summary
