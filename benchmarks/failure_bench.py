@@ -11,10 +11,44 @@ torchrun user gets: the job dies with the worker and restarts from its last
 checkpoint (``--checkpoint-every 10``, ``--resume``) with all 8 workers, until
 the budget is spent; its wall time includes the restarts.
 
-Goodput = samples of the iterations that count / wall time. For the
-decentralized protocols every computed gradient reached the model (a dead
-worker's unfinished iteration is not counted); for the restarted allreduce the
-iterations after the last checkpoint are computed twice and count once.
+Every protocol is charged the same costs. Columns of OUT/failures.md (keys of
+OUT/failures.json in brackets):
+
+* goodput, whole job (``goodput``) = counted samples / elapsed wall time of
+  the whole job as the user waits for it: from the benchmark's call that
+  launches the job to the returned record, i.e. start-up (loading the data,
+  forking the workers from the warm server, their set-up and connect), training
+  (a replacement's start included), the launcher's evaluation of the
+  snapshots and writing the record; for the restarted allreduce, every
+  attempt, the time lost between a kill and the restart, and each restart's
+  start-up and checkpoint loading. The same for the failure-free rows.
+* goodput, training loop only (``goodput_loop``) = the same counted samples /
+  the training loop's time only (``metrics["wall_time_s"]``, the longest
+  worker's loop); for the restarted allreduce, the sum of the attempts' loop
+  times, a killed attempt's loop taken as its kill time (it writes no record).
+  It leaves out what the whole-job column charges, and is not the figure a
+  user waits for.
+* counted samples (``counted_samples``): iterations that count x batch. For
+  every job with its own record (decentralized protocols, failure-free
+  allreduce): ``metrics["goodput_samples_per_s"] * metrics["wall_time_s"]`` =
+  max(0, total iterations - deaths) x batch (``hetrain/jobs/run.py``
+  ``finalize_run``: a dead worker's last gradient may never have left it). For
+  the restarted allreduce: the last attempt's final iteration (the counter goes
+  on from the checkpoint) x workers x batch; the iterations after the last
+  checkpoint before a kill are computed twice and count once.
+* vs failure-free: whole-job goodput / the same protocol's failure-free
+  whole-job goodput (allreduce with restarts against failure-free allreduce).
+* elapsed (s) (``elapsed_s``): the whole-job denominator; ``wall_s``: the
+  loop-only denominator.
+
+Left out of every row alike: this process's own imports and the warm server's
+one-time start (``hetrain.jobs.warm_start``), which an untimed 2-worker warm-up
+job pays before the first row, so that the row run first (failure-free
+allreduce) does not pay it alone. A fresh ``hetrain train`` command pays them
+once more per job (its launcher's 1.9 s, ``docs/benchmarks.md``, "Start-up").
+The restarted allreduce's attempts start warm workers from the same server; a
+torchrun restart starts fresh interpreters and costs more.
+
 Writes OUT/failures.md and OUT/failures.json.
 """
 
@@ -47,13 +81,15 @@ def decentralized(base: RunConfig, protocol: str, fail: str, out: Path, on_failu
     config = base.replace(protocol=protocol, fail=fail, on_failure=on_failure if fail != "none" else None)
     began = time.perf_counter()
     metrics = run_training(config, str(out), progress=False)
+    elapsed = time.perf_counter() - began  # launch to record: start-up, training, evaluation, writing
+    counted = round(metrics["goodput_samples_per_s"] * metrics["wall_time_s"])  # (iterations - deaths) x batch
     label = protocol if fail == "none" else f"{protocol} ({on_failure})"
     return {"protocol": label, "failures": fail != "none", "workers_lost": metrics.get("workers_lost", 0),
             "workers_joined": metrics.get("workers_joined", 0),
             "join_s": [j["join_s"] for j in metrics.get("joins", [])],
-            "wall_s": metrics["wall_time_s"], "elapsed_s": time.perf_counter() - began,
-            "goodput": metrics["samples_per_s"], "final_accuracy": metrics["final_accuracy_avg_model"],
-            "final_loss": metrics["final_loss_avg_model"],
+            "counted_samples": counted, "wall_s": metrics["wall_time_s"], "elapsed_s": elapsed,
+            "goodput": counted / elapsed, "goodput_loop": metrics["goodput_samples_per_s"],
+            "final_accuracy": metrics["final_accuracy_avg_model"], "final_loss": metrics["final_loss_avg_model"],
             "recovery_s": [d.get("recovery_s") for d in metrics.get("deaths", [])]}
 
 
@@ -78,19 +114,28 @@ def allreduce_restarts(base: RunConfig, duration_s: float, out: Path) -> dict:
             break
         except WorkerError:
             restarts += 1
-            trained_s = pending[0][0] + trained_s  # the job ran until the kill
-    wall = time.perf_counter() - began
+            trained_s = pending[0][0] + trained_s  # the job's loop ran until the kill
+    elapsed = time.perf_counter() - began  # every attempt, from the first launch to the last record
+    samples = counted * base.num_workers * base.batch_size
     return {"protocol": "allreduce (restart from checkpoint)", "failures": True, "workers_lost": restarts,
             "workers_joined": 0, "join_s": [],
-            "wall_s": wall, "elapsed_s": wall, "goodput": counted * base.num_workers * base.batch_size / wall,
+            "counted_samples": samples, "wall_s": trained_s, "elapsed_s": elapsed,
+            "goodput": samples / elapsed, "goodput_loop": samples / trained_s,
             "final_accuracy": metrics["final_accuracy_avg_model"], "final_loss": metrics["final_loss_avg_model"],
             "recovery_s": []}
 
 
+def warm_up(out: Path) -> None:
+    """An untimed job: the warm server starts (imports torch and hetrain) here, not in the first timed row."""
+    run_training(RunConfig(num_workers=2, workload="mlp", compute_ms=1.0, iterations=3, timeout_s=120.0),
+                 str(out / "warm-up"), progress=False)
+
+
 def markdown(rows: list[dict]) -> str:
-    lines = ["| workload | protocol | failures | workers lost | joined | goodput (samples/s) | vs failure-free | "
+    lines = ["| workload | protocol | failures | workers lost | joined | goodput, whole job (samples/s) | "
+             "vs failure-free | goodput, training loop only (samples/s) | elapsed (s) | "
              "final accuracy | final loss | recovery (s) | replacement ready after (s) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     calm = {(r["workload"], r["protocol"]): r["goodput"] for r in rows if not r["failures"]}
     for r in rows:
         key = (r["workload"], r["protocol"].split(" ")[0])
@@ -99,6 +144,7 @@ def markdown(rows: list[dict]) -> str:
         ready = ", ".join(f"{x:.1f}" for x in r.get("join_s", [])) or "-"
         lines.append(f"| {r['workload']} | {r['protocol']} | {'yes' if r['failures'] else 'no'} | {r['workers_lost']} "
                      f"| {r.get('workers_joined', 0)} | {r['goodput']:.0f} | {'-' if ratio is None else f'{ratio:.3f}'} "
+                     f"| {r['goodput_loop']:.0f} | {r['elapsed_s']:.1f} "
                      f"| {r['final_accuracy']:.4f} | {r['final_loss']:.3f} | {rec} | {ready} |")
     return "\n".join(lines) + "\n"
 
@@ -113,6 +159,7 @@ def main() -> int:
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    warm_up(out)
     rows = []
     for workload in args.workloads.split(","):
         base = RunConfig(num_workers=8, slowdown="0:5x", time_budget_s=args.duration, timeout_s=120.0,

@@ -27,6 +27,8 @@ def build_metrics(
     final_accuracy_worst_worker: float | None = None,
     final_loss_avg_model: float | None = None,
     consensus_distance: float | None = None,
+    time_to_target_worst_worker_s: float | None = None,
+    efficiency_basis: str | None = None,
     extra: dict | None = None,
 ) -> dict:
     """Assemble the record of one run.
@@ -38,10 +40,13 @@ def build_metrics(
     never waits (emulated compute time times its slowdown). Heterogeneity
     efficiency = achieved samples/s divided by the sum of standalone speeds,
     each weighted by the fraction of the run the worker was alive
-    (``alive_fraction``; 1 for survivors).
+    (``alive_fraction``; 1 for survivors). ``efficiency_basis`` says how the
+    standalone speeds were obtained (``emulated``, ``in-run``, ``simulated``:
+    :mod:`hetrain.jobs.capacity`).
     ``time_to_target_s``: the first curve point whose averaged model reaches
     ``target_loss`` (validation loss at or below it) when given, else
-    ``target_accuracy``. Workers that report ``throughput_series`` (windows of
+    ``target_accuracy``; ``time_to_target_worst_worker_s``: when every worker's
+    own model had (:mod:`hetrain.jobs.evaluation`; None where not measured). Workers that report ``throughput_series`` (windows of
     samples/s and RSS) give the job's series (their sum per window) and the
     rates of the run's first and last quarter.
     """
@@ -59,6 +64,7 @@ def build_metrics(
         "samples_per_s": samples_per_s,
         "ideal_samples_per_s": ideal,
         "heterogeneity_efficiency": samples_per_s / ideal if ideal > 0 else None,
+        "efficiency_basis": efficiency_basis,
         "final_accuracy_avg_model": final_accuracy_avg_model,
         "final_accuracy_worst_worker": final_accuracy_worst_worker,
         "target_accuracy": target_accuracy,
@@ -66,6 +72,7 @@ def build_metrics(
         "final_loss_avg_model": final_loss_avg_model,
         "final_train_loss": _final_train_loss(workers),
         "time_to_target_s": time_to_target,
+        "time_to_target_worst_worker_s": time_to_target_worst_worker_s,
         "consensus_distance": consensus_distance,
         "max_iteration_gap": max((w.get("max_iteration_gap", 0) for w in workers), default=0),
     }
@@ -202,12 +209,14 @@ def format_summary(m: dict) -> str:
     lines = [
         f"protocol {m['protocol']}  workers {m['num_workers']}  wall {m['wall_time_s']:.2f} s",
         f"  samples/s {m['samples_per_s']:.1f} of ideal {m['ideal_samples_per_s']:.1f}"
-        f"  -> heterogeneity efficiency {_fmt(m['heterogeneity_efficiency'])}",
+        f"  -> heterogeneity efficiency {_fmt(m['heterogeneity_efficiency'])}"
+        + (f" ({m['efficiency_basis']} compute)" if m.get("efficiency_basis") else ""),
         f"  accuracy: averaged model {_fmt(m['final_accuracy_avg_model'], '.4f')}"
-        f"  worst worker {_fmt(m['final_accuracy_worst_worker'], '.4f')}"
-        + (f"  time to loss {_fmt(m.get('target_loss'), '.2f')}: " if m.get("target_loss") is not None
-           else f"  time to {_fmt(m['target_accuracy'], '.2f')}: ")
-        + f"{_fmt(m['time_to_target_s'], '.2f')} s",
+        f"  worst worker {_fmt(m['final_accuracy_worst_worker'], '.4f')}",
+        ("  time to loss " + _fmt(m.get("target_loss"), ".2f") if m.get("target_loss") is not None
+         else "  time to accuracy " + _fmt(m["target_accuracy"], ".2f"))
+        + f": averaged model {_fmt(m['time_to_target_s'], '.2f')} s"
+        f"  worst worker's own model {_fmt(m.get('time_to_target_worst_worker_s'), '.2f')} s",
         f"  consensus distance {_fmt(m['consensus_distance'], '.3g')}  max iteration gap {m['max_iteration_gap']}"
         f"  updates stale {m.get('updates_stale', 0)} dropped {m.get('updates_dropped', 0)}",
     ]

@@ -89,7 +89,12 @@ def test_train_end_to_end_reaches_the_digits_target(tmp_path, protocol):
     assert metrics["protocol"] == protocol and metrics["num_workers"] == 4
     assert metrics["final_accuracy_avg_model"] >= 0.93
     assert metrics["time_to_target_s"] is not None
-    assert 0 < metrics["heterogeneity_efficiency"] <= 1.2
+    # real compute: each worker's standalone speed is its own compute time per iteration in the run,
+    # so the figure is a fraction of capacity (it read 1.02 when calibrated while others started)
+    assert metrics["efficiency_basis"] == "in-run"
+    assert 0 < metrics["heterogeneity_efficiency"] <= 1.02
+    worst = metrics["time_to_target_worst_worker_s"]  # every worker's own model reaches 0.93 here too
+    assert worst is not None and worst >= metrics["accuracy_curve"][0]["t_s"]
     for worker in metrics["workers"]:
         assert {"iterations", "compute_s", "wait_s"} <= set(worker)
     assert (out / "summary.txt").exists()

@@ -20,13 +20,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-# PyTorch 2.13 sometimes aborts a gloo worker during interpreter finalization, after all
-# work is done (reproduced with a plain DDP script; docs/decisions.md). hetrain's own
-# torchrun entry leaves without finalization; a user's script (the example) may still hit it.
-KNOWN_TEARDOWN_ABORT = "terminate called without an active exception"
-
-
-def _run_all(commands, timeout_s=150, tolerate_teardown_abort=False):
+def _run_all(commands, timeout_s=150):
     """Start every command, wait for all; on failure or timeout kill every process group."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     procs = [subprocess.Popen(c, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -42,21 +36,66 @@ def _run_all(commands, timeout_s=150, tolerate_teardown_abort=False):
                 p.wait()
     assert outputs is not None, "torchrun job timed out"
     for p, out in zip(procs, outputs):
-        if tolerate_teardown_abort and p.returncode != 0 and KNOWN_TEARDOWN_ABORT in out:
-            continue  # the results are checked by the caller
         assert p.returncode == 0, out[-3000:]
     return outputs
 
 
-def test_example_user_loop_under_torchrun(tmp_path):
-    report = tmp_path / "report.json"
+EXAMPLE_STEPS = 80
+
+
+def _example(report: Path) -> list[dict]:
     _run_all([TORCHRUN + ["--standalone", "--nproc-per-node", "3", "examples/train_custom.py",
-                          "--steps", "80", "--out", str(report)]], tolerate_teardown_abort=True)
-    ranks = json.loads(report.read_text())
+                          "--steps", str(EXAMPLE_STEPS), "--out", str(report)]])
+    return json.loads(report.read_text())
+
+
+def _alone_spread(ranks: int = 3) -> float:
+    """The example's three ranks trained alone (no protocol): how far apart their models end."""
+    import torch
+    from torch import nn
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        from train_custom import TinyRegressor
+    finally:
+        sys.path.pop(0)
+    flats = []
+    for rank in range(ranks):
+        torch.manual_seed(0)
+        model = TinyRegressor()
+        gen = torch.Generator().manual_seed(100 + rank)
+        true_w = torch.linspace(-1, 1, 16)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        for _ in range(EXAMPLE_STEPS):
+            x = torch.randn(64, 16, generator=gen)
+            loss = nn.functional.mse_loss(model(x), x @ true_w)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        flats.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    stacked = torch.stack(flats)
+    return float((stacked - stacked.mean(0)).norm(dim=1).pow(2).mean().sqrt())
+
+
+def test_example_user_loop_under_torchrun(tmp_path):
+    ranks = _example(tmp_path / "report.json")  # every rank exits 0 (_run_all)
     assert [r["rank"] for r in ranks] == [0, 1, 2]
+    # they mixed while training: consensus_distance is the ranks' spread as the loop ended, before
+    # finish() averaged them (measured 0.018; alone 0.14)
+    assert ranks[0]["consensus_distance"] < 0.5 * _alone_spread()
     assert len({r["digest"] for r in ranks}) == 1  # finish() left every rank with the same model
     assert ranks[0]["loss"] < 0.5  # it learned (the loss starts near 6)
     assert all(r["iterations"] >= 1 and "wait_s" in r for r in ranks)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_example_exits_cleanly_every_time(tmp_path):
+    """20 runs, every rank exit code 0: torch 2.13 aborted 1 run in 4-20 at interpreter exit until
+    hetrain.init() imported torch._dynamo before creating the group (docs/decisions.md)."""
+    for attempt in range(20):
+        ranks = _example(tmp_path / f"report-{attempt}.json")
+        assert len({r["digest"] for r in ranks}) == 1
 
 
 @pytest.mark.parametrize("protocol", ["hop", "prague"])

@@ -18,13 +18,14 @@ import sys
 import time
 import warnings
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
 from hetrain.config import RunConfig
-from hetrain.data import Dataset, build_model, evaluate, load_dataset
+from hetrain.data import Dataset, load_dataset
 from hetrain.jobs import checkpoint
+from hetrain.jobs.capacity import efficiency_basis, lost_worker_iteration_s
+from hetrain.jobs.evaluation import evaluation_curve
 from hetrain.jobs.local_job import run_local
 from hetrain.jobs.meter import process_started_at
 from hetrain.jobs.phases import job_phases
@@ -34,7 +35,6 @@ from hetrain.jobs.warm_start import start_early
 from hetrain.metrics import build_metrics, format_summary
 from hetrain.outputs import prepare_out_dir, write_json_atomic, write_text_atomic
 from hetrain.protocols.options import OptionError
-from hetrain.runtime.flat_state import FlatState
 from hetrain.slowdown import parse_slowdown
 
 
@@ -165,7 +165,7 @@ def finalize_run(config: RunConfig, results: list[dict | None], out, interrupted
     workers = [r["worker"] for r in survivors]
     wall_s = max(w["loop_s"] for w in workers)
     timing = job_phases(workers, launched_at)
-    curve = evaluation_curve(config, [r["snapshots"] for r in survivors], data)
+    curve, worst_worker_at_target_s = evaluation_curve(config, [r["snapshots"] for r in survivors], data)
     lost = _lost_workers(config, workers, deaths, wall_s)
     metrics = build_metrics(
         protocol=config.protocol,
@@ -178,6 +178,8 @@ def finalize_run(config: RunConfig, results: list[dict | None], out, interrupted
         accuracy_curve=curve,
         target_accuracy=config.target_accuracy,
         target_loss=config.resolved_target_loss(),
+        time_to_target_worst_worker_s=worst_worker_at_target_s,
+        efficiency_basis=efficiency_basis(config),
         final_accuracy_avg_model=workers[0]["consensus_accuracy"],
         final_accuracy_worst_worker=min(w["local_accuracy"] for w in workers),
         final_loss_avg_model=workers[0]["consensus_loss"],
@@ -201,43 +203,10 @@ def _lost_workers(config: RunConfig, survivors: list[dict], deaths: list[dict], 
     if not deaths:
         return []
     slowdown = parse_slowdown(config.slowdown, config.seed)
-    math_s = sorted(w["math_s"] for w in survivors)[len(survivors) // 2]
-    base_s = config.compute_ms / 1000.0 if config.compute_ms else math_s
     return [{"rank": d["rank"], "iterations": d["computed"], "compute_s": 0.0, "wait_s": 0.0, "died": d["how"],
-             "standalone_iteration_s": max(base_s * slowdown.expected_factor(d["rank"]), math_s),
+             "standalone_iteration_s": lost_worker_iteration_s(config, slowdown, d["rank"], survivors),
              "alive_fraction": min(1.0, (d["t_s"] - d.get("started_t_s", 0.0)) / wall_s) if wall_s > 0 else 0.0}
             for d in deaths]
-
-
-def evaluation_curve(config: RunConfig, snapshots_by_worker: list[list], data: Dataset | None = None) -> list[dict]:
-    """Accuracy and loss of the average of the workers' models at each snapshot time.
-
-    Snapshots are ``(due_s, t_s, iteration, flat)``; at each due time every worker
-    contributes its latest snapshot due at or before it. ``data``: the workload's data (None: load it).
-    """
-    if not all(snapshots_by_worker):
-        return []
-    data = data if data is not None else load_dataset(config.workload, config.seed)
-    model = build_model(config.workload, config.model_params, config.seed)
-    state = FlatState(model)
-    due_times = sorted({snap[0] for snaps in snapshots_by_worker for snap in snaps})
-    curve = []
-    for due in due_times:
-        chosen = []
-        for snaps in snapshots_by_worker:
-            before = [s for s in snaps if s[0] <= due]
-            chosen.append(before[-1] if before else snaps[0])
-        mean = torch.from_numpy(np.mean([s[3] for s in chosen], axis=0))
-        state.scatter(mean)
-        accuracy, loss = evaluate(model, data.x_test, data.y_test)
-        curve.append({
-            "t_s": max(s[1] for s in chosen),
-            "accuracy_avg_model": accuracy,
-            "loss_avg_model": loss,
-            "min_iteration": min(s[2] for s in chosen),
-            "max_iteration": max(s[2] for s in chosen),
-        })
-    return curve
 
 
 def _job_timeout_s(config: RunConfig) -> float | None:

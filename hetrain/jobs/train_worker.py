@@ -20,6 +20,7 @@ from torch import nn
 from hetrain.config import RunConfig
 from hetrain.data import Dataset, build_model, evaluate, load_dataset, loss_fn, make_optimizer, make_sampler
 from hetrain.jobs import checkpoint
+from hetrain.jobs.capacity import standalone_iteration_s
 from hetrain.jobs.context import WorkerContext
 from hetrain.jobs.emulation import ComputeEmulator
 from hetrain.jobs.meter import WindowMeter, peak_rss_mb, tcp_connections
@@ -68,7 +69,6 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
     slowdown = parse_slowdown(config.slowdown, config.seed).check_workers(ctx.world_size)
     math_s = measure_math_s(model, sampler)
     base_s = config.compute_ms / 1000.0 if config.compute_ms else math_s  # 0 or None: real compute
-    standalone_s = max(base_s * slowdown.expected_factor(ctx.rank), math_s)
 
     optimizer = make_optimizer(config.resolved_optimizer(), model.parameters(), config.resolved_lr(),
                                config.momentum)
@@ -146,6 +146,7 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
     if ctx.report is not None:
         ctx.report({"iteration": protocol.stats.iteration, "computed": computed, "t_s": loop_s, "done": True})
     worker = protocol.metrics()
+    standalone_s = standalone_iteration_s(config, slowdown, ctx.rank, math_s, worker["compute_s"], worker["iterations"])
     worker.update(rank=ctx.rank, standalone_iteration_s=standalone_s, math_s=math_s, loop_s=loop_s,
                   local_accuracy=local_accuracy, local_loss=local_loss, consensus_accuracy=consensus_accuracy,
                   consensus_loss=consensus_loss, peak_rss_mb=round(peak_rss_mb(), 1),

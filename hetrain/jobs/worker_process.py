@@ -102,6 +102,9 @@ def worker_main(spec: WorkerSpec, channels: JobChannels) -> None:
 
         from hetrain.jobs.context import LauncherMembership, WorkerContext
         from hetrain.runtime.job import prefer_lazy_connections
+        from hetrain.testing.mutants import apply_from_env
+
+        apply_from_env()  # tests only: HETRAIN_MUTANT=no-comm proves the protocol tests can fail
 
         imported = time.time()
         torch.set_num_threads(1)

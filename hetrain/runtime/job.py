@@ -56,9 +56,17 @@ def init(backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> to
 
     Initialises the default process group if needed (NCCL when CUDA is available,
     else gloo, unless ``backend`` says) and, with NCCL, selects ``LOCAL_RANK``'s GPU.
+
+    It imports ``torch._dynamo`` first. Imported after the default group exists (the first
+    optimizer a script creates imports it), it takes 10 references to that group (torch 2.13), so
+    ``destroy_process_group()`` cannot free it: its gloo threads outlive Python's finalization, and
+    one that drops a tensor then aborts the process ("terminate called without an active
+    exception"; the example under torchrun: 1 run in 4-20, docs/decisions.md).
     """
     prefer_lazy_connections()
     if not dist.is_initialized():
+        import torch._dynamo  # noqa: F401 (before the group: see above)
+
         if backend is None:
             backend = "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))

@@ -41,7 +41,7 @@ class NullMath:
 
     def final(self) -> dict:
         return {"final_accuracy_avg_model": None, "final_accuracy_worst_worker": None,
-                "consensus_distance": None, "accuracy_curve": []}
+                "consensus_distance": None, "accuracy_curve": [], "time_to_target_worst_worker_s": None}
 
 
 class DigitsMath:
@@ -50,7 +50,7 @@ class DigitsMath:
     enabled = True
 
     def __init__(self, num_workers: int, *, batch_size: int = 32, lr: float = 0.1, seed: int = 0,
-                 eval_points: int = 20, total_iterations: int = 1):
+                 eval_points: int = 20, total_iterations: int = 1, target_accuracy: float = 0.95):
         from sklearn.datasets import load_digits
 
         data = load_digits()
@@ -73,6 +73,9 @@ class DigitsMath:
         self.curve: list[dict] = []
         self._eval_every = max(1, total_iterations // max(1, eval_points))
         self._next_eval = self._eval_every
+        self.target_accuracy = target_accuracy
+        self.worst_worker_at_target_s: float | None = None
+        self._miss_order = list(range(num_workers))  # the last worker to miss the target is tried first
 
     # ----- the model -------------------------------------------------------------
     @staticmethod
@@ -132,8 +135,21 @@ class DigitsMath:
         """Record a point of the accuracy curve each time ``done`` gradients pass a step."""
         if done >= self._next_eval:
             self._next_eval = (done // self._eval_every + 1) * self._eval_every
-            self.curve.append({"t_s": now_s, "iterations": done,
-                               "accuracy_avg_model": self.accuracy(self.average_model())})
+            point = {"t_s": now_s, "iterations": done, "accuracy_avg_model": self.accuracy(self.average_model())}
+            if self.worst_worker_at_target_s is None:
+                point["worst_worker_at_target"] = self._every_worker_at_target()
+                if point["worst_worker_at_target"]:
+                    self.worst_worker_at_target_s = now_s
+            self.curve.append(point)
+
+    def _every_worker_at_target(self) -> bool:
+        """Whether every worker's own model reaches the target accuracy (stops at the first that misses)."""
+        for worker in self._miss_order:
+            if self.accuracy(self.params[worker]) < self.target_accuracy:
+                self._miss_order.remove(worker)
+                self._miss_order.insert(0, worker)
+                return False
+        return True
 
     def average_model(self) -> np.ndarray:
         return np.mean(self.params, axis=0)
@@ -146,4 +162,5 @@ class DigitsMath:
             "final_accuracy_worst_worker": min(self.accuracy(p) for p in self.params),
             "consensus_distance": spread,
             "accuracy_curve": self.curve,
+            "time_to_target_worst_worker_s": self.worst_worker_at_target_s,
         }

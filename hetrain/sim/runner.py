@@ -101,7 +101,8 @@ def simulate(config: RunConfig, options: SimOptions = SimOptions(), model_params
                               if config.time_budget_s else iterations)
     total = n * expected_iterations
     if options.math == "digits":
-        math = DigitsMath(n, batch_size=config.batch_size, lr=config.resolved_lr(), seed=config.seed, total_iterations=total)
+        math = DigitsMath(n, batch_size=config.batch_size, lr=config.resolved_lr(), seed=config.seed, total_iterations=total,
+                          target_accuracy=config.target_accuracy)
     else:
         math = NullMath()
     engine = Engine(trace=options.trace)
@@ -156,6 +157,8 @@ def simulate(config: RunConfig, options: SimOptions = SimOptions(), model_params
         final_accuracy_avg_model=accuracy["final_accuracy_avg_model"],
         final_accuracy_worst_worker=accuracy["final_accuracy_worst_worker"],
         consensus_distance=accuracy["consensus_distance"],
+        time_to_target_worst_worker_s=accuracy["time_to_target_worst_worker_s"],
+        efficiency_basis="simulated",
         extra=extra,
     )
     if options.timelines:

@@ -1,0 +1,56 @@
+"""Each worker's standalone speed: the denominator of heterogeneity efficiency.
+
+Heterogeneity efficiency = samples/s achieved / the sum of the workers' standalone speeds, where a
+worker's standalone speed is what it would do if it never waited for anyone. How that speed is
+known depends on how compute is produced, and the record says which (``efficiency_basis``):
+
+- ``emulated``: with ``--compute-ms T`` a worker of slowdown factor f computes for T*f per
+  iteration by construction (a sleep padded around the real math), so its standalone iteration is
+  T*f (or its math time, if the math alone is longer). This is the basis of every protocol
+  measurement on small machines.
+- ``in-run``: with real compute there is no standalone speed to look up. A calibration taken
+  before the start barrier, while the other workers still import, measured each worker on idle
+  cores; in the run the workers share them, and a straggler's emulated sleep hands its cores to the
+  others, so the old figure read above 1 (hop 1.02, prague 1.01). Instead a worker's standalone
+  iteration is its own measured compute time per iteration *during the run* (everything between
+  two synchronisations: batch, forward, backward, optimizer step, the straggler's sleep). The sum
+  of those speeds is what the workers would have done had none of them waited, at the contention
+  they actually had, so the figure is the job's non-waiting fraction, weighted by speed, and
+  cannot exceed 1 (wall time >= each worker's compute time). What it does not charge: a protocol
+  whose background threads slow the math itself (contention for the same cores) looks no worse
+  here; samples/s side by side shows that.
+"""
+
+from __future__ import annotations
+
+from hetrain.config import RunConfig
+from hetrain.slowdown import Slowdown
+
+EMULATED = "emulated"
+IN_RUN = "in-run"
+
+
+def efficiency_basis(config: RunConfig) -> str:
+    """``emulated`` when the run emulates its compute time (``--compute-ms``), else ``in-run``."""
+    return EMULATED if config.compute_ms else IN_RUN
+
+
+def standalone_iteration_s(config: RunConfig, slowdown: Slowdown, rank: int, math_s: float,
+                           compute_s: float, iterations: int) -> float:
+    """Seconds per iteration of worker ``rank`` alone: emulated, or measured in the run (see the module)."""
+    if config.compute_ms:
+        return max(config.compute_ms / 1000.0 * slowdown.expected_factor(rank), math_s)
+    return compute_s / iterations if iterations else math_s * slowdown.expected_factor(rank)
+
+
+def lost_worker_iteration_s(config: RunConfig, slowdown: Slowdown, rank: int, survivors: list[dict]) -> float:
+    """The standalone iteration of a worker that died (it sent no record): from the survivors'.
+
+    Emulated: as for any worker, with the survivors' median math time. In-run: the survivors'
+    median standalone iteration per unit of slowdown, times the dead worker's slowdown factor.
+    """
+    math_s = sorted(w["math_s"] for w in survivors)[len(survivors) // 2]
+    if config.compute_ms:
+        return standalone_iteration_s(config, slowdown, rank, math_s, 0.0, 0)
+    per_unit = sorted(w["standalone_iteration_s"] / slowdown.expected_factor(w["rank"]) for w in survivors)
+    return per_unit[len(per_unit) // 2] * slowdown.expected_factor(rank)

@@ -1,0 +1,1 @@
+"""Helpers for hetrain's own tests (shipped, like ``torch.testing``); nothing here runs unless asked."""
