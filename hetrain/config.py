@@ -28,7 +28,8 @@ WORKLOAD_DEFAULTS = {
 DEFAULT_LR = {"sgd": 0.1, "adamw": 1e-3}
 # CLI flags whose names differ from the Python field (the rest are --field-with-dashes)
 FLAG_NAMES = {"num_workers": "--workers", "time_budget_s": "--time-budget", "eval_interval_s": "--eval-interval",
-              "timeout_s": "--timeout", "checkpoint_every_s": "--checkpoint-every"}
+              "timeout_s": "--timeout", "checkpoint_every_s": "--checkpoint-every",
+              "heartbeat_timeout_s": "--heartbeat-timeout"}
 
 
 @dataclass(frozen=True)
@@ -53,10 +54,11 @@ class RunConfig:
     eval_interval_s: float | None = None  # None: the workload's (0.5 s; 5 s for lm)
     device: str = "cpu"
     timeout_s: float = 60.0
+    heartbeat_timeout_s: float = 30.0  # a local worker silent this long is hung (0: never; hetrain.jobs.heartbeat)
     checkpoint_dir: str | None = None  # each worker's state is written here (atomically)
     checkpoint_every_s: float | None = None  # None: only at the end (when checkpoint_dir is set)
     resume: bool = False  # continue from checkpoint_dir's checkpoints (a fresh start when it has none)
-    fail: str = "none"  # fault injection: none | W@Ts[,V@Us] | random:rate=R (hetrain.faults)
+    fail: str = "none"  # fault injection: none | W@Ts | W@wall:Ts | W@PHASE, [:stop] | random:rate=R (hetrain.faults)
     on_failure: str | None = None  # abort | continue | respawn; None: the protocol's default (registry)
     options: dict[str, Any] = field(default_factory=dict)  # the protocol's options, by Python name
 
@@ -95,6 +97,8 @@ class RunConfig:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise OptionError(f"{{{name}}} must be positive, got {value}")
+        if not self.heartbeat_timeout_s >= 0:
+            raise OptionError(f"{{heartbeat_timeout_s}} must be >= 0 (0: off), got {self.heartbeat_timeout_s}")
         if self.iterations is None and self.time_budget_s is None:
             raise OptionError("give {iterations} or {time_budget_s} to say when to stop")
         if self.optimizer is not None and self.optimizer not in OPTIMIZERS:

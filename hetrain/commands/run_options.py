@@ -46,7 +46,9 @@ def add_run_options(parser: argparse.ArgumentParser, defaults: RunConfig) -> Non
                    help="lm: time_to_target_s is to this validation loss in nats/byte (default 2.5)")
     f = parser.add_argument_group("failures")
     f.add_argument("--fail", default=defaults.fail,
-                   help="kill workers for real (SIGKILL): none | W@Ts[,V@Us] (e.g. 3@20s) | random:rate=R per minute")
+                   help="kill workers for real (SIGKILL): none | W@Ts[,V@Us] (e.g. 3@20s: on the training clock) | "
+                        "W@wall:Ts (from the launch) | W@startup|connect|checkpoint|finish (as it enters the phase) | "
+                        "any with :stop (SIGSTOP: a hang) | random:rate=R per minute")
     f.add_argument("--on-failure", choices=("abort", "continue", "respawn"), default=defaults.on_failure,
                    dest="on_failure",
                    help="when a worker dies: abort the job, continue with the survivors, or respawn (continue, "
@@ -62,6 +64,10 @@ def add_runtime_options(parser: argparse.ArgumentParser, defaults: RunConfig) ->
     g.add_argument("--device", choices=("cpu", "cuda"), default=defaults.device, help="cpu (gloo) or cuda (NCCL)")
     g.add_argument("--timeout", type=float, default=defaults.timeout_s, dest="timeout_s",
                    help="seconds any blocking wait may last before the job fails")
+    g.add_argument("--heartbeat-timeout", type=float, default=defaults.heartbeat_timeout_s,
+                   dest="heartbeat_timeout_s",
+                   help="seconds without a heartbeat after which a local worker is declared hung, killed and "
+                        "handled as a death (default 30; 0: off)")
     c = parser.add_argument_group("checkpoints")
     c.add_argument("--checkpoint-dir", default=None,
                    help="write each worker's model, optimizer, data position, RNG and protocol state here")
@@ -108,7 +114,8 @@ def config_from_args(args: argparse.Namespace, **overrides) -> RunConfig:
         fail=args.fail, on_failure=args.on_failure,
         options={k: v for k, v in values.items() if k in spec.option_names()},
     )
-    for name in ("eval_interval_s", "device", "timeout_s", "checkpoint_dir", "checkpoint_every_s", "resume"):
+    for name in ("eval_interval_s", "device", "timeout_s", "heartbeat_timeout_s", "checkpoint_dir",
+                 "checkpoint_every_s", "resume"):
         if hasattr(args, name):
             fields[name] = getattr(args, name)
     fields.update(overrides)

@@ -28,7 +28,8 @@ class WorkerContext:
     (0: an original worker; more: a replacement, which joins a running job);
     ``clock_offset_s`` is the job's training time when this process started,
     ``start_iteration`` its predecessor's last reported iteration.
-    ``phases``: start-up timing the launcher measured for this process (``launched_at``: the
+    ``start_gate``: the job's start barrier (:class:`hetrain.jobs.start_gate.StartGate`; None
+    under torchrun, where ``dist.barrier()`` is one); ``phases``: start-up timing the launcher measured for this process (``launched_at``: the
     launcher's ``time.time()`` at its start; ``import_s`` until the worker's code ran;
     ``connect_s`` so far: the default process group); the training app adds its own.
     """
@@ -46,6 +47,16 @@ class WorkerContext:
     clock_offset_s: float = 0.0
     start_iteration: int = 0  # a replacement: its predecessor's last reported iteration
     phases: dict = field(default_factory=dict)
+    start_gate: object | None = None
+
+    def start_barrier(self) -> None:
+        """Wait until every worker of the job is ready to train (the dead excepted, in a local job)."""
+        if self.start_gate is not None:
+            self.start_gate.wait(self.timeout_s)
+        else:
+            import torch.distributed as dist
+
+            dist.barrier()
 
     @property
     def timeout(self) -> datetime.timedelta:

@@ -23,9 +23,11 @@ class DeathRecords:
         """A replacement stopped because the job was ending: not a death anyone must recover from."""
         self.records.append({"rank": rank, "incarnation": incarnation, "_not_admitted": True})
 
-    def died(self, rank: int, incarnation: int, how: str, started_t_s: float, last_report: dict,
+    def died(self, rank: int, incarnation: int, how: str, cause: str, started_t_s: float, last_report: dict,
              training_time_s: float, survivors_computed: dict[int, int]) -> None:
-        self.records.append({"rank": rank, "incarnation": incarnation, "how": how, "started_t_s": started_t_s,
+        """``cause``: injected (``--fail``), hung (no heartbeat), signal or exit."""
+        self.records.append({"rank": rank, "incarnation": incarnation, "how": how, "cause": cause,
+                             "started_t_s": started_t_s,
                              "iteration": last_report.get("iteration", 0), "t_s": training_time_s,
                              "wall_s": time.monotonic(), "computed": last_report.get("computed", 0),
                              "recovery_s": None, "_awaiting": dict(survivors_computed)})

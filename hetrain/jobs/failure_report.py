@@ -11,12 +11,12 @@ from __future__ import annotations
 import time
 
 from hetrain.errors import UsageError, WorkerError
-from hetrain.jobs.process_guard import describe_exit
 
 
-def failure_error(dead: dict[int, int | None], failures: dict[int, tuple[str, str, str | None]],
+def failure_error(dead: dict[int, str], failures: dict[int, tuple[str, str, str | None]],
                   log_path) -> Exception:
-    """The exception to raise. ``dead``: rank -> exit code of workers that died without a report;
+    """The exception to raise. ``dead``: rank -> how each worker that died without a report ended, in words
+    (:func:`hetrain.jobs.process_guard.describe_exit`, or what the launcher knows better: hung, injected);
     ``failures``: rank -> (kind, summary, detail) of those that reported one; ``log_path``: where the
     tracebacks went (None: nowhere)."""
     see_log = f" (tracebacks: {log_path})" if log_path and failures else ""
@@ -27,16 +27,16 @@ def failure_error(dead: dict[int, int | None], failures: dict[int, tuple[str, st
         first = next(iter(dead))
         others = [r for r in failures if r != first]
         after = f"; then worker {others[0]} failed: {first_line(failures[others[0]][1])}" if others else ""
-        return WorkerError(f"worker {first} {describe_exit(dead[first])}{after}{see_log}")
+        return WorkerError(f"worker {first} {dead[first]}{after}{see_log}")
     rank = next(iter(failures))
     return WorkerError(f"worker {rank} failed: {first_line(failures[rank][1])}{see_log}")
 
 
-def write_log(log_path, dead: dict[int, int | None], failures: dict[int, tuple[str, str, str | None]]) -> bool:
+def write_log(log_path, dead: dict[int, str], failures: dict[int, tuple[str, str, str | None]]) -> bool:
     """Every worker's traceback (and every silent death) to ``log_path``; False if it could not be written."""
     lines = [f"hetrain job failed at {time.strftime('%Y-%m-%d %H:%M:%S')}"]
-    for rank, exitcode in dead.items():
-        lines.append(f"\n== worker {rank} {describe_exit(exitcode)} (no report)")
+    for rank, how in dead.items():
+        lines.append(f"\n== worker {rank} {how} (no report)")
     for rank, (_, summary, detail) in failures.items():
         lines.append(f"\n== worker {rank} failed: {summary}\n{detail or ''}")
     try:

@@ -19,9 +19,16 @@ temporary directory (no ports to pick). The launcher watches the workers:
   result) does not end the job: the launcher records the death
   (:mod:`hetrain.jobs.deaths`), publishes it to the survivors through shared
   memory (``ctx.dead_workers()``; protocols repair around it) and waits for
-  the others. A worker that *reports an error* still fails the job. ``kills``
-  injects deaths for real (:mod:`hetrain.jobs.fault_injection`: SIGKILL at a
-  given training time, from the workers' progress reports);
+  the others. A worker that *reports an error* still fails the job. ``faults``
+  injects deaths and hangs for real (:mod:`hetrain.jobs.fault_injection`:
+  SIGKILL or SIGSTOP on the training clock, the wall clock, or as a worker
+  enters a phase it reports);
+- a worker silent for ``heartbeat_timeout_s`` (no heartbeat: stopped, swapped
+  out) is declared hung, SIGKILLed and handled as a death
+  (:mod:`hetrain.jobs.heartbeat`);
+- the start barrier is the launcher's (:mod:`hetrain.jobs.start_gate`): it
+  opens once every rank is ready or dead, so a death during start-up leaves a
+  job of the survivors;
 - with ``on_failure="respawn"`` a death is handled as with ``continue`` and a
   replacement process starts for the same rank, one *incarnation* later. It
   builds its protocol, which announces ``{"joined": incarnation}``; only then
@@ -36,17 +43,21 @@ from __future__ import annotations
 import os
 import queue
 import shutil
+import signal
 import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
 from hetrain.errors import WorkerError
+from hetrain.faults import Fault
 from hetrain.jobs.deaths import DeathRecords, Replacements
 from hetrain.jobs.failure_report import failure_error, write_log
-from hetrain.jobs.fault_injection import KillSchedule
+from hetrain.jobs.fault_injection import FaultSchedule
+from hetrain.jobs.heartbeat import DEFAULT_HEARTBEAT_TIMEOUT_S, SilenceWatch
 from hetrain.jobs.interrupts import CtrlC
 from hetrain.jobs.process_guard import describe_exit
+from hetrain.jobs.start_gate import open_if_ready
 from hetrain.jobs.worker_process import WorkerSpec
 from hetrain.jobs.workers import WorkerProcesses
 
@@ -81,6 +92,8 @@ def run_local(
     log_path: str | os.PathLike | None = None,
     on_failure: str = "abort",
     kills: list[tuple[float, int]] | None = None,
+    faults: list[Fault] | None = None,
+    heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
     on_death: Callable[[int], None] | None = None,
     on_join: Callable[[int, int], None] | None = None,
 ) -> JobResults:
@@ -94,14 +107,18 @@ def run_local(
     bounds the whole job (default: no bound beyond the per-wait timeouts).
     ``log_path``: where a failed job writes every worker's full traceback.
     ``on_failure``: ``abort`` (a death fails the job), ``continue`` or ``respawn`` (see the
-    module docstring); ``kills``: ``(training_time_s, rank)`` pairs to SIGKILL; ``on_death(rank)``
+    module docstring); ``kills``: ``(training_time_s, rank)`` pairs to SIGKILL, ``faults``: any
+    :class:`hetrain.faults.Fault`; ``heartbeat_timeout_s``: silence that makes a worker hung (0: never);
+    ``on_death(rank)``
     runs in the launcher when a worker is found dead (e.g. to tell a Group Generator),
     ``on_join(rank, incarnation)`` when its replacement has joined.
     """
     if on_failure not in ON_FAILURE_MODES:
         raise ValueError(f"on_failure must be abort, continue or respawn, got {on_failure!r}")
     return LocalJob(fn, args, num_workers, backend=backend, timeout_s=timeout_s, job_timeout_s=job_timeout_s,
-                    on_failure=on_failure, log_path=log_path, kills=kills or [], on_message=on_message,
+                    on_failure=on_failure, log_path=log_path,
+                    faults=[Fault(rank, "train", t) for t, rank in kills or []] + list(faults or []),
+                    heartbeat_timeout_s=heartbeat_timeout_s, on_message=on_message,
                     on_death=on_death, on_join=on_join).run()
 
 
@@ -109,15 +126,19 @@ class LocalJob:
     """The launcher's watch loop over one job's workers: results, progress, deaths, joins and the end."""
 
     def __init__(self, fn, args: tuple, num_workers: int, *, backend: str, timeout_s: float,
-                 job_timeout_s: float | None, on_failure: str, log_path, kills: list[tuple[float, int]],
-                 on_message, on_death, on_join):
+                 job_timeout_s: float | None, on_failure: str, log_path, faults: list[Fault],
+                 heartbeat_timeout_s: float, on_message, on_death, on_join):
         self.n = num_workers
         self.on_failure = on_failure
         self.continue_on_death = on_failure != "abort"
         self.timeout_s = timeout_s
         self.job_timeout_s = job_timeout_s
         self.log_path = log_path
-        self.kills = KillSchedule(kills)
+        self.faults = FaultSchedule(faults)
+        self.phases: dict[int, set[str]] = {}  # rank -> phases its current process has entered
+        self.silence = SilenceWatch(heartbeat_timeout_s)
+        self.hung: dict[int, float] = {}  # pid -> seconds of silence when it was declared hung
+        self.launched = time.monotonic()
         self.on_message, self.on_death, self.on_join = on_message, on_death, on_join
         self.tmp = tempfile.mkdtemp(prefix="hetrain-job-")
         self.workers = WorkerProcesses(WorkerSpec(
@@ -140,8 +161,9 @@ class LocalJob:
         deadline = None if self.job_timeout_s is None else time.monotonic() + self.job_timeout_s
         try:
             with self.interrupt:
+                self.launched = time.monotonic()
                 for rank in range(self.n):
-                    self.workers.start(rank)
+                    self._start(rank)
                 while len(self.done) + len(self.gone) < self.n:
                     self._watch_once()
                     now = time.monotonic()
@@ -164,8 +186,10 @@ class LocalJob:
 
     def _watch_once(self) -> None:
         self._drain_messages()
+        open_if_ready(self.channels.ready, self.channels.dead, self.channels.go)
         self._collect(_POLL_S)
-        self._inject_kills()
+        self._inject_faults()
+        self._find_hung()
         dead = [r for r in self._dead_without_result()
                 if not self.deaths.known(r, self.channels.incarnations[r])]
         if self.continue_on_death and dead and not self.failures:
@@ -200,6 +224,12 @@ class LocalJob:
                 rank, message = self.channels.messages.get_nowait()
             except queue.Empty:
                 return
+            self.silence.heard(rank)
+            if isinstance(message, dict) and "heartbeat" in message:
+                continue
+            if isinstance(message, dict) and "phase" in message:
+                self.phases.setdefault(rank, set()).add(message["phase"])
+                continue
             if isinstance(message, dict) and "joined" in message:
                 self._joined(rank, message["joined"])
                 continue
@@ -216,13 +246,39 @@ class LocalJob:
     def _training_time_s(self) -> float:
         return max((p.get("t_s", 0.0) for p in self.progress.values()), default=0.0)
 
-    def _inject_kills(self) -> None:
-        if not self.progress:
-            return
-        for rank in self.kills.due(self._training_time_s()):
-            if rank not in self.done and self.workers.alive(rank):
-                self.kills.killed_pids.add(self.workers.pid(rank))
-                self.workers.kill(rank)
+    def _start(self, rank: int, *args) -> None:
+        self.workers.start(rank, *args)
+        self.phases[rank] = {"startup"}
+        self.silence.started(rank)
+
+    def _inject_faults(self) -> None:
+        training = self._training_time_s() if self.progress else None
+        for fault in self.faults.due(training, time.monotonic() - self.launched, self.phases):
+            rank = fault.worker
+            if rank in self.done or not self.workers.alive(rank):
+                continue
+            self.faults.injected[self.workers.pid(rank)] = fault
+            self.workers.signal(rank, signal.SIGSTOP if fault.signal == "stop" else signal.SIGKILL)
+
+    def _find_hung(self) -> None:
+        """SIGKILL workers silent past the heartbeat timeout; their deaths then say they hung."""
+        running = [r for r in range(self.n) if r not in self.done and r not in self.failures and self.workers.alive(r)]
+        for rank, silent_s in self.silence.silent(running).items():
+            self.hung[self.workers.pid(rank)] = silent_s
+            self.workers.kill(rank)
+
+    def _how(self, rank: int) -> tuple[str, str]:
+        """(how ``rank``'s current process ended, in words; its cause: injected, hung, signal or exit)."""
+        pid = self.workers.pid(rank)
+        fault = self.faults.injected.get(pid)
+        if pid in self.hung:
+            stopped = f", stopped by --fail {fault.describe()}" if fault is not None else ""
+            return (f"hung: no heartbeat for {self.hung[pid]:.0f} s (--heartbeat-timeout {self.silence.timeout_s:g})"
+                    f"{stopped}; killed", "hung")
+        if fault is not None:
+            return f"was killed by --fail {fault.describe()} (SIGKILL)", "injected"
+        code = self.workers.exitcode(rank)
+        return describe_exit(code), "signal" if code is not None and code < 0 else "exit"
 
     def _record_death(self, rank: int) -> None:
         dead_flags, incarnation = self.channels.dead, self.channels.incarnations[rank]
@@ -233,10 +289,9 @@ class LocalJob:
             return
         dead_flags[rank] = 1  # the survivors see it at their next check
         alive = [r for r in range(self.n) if r != rank and r not in self.done and not dead_flags[r]]
-        how = ("was killed by --fail (SIGKILL)" if self.workers.pid(rank) in self.kills.killed_pids
-               else describe_exit(self.workers.exitcode(rank)))
+        how, cause = self._how(rank)
         t_s = self._training_time_s()  # its own last report counts: the job had reached it
-        self.deaths.died(rank, incarnation, how, self.started_t_s.get(rank, 0.0), self.progress.pop(rank, {}),
+        self.deaths.died(rank, incarnation, how, cause, self.started_t_s.get(rank, 0.0), self.progress.pop(rank, {}),
                          t_s, {r: self.progress.get(r, {}).get("computed", 0) for r in alive})
         if self.on_death is not None:
             self.on_death(rank)
@@ -254,7 +309,7 @@ class LocalJob:
         self.channels.incarnations[rank] = incarnation
         t_s = self._training_time_s()
         self.started_t_s[rank] = t_s
-        self.workers.start(rank, incarnation, t_s, self.deaths.last_iteration(rank))
+        self._start(rank, incarnation, t_s, self.deaths.last_iteration(rank))
         self.replacements.started(rank, incarnation, t_s)
 
     def _close_membership(self) -> None:
@@ -299,7 +354,7 @@ class LocalJob:
                 break
         for rank in self._dead_without_result():  # an error report may still be in the queue just behind the death
             self._collect(0.2 if self.workers.exitcode(rank) > 0 else 0.0)
-        dead = {rank: self.workers.exitcode(rank) for rank in self._dead_without_result()}
+        dead = {rank: self._how(rank)[0] for rank in self._dead_without_result()}
         if self.log_path and not write_log(self.log_path, dead, self.failures):
             self.log_path = None
         raise failure_error(dead, self.failures, self.log_path)

@@ -83,7 +83,8 @@ def run_training(config: RunConfig, out_dir: str | None, progress: bool = True, 
             backend="nccl" if config.device == "cuda" else "gloo",
             timeout_s=config.timeout_s, job_timeout_s=_job_timeout_s(config), on_message=bar.update,
             log_path=out / "errors.log" if out is not None else None,
-            on_failure=config.resolved_on_failure(), kills=_kills(config), on_death=on_death, on_join=on_join,
+            on_failure=config.resolved_on_failure(), faults=_faults(config),
+            heartbeat_timeout_s=config.heartbeat_timeout_s, on_death=on_death, on_join=on_join,
         )
     finally:
         bar.close()
@@ -103,11 +104,14 @@ def _launcher_gg(config: RunConfig):
     return GGServer(scheduler, host="127.0.0.1") if scheduler is not None and config.num_workers > 1 else None
 
 
-def _kills(config: RunConfig) -> list[tuple[float, int]]:
-    from hetrain.faults import parse_fail
+def _faults(config: RunConfig) -> list:
+    """``--fail``'s faults: the training clock's kills (``random:`` drawn up to the budget) and the rest."""
+    from hetrain.faults import Fault, parse_fail
 
+    spec = parse_fail(config.fail, config.seed)
     horizon = config.time_budget_s if config.time_budget_s is not None else 10**9
-    return parse_fail(config.fail, config.seed).kills(config.num_workers, horizon)
+    kills = [Fault(worker, "train", t) for t, worker in spec.kills(config.num_workers, horizon)]
+    return kills + [f for f in spec.events if not (f.clock == "train" and f.signal == "kill")]
 
 
 def run_training_torchrun(config: RunConfig, out_dir: str | None) -> dict | None:

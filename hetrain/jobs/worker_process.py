@@ -28,7 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hetrain.errors import HetrainError, UsageError
+from hetrain.jobs.heartbeat import start_heartbeat
 from hetrain.jobs.process_guard import die_with_parent
+from hetrain.jobs.shared_flag import SharedFlag
 
 _PR_SET_NAME = 15
 
@@ -67,9 +69,11 @@ class JobChannels:
     """The launcher's shared objects, one set per job, handed to every worker.
 
     ``results``: (rank, kind, value, detail) once per worker; ``messages``: (rank, message) progress
-    and membership reports; ``stop``: Ctrl-C was pressed; ``closing``: a worker is finishing, so no
+    and membership reports; the flags (:class:`hetrain.jobs.shared_flag.SharedFlag`, which survive a
+    killed worker): ``stop``: Ctrl-C was pressed; ``closing``: a worker is finishing, so no
     replacement joins from now on; ``dead``: a byte per rank, 1 while the launcher holds it dead;
-    ``incarnations``: each rank's current process number.
+    ``incarnations``: each rank's current process number; ``ready`` (a byte per rank) and ``go``:
+    the start barrier (:mod:`hetrain.jobs.start_gate`).
     """
 
     results: Any
@@ -78,12 +82,15 @@ class JobChannels:
     closing: Any
     dead: Any
     incarnations: Any
+    ready: Any
+    go: Any
 
     @classmethod
     def create(cls, context, num_workers: int) -> JobChannels:
-        return cls(results=context.Queue(), messages=context.Queue(), stop=context.Event(),
-                   closing=context.Event(), dead=context.Array("b", num_workers, lock=False),
-                   incarnations=context.Array("i", num_workers, lock=False))
+        return cls(results=context.Queue(), messages=context.Queue(), stop=SharedFlag(context),
+                   closing=SharedFlag(context), dead=context.Array("b", num_workers, lock=False),
+                   incarnations=context.Array("i", num_workers, lock=False),
+                   ready=context.Array("b", num_workers, lock=False), go=SharedFlag(context))
 
 
 def worker_main(spec: WorkerSpec, channels: JobChannels) -> None:
@@ -96,11 +103,13 @@ def worker_main(spec: WorkerSpec, channels: JobChannels) -> None:
     die_with_parent(spec.launcher_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher handles Ctrl-C and asks us to stop
     rank = spec.rank
+    start_heartbeat(lambda: channels.messages.put((rank, {"heartbeat": True})))
     try:
         import torch
         import torch.distributed as dist
 
         from hetrain.jobs.context import LauncherMembership, WorkerContext
+        from hetrain.jobs.start_gate import StartGate
         from hetrain.runtime.job import prefer_lazy_connections
         from hetrain.testing.mutants import apply_from_env
 
@@ -121,6 +130,7 @@ def worker_main(spec: WorkerSpec, channels: JobChannels) -> None:
         membership = None if spec.on_failure == "abort" else LauncherMembership(
             channels.dead, channels.incarnations, rank, spec.incarnation, report, channels.closing.wait)
         ctx = WorkerContext(rank, spec.world_size, device, spec.timeout_s, report=report,
+                            start_gate=StartGate(channels.ready, channels.go, channels.dead, rank),
                             stop_requested=channels.stop.is_set, dead_workers=membership,
                             continue_on_death=spec.on_failure != "abort", on_failure=spec.on_failure,
                             incarnation=spec.incarnation, clock_offset_s=spec.clock_offset_s,
@@ -128,6 +138,8 @@ def worker_main(spec: WorkerSpec, channels: JobChannels) -> None:
                             phases={"launched_at": spec.launched_at,
                                     "import_s": max(0.0, imported - spec.launched_at),
                                     "connect_s": time.time() - imported})
+        if spec.incarnation > 0:
+            channels.ready[rank] = 1  # a replacement joins the running job; it never holds the start
         result = spec.fn(ctx, *spec.args)
         channels.results.put((rank, "ok", result, None))
         if spec.on_failure == "abort":

@@ -45,6 +45,9 @@ class WorkerProcesses:
     def kill(self, rank: int) -> None:
         os.kill(self.procs[rank].pid, signal.SIGKILL)
 
+    def signal(self, rank: int, signum: int) -> None:
+        os.kill(self.procs[rank].pid, signum)
+
     def exited(self, ranks) -> bool:
         return all(self.procs[r].exitcode is not None for r in ranks)
 

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from hetrain.errors import WorkerError
 from hetrain.runtime.flat_state import FlatState
 from hetrain.runtime.job import JobView
+from hetrain.runtime.watched_call import call_unless_dead
 
 _RETRY_PAUSE_S = 0.5
 _DEATH_NOTICE_S = 3.0  # how long a failed collective waits for the launcher to name a dead worker
@@ -42,18 +43,25 @@ def average_state(state: FlatState, job: JobView, dead_workers: Callable[[], set
     replaced = incarnations is not None and any(incarnations())  # the world group holds dead processes' pairs
     if not dead and not replaced:
         try:
-            return _average(state, job.group, job.world_size, job.timeout, private=False)
+            if dead_workers is None:
+                return _average(state, job.group, job.world_size, job.timeout, private=False)
+            # watched: a worker stopped, then killed as hung, is waited for the whole timeout otherwise
+            return call_unless_dead(lambda: _average(state, job.group, job.world_size, job.timeout, private=False),
+                                    lambda: set(dead_workers()), "the final average", "hetrain-average")
         except Exception as exc:
             if dead_workers is None or not wait_for_death_notice(dead_workers):
                 raise WorkerError(f"worker {job.rank} waited for the final average over all {job.world_size} "
                                   f"workers: {_first_line(exc)}") from None
     deadline = time.monotonic() + job.timeout_s
     while True:
-        dead = set(dead_workers())
+        dead = frozenset(dead_workers())
         survivors = [w for w in range(job.world_size) if w not in dead]
+        size = len(survivors)
         try:
-            group = survivor_group(job, dead, incarnations=incarnations() if incarnations else None)
-            return _average(state, group, len(survivors), job.timeout, private=True)
+            group = survivor_group(job, set(dead), incarnations=incarnations() if incarnations else None)
+            return call_unless_dead(
+                lambda group=group, size=size: _average(state, group, size, job.timeout, private=True),
+                lambda known=dead: set(dead_workers()) - known, "the survivors' average", "hetrain-average")
         except Exception as exc:
             if time.monotonic() > deadline:
                 raise WorkerError(f"worker {job.rank} waited for the final average over the survivors "

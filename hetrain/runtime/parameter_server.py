@@ -132,9 +132,13 @@ class ParameterServer(SyncProtocol):
         self._thread: threading.Thread | None = None
         flat = self.state.gather()
         if job.world_size > 1:
-            self._wait(dist.broadcast(flat, src=dist.get_global_rank(job.group, 0) if job.group is not None else 0,
-                                      group=job.group, async_op=True), "the initial model from rank 0")
-            self.state.scatter(flat)
+            if not self.tolerant:
+                self._wait(dist.broadcast(flat, src=dist.get_global_rank(job.group, 0) if job.group is not None
+                                          else 0, group=job.group, async_op=True), "the initial model from rank 0")
+                self.state.scatter(flat)
+            # continue/respawn: no broadcast, a collective a worker dead during start-up would hold for
+            # --timeout; each worker takes its first step from its own initial model (hetrain train's
+            # are one seeded model) and the server's model with its first answer
             self._up = private_group(job, "up", cpu=True)
             self._down = private_group(job, "down", cpu=True)
         else:

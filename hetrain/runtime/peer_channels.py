@@ -27,6 +27,7 @@ peer to its new process. A replacement builds no world-sized group at all.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -39,6 +40,7 @@ from hetrain.runtime.send_window import DEFAULT_MAX_IN_FLIGHT, SendWindow
 UPDATE, TOKEN, STOP = 0, 1, 2
 CHANNEL_TAGS = {"update": 11, "token": 12}
 HANDSHAKE_TAG = 13
+HANDSHAKE_DEATH_NOTICE_S = 5.0  # a failed handshake waits this long for the launcher to report the peer dead
 RECEIVER_TIMEOUT_FACTOR = 3
 
 
@@ -104,25 +106,65 @@ class PeerChannels:
         if window is not None:
             window.close()
 
-    def handshake(self, out_neighbors: list[int], in_neighbors: list[int]) -> None:
-        """Exchange one small message with every neighbour before training starts.
+    def handshake(self, out_neighbors: list[int], in_neighbors: list[int],
+                  dead_workers: Callable[[], set[int]] | None = None) -> set[int]:
+        """Exchange one small message with every neighbour before training starts; return the peers skipped.
 
         gloo connects a pair of workers on its first message; doing that here keeps
         connection set-up (about a second for 8 workers on 2 cores) out of the
-        measured training time, as DDP's constructor does for All-Reduce.
+        measured training time, as DDP's constructor does for All-Reduce. With
+        ``dead_workers`` (continue, respawn) a neighbour that is found dead meanwhile is
+        not waited for (a death during start-up): its exchange is left behind, and the
+        protocol repairs around it as around any death.
         """
         token = torch.zeros(1, dtype=torch.int64, device=self.job.device)
-        works = [self.group.send([token], dst, HANDSHAKE_TAG) for dst in out_neighbors]
+        works = [(dst, self.group.send([token], dst, HANDSHAKE_TAG)) for dst in out_neighbors]
         inbox = [torch.empty(1, dtype=torch.int64, device=self.job.device) for _ in in_neighbors]
-        works += [self.group.recv([buf], src, HANDSHAKE_TAG) for buf, src in zip(inbox, in_neighbors)]
-        try:
-            for work in works:
+        works += [(src, self.group.recv([buf], src, HANDSHAKE_TAG)) for buf, src in zip(inbox, in_neighbors)]
+        peers = sorted(set(out_neighbors + in_neighbors))
+        if dead_workers is None:
+            try:
+                for _, work in works:
+                    work.wait(self.job.timeout)
+            except Exception as exc:
+                raise WorkerError(f"worker {self.job.rank} could not reach its neighbours {peers} within "
+                                  f"{self.job.timeout_s:.0f} s: {str(exc).splitlines()[0][:160]}") from None
+            return set()
+        return self._wait_skipping_dead(works, peers, dead_workers)
+
+    def _wait_skipping_dead(self, works: list, peers: list[int], dead_workers) -> set[int]:
+        """Wait for each (peer, work) on a thread of its own; give up on the works of peers found dead."""
+        outcome: dict[int, str | None] = {}
+
+        def wait(index: int, work) -> None:
+            try:
                 work.wait(self.job.timeout)
-        except Exception as exc:
-            raise WorkerError(
-                f"worker {self.job.rank} could not reach its neighbours {sorted(set(out_neighbors + in_neighbors))} "
-                f"within {self.job.timeout_s:.0f} s: {str(exc).splitlines()[0][:160]}"
-            ) from None
+                outcome[index] = None
+            except Exception as exc:  # a dead peer's connection fails, or its wait times out
+                outcome[index] = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+
+        threads = [threading.Thread(target=wait, args=(i, work), daemon=True, name=f"hetrain-handshake-{peer}")
+                   for i, (peer, work) in enumerate(works)]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + self.job.timeout_s
+        while True:
+            dead = set(dead_workers())
+            pending = [i for i, (peer, _) in enumerate(works) if i not in outcome and peer not in dead]
+            failed = [(works[i][0], outcome[i]) for i in outcome if outcome[i] and works[i][0] not in dead]
+            if not pending and not failed:
+                return {peer for peer, _ in works} & dead
+            if failed or time.monotonic() > deadline:
+                peer, why = failed[0] if failed else (works[pending[0]][0], "no answer")
+                if failed:  # a failed connection is how a death shows; the launcher says so within a second
+                    settle = time.monotonic() + HANDSHAKE_DEATH_NOTICE_S
+                    while time.monotonic() < settle and peer not in set(dead_workers()):
+                        time.sleep(0.02)
+                    if peer in set(dead_workers()):
+                        continue
+                raise WorkerError(f"worker {self.job.rank} could not reach its neighbour {peer} (of {peers}) "
+                                  f"within {self.job.timeout_s:.0f} s: {why}")
+            time.sleep(0.01)
 
     def listen(self, channel: str, sources) -> None:
         """Start a receiver thread per source not listened to yet on ``channel``."""

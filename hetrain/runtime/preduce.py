@@ -41,7 +41,6 @@ issue groups in an order on which every member's cache evicts the same sets.
 from __future__ import annotations
 
 import datetime
-import threading
 import time
 from collections.abc import Callable
 
@@ -53,6 +52,7 @@ from hetrain.protocols.comm_lru import CommunicatorLRU
 from hetrain.protocols.exchange_rule import DIRECT_MAX_BYTES, uses_direct_exchange
 from hetrain.protocols.options import OptionError
 from hetrain.runtime.job import job_store
+from hetrain.runtime.watched_call import DeathDuringCall, call_unless_dead
 
 _DIAGNOSE_GRACE_S = 2.0  # how long a timed-out member waits for the others' arrival marks
 _EXCHANGE_TAG = 0
@@ -135,13 +135,15 @@ class PReduce:
             comm, timeout = self._comms[comm_key], datetime.timedelta(seconds=self.timeout_s)
             counted = [m not in fresh for m in members] if fresh else None
             if self._direct(buf, len(members)):
-                self._exchange(comm, work_buf, members.index(self.rank), len(members), timeout, counted)
+                self._watching(members, lambda: self._exchange(comm, work_buf, members.index(self.rank),
+                                                                 len(members), timeout, counted))
             else:
                 if counted is not None and self.rank in fresh:
                     work_buf.zero_()
-                comm.allreduce([work_buf]).wait(timeout)
+                self._watching(members, lambda: comm.allreduce([work_buf]).wait(timeout))
                 work_buf.div_(sum(counted) if counted is not None else len(members))
         except MemberDied as exc:
+            self._comms.pop(comm_key, None)  # abandoned mid-call: never used again (the GG drops the dead)
             raise exc from None
         except Exception as exc:  # gloo/NCCL raise RuntimeError on timeouts and lost peers
             dead = self._dead_members(members, grace_s=_DEATH_NOTICE_S)
@@ -171,26 +173,17 @@ class PReduce:
     def _create_watching(self, members: tuple, key: tuple, buf: torch.Tensor):
         """Create the communicator; in continue mode give up as soon as a member is known dead
         (creation blocks until every member joins, which a dead one never does)."""
+        return self._watching(members, lambda: self._create(members, key, buf))
+
+    def _watching(self, members: tuple, call):
+        """``call()``; in continue mode given up on (MemberDied) as soon as a member is known dead
+        (:func:`hetrain.runtime.watched_call.call_unless_dead`)."""
         if self.is_dead is None:
-            return self._create(members, key, buf)
-        result: dict = {}
-
-        def create():
-            try:
-                result["comm"] = self._create(members, key, buf)
-            except Exception as exc:  # reported below unless a death explains it
-                result["error"] = exc
-
-        thread = threading.Thread(target=create, daemon=True, name="hetrain-preduce-create")
-        thread.start()
-        while thread.is_alive():
-            thread.join(_DEATH_POLL_S)
-            dead = self._dead_members(members)
-            if dead and thread.is_alive():
-                raise MemberDied(self.rank, members, dead)  # the creating thread is abandoned
-        if "error" in result:
-            raise result["error"]
-        return result["comm"]
+            return call()
+        try:
+            return call_unless_dead(call, lambda: set(self._dead_members(members)), "P-Reduce", "hetrain-preduce")
+        except DeathDuringCall as exc:
+            raise MemberDied(self.rank, members, sorted(exc.dead)) from None
 
     def _direct(self, buf: torch.Tensor, size: int) -> bool:
         return not buf.is_cuda and uses_direct_exchange(buf.numel() * buf.element_size(), size, self.direct_max_bytes)

@@ -57,6 +57,13 @@ def refuse_unmodelled(config: RunConfig) -> None:
     if config.target_loss is not None:
         raise OptionError("the simulator reports accuracy, not validation loss; {target_loss} applies to "
                           "hetrain train's lm workload (use {target_accuracy})")
+    from hetrain.faults import parse_fail
+
+    unmodelled = parse_fail(config.fail, config.seed).unmodelled()
+    if unmodelled:
+        raise OptionError(f"the simulator models deaths on the training clock only (W@Ts, random:rate=R); "
+                          f"{{fail}} {unmodelled[0].describe()} (a start-up or phase death, wall clock, or SIGSTOP) "
+                          "is not modelled: run it with hetrain train")
 
 
 def _progress_bar(total: int, enabled: bool, desc: str):

@@ -53,13 +53,13 @@ def test_two_deaths_in_a_ring_are_repaired_around():
 @pytest.mark.parametrize("protocol", ["hop", "prague", "ps"])
 def test_abort_fails_the_job_naming_the_dead_worker(protocol):
     config = RunConfig(protocol=protocol, fail="1@2s", on_failure="abort", **BASE)
-    with pytest.raises(WorkerError, match="^worker 1 was killed by SIGKILL"):
+    with pytest.raises(WorkerError, match=r"^worker 1 was killed by --fail 1@2s \(SIGKILL\)"):
         run_training(config, None, progress=False)
 
 
 def test_the_parameter_servers_own_death_ends_the_job():
     config = RunConfig(protocol="ps", fail="0@2s", on_failure="continue", **BASE)
-    with pytest.raises(WorkerError, match="^worker 0 was killed by SIGKILL"):
+    with pytest.raises(WorkerError, match=r"^worker 0 was killed by --fail 0@2s \(SIGKILL\)"):
         run_training(config, None, progress=False)
 
 

@@ -1,0 +1,163 @@
+"""Chaos benchmark: one worker SIGKILLed (or SIGSTOPped) from outside, by pid, at a random moment.
+
+    .venv/bin/python benchmarks/chaos_bench.py --out runs/chaos                       # the issue's sweep (hours)
+    .venv/bin/python benchmarks/chaos_bench.py --out runs/chaos --runs 4 --stops 1 --budget 15   # quicker
+
+Each run is a `hetrain train` command, as a user would start it (8 workers, digits MLP, 50 ms of
+emulated compute, worker 0 five times slower, `--on-failure continue` or `respawn`). A thread
+of this script waits for a wall time drawn uniformly between the launch and the job's expected
+end (start-up + budget + 2 s), finds the worker's process by its name (`hetrain-wR`, in /proc)
+and sends it SIGKILL, or SIGSTOP (the run then has `--heartbeat-timeout 5`). The rank is drawn
+among 1-7 (the parameter server is rank 0: its death ends a `ps` job by design, and is tested on
+its own). A kill that finds no process (before the worker is forked, or after it exited) is
+counted as such.
+
+A run *survived* when the command exits 0 and the averaged model of the survivors reaches 0.95
+test accuracy; a *hang* is a command still running 120 s after its budget. The phase a kill landed
+in comes from the run's record: before every worker's first iteration (`startup_s`), during the
+training loop, or after it (finish, evaluation, exit). Recovery = the longest time from a death to
+every survivor computing again (`deaths[].recovery_s`). Writes OUT/chaos.json and OUT/chaos.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PROTOCOLS = ("hop", "dpsgd", "prague", "adpsgd", "ps")
+HANG_GRACE_S = 120.0
+STARTUP_ESTIMATE_S = 3.0
+
+
+def worker_pids() -> dict[int, int]:
+    """rank -> pid of the first-incarnation workers running now, by their process names."""
+    pids = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/comm") as handle:
+                name = handle.read().strip()
+        except OSError:
+            continue
+        if name.startswith("hetrain-w") and "." not in name:
+            pids[int(name[len("hetrain-w"):])] = int(entry)
+    return pids
+
+
+def one_run(protocol: str, mode: str, sig: int, rank: int, at_s: float, budget_s: float, out: Path) -> dict:
+    command = [sys.executable, "-m", "hetrain", "train", "--protocol", protocol, "--workers", "8",
+               "--compute-ms", "50", "--slowdown", "0:5x", "--time-budget", str(budget_s),
+               "--on-failure", mode, "--no-progress", "--out", str(out)]
+    if sig == signal.SIGSTOP:
+        command += ["--heartbeat-timeout", "5"]
+    sent: dict = {}
+    began = time.monotonic()
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+    def strike() -> None:
+        while time.monotonic() - began < at_s:
+            time.sleep(0.002)
+        pid = worker_pids().get(rank)
+        if pid is None:
+            sent["found"] = False
+            return
+        os.kill(pid, sig)
+        sent.update(found=True, at_s=time.monotonic() - began)
+
+    threading.Thread(target=strike, daemon=True).start()
+    try:
+        output, _ = proc.communicate(timeout=budget_s + STARTUP_ESTIMATE_S + HANG_GRACE_S)
+        hang = False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        hang = True
+    elapsed = time.monotonic() - began
+    metrics = json.loads((out / "metrics.json").read_text()) if (out / "metrics.json").exists() else {}
+    accuracy = metrics.get("final_accuracy_avg_model")
+    recoveries = [d.get("recovery_s") for d in metrics.get("deaths", [])]
+    return {
+        "protocol": protocol, "mode": mode, "signal": signal.Signals(sig).name, "rank": rank,
+        "planned_at_s": at_s, "sent_at_s": sent.get("at_s"), "found_process": sent.get("found"),
+        "rc": None if hang else proc.returncode, "hang": hang, "elapsed_s": elapsed,
+        "accuracy": accuracy, "survived": not hang and proc.returncode == 0 and (accuracy or 0) >= 0.95,
+        "phase": _phase(sent, metrics), "deaths": [(d["rank"], d.get("cause")) for d in metrics.get("deaths", [])],
+        "recovery_s": max((r for r in recoveries if r is not None), default=None),
+        "error": None if proc.returncode == 0 else output.strip().splitlines()[-1][:300] if output.strip() else "",
+    }
+
+
+def _phase(sent: dict, metrics: dict) -> str:
+    """Where the kill landed: start-up, training or after training; 'no process' if it found none."""
+    if not sent.get("found"):
+        return "no process"
+    startup = metrics.get("startup_s")
+    if startup is None or metrics.get("wall_time_s") is None:
+        return "unknown (no record)"
+    at = sent["at_s"]  # startup_s counts from the command's start too
+    if at < startup:
+        return "start-up"
+    if at < startup + metrics["wall_time_s"]:
+        return "training"
+    return "after training"
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| protocol | mode | signal | runs | survived | hangs | no process | phases (start-up / training / "
+             "after) | worst recovery (s) |", "|---|---|---|---|---|---|---|---|---|"]
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["protocol"], r["mode"], r["signal"]), []).append(r)
+    for (protocol, mode, sig), runs in groups.items():
+        phases = [sum(r["phase"] == p for r in runs) for p in ("start-up", "training", "after training")]
+        worst = max((r["recovery_s"] for r in runs if r["recovery_s"] is not None), default=None)
+        lines.append(f"| {protocol} | {mode} | {sig} | {len(runs)} | {sum(r['survived'] for r in runs)} | "
+                     f"{sum(r['hang'] for r in runs)} | {sum(r['phase'] == 'no process' for r in runs)} | "
+                     f"{' / '.join(map(str, phases))} | {'-' if worst is None else f'{worst:.2f}'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="runs/chaos")
+    parser.add_argument("--protocols", default=",".join(PROTOCOLS))
+    parser.add_argument("--modes", default="continue,respawn")
+    parser.add_argument("--runs", type=int, default=20, help="SIGKILL runs per protocol and mode")
+    parser.add_argument("--stops", type=int, default=5, help="SIGSTOP runs per protocol and mode")
+    parser.add_argument("--budget", type=float, default=60.0, help="each run's --time-budget (s)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(args.seed)
+    rows = []
+    for protocol in args.protocols.split(","):
+        for mode in args.modes.split(","):
+            if protocol == "ps" and mode == "respawn":
+                continue  # ps cannot respawn (hetrain train refuses it)
+            for index, sig in enumerate([signal.SIGKILL] * args.runs + [signal.SIGSTOP] * args.stops):
+                rank = rng.randrange(1, 8)
+                at_s = rng.uniform(0.0, STARTUP_ESTIMATE_S + args.budget + 2.0)
+                row = one_run(protocol, mode, sig, rank, at_s, args.budget, out / f"{protocol}-{mode}-{index}")
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    (out / "chaos.json").write_text(json.dumps(rows, indent=2) + "\n")
+    table = markdown(rows)
+    (out / "chaos.md").write_text(table)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,48 @@
+"""A blocking call that gives up as soon as the launcher reports a death it waits on.
+
+gloo cannot be told to stop waiting for a peer, and a peer that died before it ever connected
+(a death during start-up, or a worker SIGSTOPped and then killed) is waited for the whole timeout:
+gloo retries the connection until then. The call runs on a thread of its own; the caller polls
+the deaths and, once one concerns the call, abandons the thread (it ends at its own timeout; what
+it held is never used again) and raises :class:`DeathDuringCall`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from hetrain.errors import WorkerError
+
+POLL_S = 0.05
+
+
+class DeathDuringCall(WorkerError):
+    """Raised by :func:`call_unless_dead` when ``dead`` died while the call waited."""
+
+    def __init__(self, what: str, dead: set[int]):
+        super().__init__(f"{what} abandoned: worker(s) {sorted(dead)} died")
+        self.dead = dead
+
+
+def call_unless_dead(call: Callable[[], object], deaths: Callable[[], set[int]], what: str,
+                     name: str = "hetrain-watched") -> object:
+    """``call()``'s value, or DeathDuringCall as soon as ``deaths()`` (the deaths that concern it) is non-empty."""
+    result: dict = {}
+
+    def run() -> None:
+        try:
+            result["value"] = call()
+        except Exception as exc:  # re-raised below unless a death explains it
+            result["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True, name=name)
+    thread.start()
+    while thread.is_alive():
+        thread.join(POLL_S)
+        dead = deaths()
+        if dead and thread.is_alive():
+            raise DeathDuringCall(what, dead)
+    if "error" in result:
+        raise result["error"]
+    return result.get("value")
