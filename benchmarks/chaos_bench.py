@@ -32,26 +32,12 @@ import threading
 import time
 from pathlib import Path
 
+from hetrain.testing.processes import worker_pids
+
 ROOT = Path(__file__).resolve().parents[1]
 PROTOCOLS = ("hop", "dpsgd", "prague", "adpsgd", "ps")
 HANG_GRACE_S = 120.0
 STARTUP_ESTIMATE_S = 3.0
-
-
-def worker_pids() -> dict[int, int]:
-    """rank -> pid of the first-incarnation workers running now, by their process names."""
-    pids = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/comm") as handle:
-                name = handle.read().strip()
-        except OSError:
-            continue
-        if name.startswith("hetrain-w") and "." not in name:
-            pids[int(name[len("hetrain-w"):])] = int(entry)
-    return pids
 
 
 def one_run(protocol: str, mode: str, sig: int, rank: int, at_s: float, budget_s: float, out: Path) -> dict:
@@ -114,17 +100,21 @@ def _phase(sent: dict, metrics: dict) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| protocol | mode | signal | runs | survived | hangs | no process | phases (start-up / training / "
-             "after) | worst recovery (s) |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| protocol | mode | signal | runs | exit 0 | accuracy >= 0.95 | survived (both) | hangs | no process | "
+             "phases (start-up / training / after) | worst recovery (s) | lowest accuracy |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     groups: dict = {}
     for r in rows:
         groups.setdefault((r["protocol"], r["mode"], r["signal"]), []).append(r)
     for (protocol, mode, sig), runs in groups.items():
         phases = [sum(r["phase"] == p for r in runs) for p in ("start-up", "training", "after training")]
         worst = max((r["recovery_s"] for r in runs if r["recovery_s"] is not None), default=None)
-        lines.append(f"| {protocol} | {mode} | {sig} | {len(runs)} | {sum(r['survived'] for r in runs)} | "
+        lowest = min((r["accuracy"] for r in runs if r["accuracy"] is not None), default=None)
+        lines.append(f"| {protocol} | {mode} | {sig} | {len(runs)} | {sum(r['rc'] == 0 for r in runs)} | "
+                     f"{sum((r['accuracy'] or 0) >= 0.95 for r in runs)} | {sum(r['survived'] for r in runs)} | "
                      f"{sum(r['hang'] for r in runs)} | {sum(r['phase'] == 'no process' for r in runs)} | "
-                     f"{' / '.join(map(str, phases))} | {'-' if worst is None else f'{worst:.2f}'} |")
+                     f"{' / '.join(map(str, phases))} | {'-' if worst is None else f'{worst:.2f}'} | "
+                     f"{'-' if lowest is None else f'{lowest:.3f}'} |")
     return "\n".join(lines) + "\n"
 
 

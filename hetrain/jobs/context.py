@@ -12,6 +12,8 @@ import torch
 from hetrain.errors import WorkerError
 from hetrain.runtime.job import DEFAULT_TIMEOUT_S
 
+PHASE_HOLD_S = 10.0
+
 
 @dataclass
 class WorkerContext:
@@ -48,6 +50,19 @@ class WorkerContext:
     start_iteration: int = 0  # a replacement: its predecessor's last reported iteration
     phases: dict = field(default_factory=dict)
     start_gate: object | None = None
+    hold_phases: frozenset = frozenset()  # phases where a --fail fault awaits this process
+
+    def enter_phase(self, name: str) -> None:
+        """Tell the launcher this worker enters phase ``name``. If a ``--fail W@PHASE`` fault awaits it
+        there, wait (up to ``PHASE_HOLD_S``) for the launcher's signal, so it lands in that phase and not
+        after it (a small model's ``finish()`` takes milliseconds, the launcher polls every 50)."""
+        if self.report is None:
+            return
+        self.report({"phase": name})
+        if name in self.hold_phases:
+            deadline = time.monotonic() + PHASE_HOLD_S
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
 
     def start_barrier(self) -> None:
         """Wait until every worker of the job is ready to train (the dead excepted, in a local job)."""

@@ -247,7 +247,8 @@ class LocalJob:
         return max((p.get("t_s", 0.0) for p in self.progress.values()), default=0.0)
 
     def _start(self, rank: int, *args) -> None:
-        self.workers.start(rank, *args)
+        holds = tuple(f.phase for f in self.faults.pending if f.clock == "phase" and f.worker == rank)
+        self.workers.start(rank, *args, hold_phases=holds)
         self.phases[rank] = {"startup"}
         self.silence.started(rank)
 

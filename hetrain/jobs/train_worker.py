@@ -76,7 +76,7 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
     on_failure = config.resolved_on_failure() if ctx.continue_on_death else "abort"
     joining = ctx.incarnation > 0  # a replacement: the protocol hands it the model of the running job
     clock.lap("setup_s")
-    _phase(ctx, "connect")
+    ctx.enter_phase("connect")
     protocol = get_spec(config.protocol).build(
         model, None, config.protocol_options(), seed=config.seed, timeout_s=config.timeout_s,
         on_failure=on_failure, dead_workers=ctx.dead_workers if on_failure != "abort" else None,
@@ -113,7 +113,7 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
         if protocol.should_stop(local_done):
             break
         if checkpoints is not None and protocol.checkpoint_due(checkpoints.due()):
-            _phase(ctx, "checkpoint")
+            ctx.enter_phase("checkpoint")
             _save(config, ctx.rank, model, optimizer, sampler, protocol)
             checkpoints.mark()
         emulator.sleep(base_s * slowdown.factor(ctx.rank, computed))
@@ -139,7 +139,7 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
     local_accuracy, local_loss = evaluate(model, x_test, y_test)
     snapshots.take_final(loop_s, protocol.stats.iteration, state.gather)
     connections_training = tcp_connections()  # before the final average over the whole job
-    _phase(ctx, "finish")
+    ctx.enter_phase("finish")
     protocol.finish()
     if checkpoints is not None:  # the consensus model: a later --resume trains on from it
         _save(config, ctx.rank, model, optimizer, sampler, protocol)
@@ -160,12 +160,6 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
     clock.lap("finish_s")
     worker.update(clock.phases)
     return {"worker": worker, "snapshots": kept}
-
-
-def _phase(ctx: WorkerContext, name: str) -> None:
-    """Tell the launcher this worker enters a phase (``--fail W@PHASE`` fires on it)."""
-    if ctx.report is not None:
-        ctx.report({"phase": name})
 
 
 def _save(config: RunConfig, rank: int, model, optimizer, sampler, protocol) -> None:

@@ -58,6 +58,7 @@ class WorkerSpec:
     incarnation: int = 0
     clock_offset_s: float = 0.0
     start_iteration: int = 0
+    hold_phases: tuple = ()  # phases a --fail fault awaits this process at (it waits there to be signalled)
 
     @property
     def name(self) -> str:
@@ -131,6 +132,7 @@ def worker_main(spec: WorkerSpec, channels: JobChannels) -> None:
             channels.dead, channels.incarnations, rank, spec.incarnation, report, channels.closing.wait)
         ctx = WorkerContext(rank, spec.world_size, device, spec.timeout_s, report=report,
                             start_gate=StartGate(channels.ready, channels.go, channels.dead, rank),
+                            hold_phases=frozenset(spec.hold_phases),
                             stop_requested=channels.stop.is_set, dead_workers=membership,
                             continue_on_death=spec.on_failure != "abort", on_failure=spec.on_failure,
                             incarnation=spec.incarnation, clock_offset_s=spec.clock_offset_s,

@@ -25,10 +25,12 @@ class WorkerProcesses:
     def size(self) -> int:
         return self.template.world_size
 
-    def start(self, rank: int, incarnation: int = 0, clock_offset_s: float = 0.0, start_iteration: int = 0) -> None:
+    def start(self, rank: int, incarnation: int = 0, clock_offset_s: float = 0.0, start_iteration: int = 0,
+              hold_phases: tuple = ()) -> None:
         """Start ``rank``'s process (a replacement when ``incarnation`` > 0), with the launcher's environment now."""
         spec = dataclasses.replace(self.template, rank=rank, incarnation=incarnation, clock_offset_s=clock_offset_s,
-                                   start_iteration=start_iteration, env=dict(os.environ), launched_at=time.time())
+                                   start_iteration=start_iteration, env=dict(os.environ), launched_at=time.time(),
+                                   hold_phases=tuple(hold_phases))
         proc = self.context.Process(target=worker_main, args=(spec, self.channels), name=spec.name, daemon=True)
         proc.start()
         self.procs[rank] = proc

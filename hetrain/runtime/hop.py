@@ -154,14 +154,14 @@ class Hop(SyncProtocol):
         if self.dead_workers is None:  # no launcher: a lost connection is all there is to go by
             new |= set(self._suspects) - self.dead
             self.dead |= new
+        back = self.rejoined()
         now = time.monotonic()
         for peer, (since, error) in list(self._suspects.items()):
-            if peer in self.dead:
+            if peer in self.dead or peer in back:  # dead; or dead and replaced between two looks (respawn)
                 del self._suspects[peer]
             elif now - since > SUSPECT_GRACE_S:
                 self._channel_errors.append(error)  # lost, yet alive: not a death we can route around
                 del self._suspects[peer]
-        back = self.rejoined()
         if new or back:
             self._apply_membership(new, back)
 
@@ -290,6 +290,7 @@ class Hop(SyncProtocol):
         """
         with self._cond:
             self._check_deaths()
+            self._send_owed_models()  # a replacement that joined as this worker's loop ended needs a model
         self.channels.send("update", self.logic.out_neighbors, STOP)
         self.channels.send("token", list(self.logic.in_weights) if self.config.uses_tokens else [], STOP)
         if not self.tolerant:

@@ -32,8 +32,10 @@ from hetrain.protocols.ps_logic import ParameterServerLogic, PSOptions, ServerSt
 from hetrain.runtime.buffer_pool import DEFAULT_CAPACITY, DEFAULT_SPARE, BufferPool
 from hetrain.runtime.consensus import survivor_group, wait_for_death_notice
 from hetrain.runtime.job import DEFAULT_TIMEOUT_S, private_group
+from hetrain.runtime.pair_links import PairLinks
 from hetrain.runtime.protocol import SyncProtocol
 from hetrain.runtime.send_window import SendWindow
+from hetrain.runtime.watched_call import DeathDuringCall, call_unless_dead
 
 _PUSH, _LEAVE = 0, 1
 _TAG_HEADER, _TAG_DELTA, _TAG_REPLY = 1, 2, 3
@@ -139,8 +141,11 @@ class ParameterServer(SyncProtocol):
             # continue/respawn: no broadcast, a collective a worker dead during start-up would hold for
             # --timeout; each worker takes its first step from its own initial model (hetrain train's
             # are one seeded model) and the server's model with its first answer
-            self._up = private_group(job, "up", cpu=True)
-            self._down = private_group(job, "down", cpu=True)
+            if self.tolerant:  # a link per worker: one dead before it connected holds only its own
+                self._up, self._down = PairLinks(job, "ps-up", cpu=True), PairLinks(job, "ps-down", cpu=True)
+            else:
+                self._up = private_group(job, "up", cpu=True)
+                self._down = private_group(job, "down", cpu=True)
         else:
             self._up = self._down = None
         self._pulled = flat.detach().cpu().clone()
@@ -215,6 +220,9 @@ class ParameterServer(SyncProtocol):
 
     # -- server thread (rank 0) ----------------------------------------------
     def _serve(self) -> None:
+        if self.tolerant:
+            self._serve_each_worker()
+            return
         server = self._server
         remote_left = 0
         header = torch.zeros(3, dtype=torch.int64)
@@ -239,6 +247,52 @@ class ParameterServer(SyncProtocol):
                     server.error = f"parameter server on rank 0 stopped: {str(exc).splitlines()[0][:200]}"
                     server.cond.notify_all()
                 return
+
+    def _serve_each_worker(self) -> None:
+        """Continue mode: a receiving thread per worker (no ``recv_anysource``, which connects to every
+        worker: one dead before it ever connected held the server until the timeout)."""
+        threads = [threading.Thread(target=self._serve_worker, args=(w,), daemon=True, name=f"hetrain-ps-{w}")
+                   for w in range(1, self.job.world_size)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    def _serve_worker(self, worker: int) -> None:
+        server = self._server
+        header = torch.zeros(3, dtype=torch.int64)
+        first = True
+        while True:
+            try:
+                if first:  # until it connects, a worker dead during start-up would be waited for the timeout
+                    call_unless_dead(lambda: self._up.recv([header], worker, _TAG_HEADER).wait(self.job.timeout),
+                                     lambda: {worker} & set(self.dead_workers()), "the server's first receive")
+                    first = False
+                else:  # connected: a death closes the connection, and the wait fails at once
+                    self._up.recv([header], worker, _TAG_HEADER).wait(self.job.timeout)
+                if int(header[1]) == _LEAVE:
+                    server.leave(worker)
+                    return
+                delta = self._buffers.take()
+                self._up.recv([delta], worker, _TAG_DELTA).wait(self.job.timeout)
+                server.push(worker, delta)
+            except Exception as exc:
+                if isinstance(exc, DeathDuringCall) or self._reported_dead(worker):
+                    return  # rank 0's loop drops it (_drop_the_dead)
+                with server.cond:
+                    server.error = (f"parameter server on rank 0 stopped receiving from worker {worker}: "
+                                    f"{str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}")
+                    server.cond.notify_all()
+                return
+
+    def _reported_dead(self, worker: int, within_s: float = 3.0) -> bool:
+        """Whether the launcher reports ``worker`` dead within ``within_s`` (a lost peer shows before its death does)."""
+        deadline = time.monotonic() + within_s
+        while worker not in set(self.dead_workers()):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(_POLL_S)
+        return True
 
     def _raise_server_error(self) -> None:
         if self._server is not None and self._server.error:

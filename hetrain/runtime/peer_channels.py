@@ -34,7 +34,8 @@ from dataclasses import dataclass
 import torch
 
 from hetrain.errors import WorkerError
-from hetrain.runtime.job import JobView, pair_group, private_group
+from hetrain.runtime.job import JobView, private_group
+from hetrain.runtime.pair_links import PairLinks
 from hetrain.runtime.send_window import DEFAULT_MAX_IN_FLIGHT, SendWindow
 
 UPDATE, TOKEN, STOP = 0, 1, 2
@@ -79,24 +80,22 @@ class PeerChannels:
         self.name = name
         self.incarnation = incarnation
         self._peer_incarnation = dict(enumerate(peer_incarnations or []))
-        self._pairs: dict[tuple[int, int], object] = {}  # (peer, its incarnation) -> two-member group
-        self._pairs_lock = threading.Lock()
+        self._pairs = PairLinks(job, name)  # two-member groups: after a replacement joins, or tolerating deaths
         self._threads: dict[tuple[str, int, int], threading.Thread] = {}
         self._windows: dict[int, SendWindow] = {}
         self._receive_timeout = job.timeout * RECEIVER_TIMEOUT_FACTOR
-        self.group = private_group(job, name, RECEIVER_TIMEOUT_FACTOR * job.timeout_s) if incarnation == 0 else None
+        # one group for every peer, unless deaths are tolerated: then a group per pair of peers. gloo's
+        # lazy connections serialize within a group, so a peer dead before it ever connected held every
+        # connection of that group until the timeout (a death during start-up, issue 25)
+        shared = incarnation == 0 and not tolerate_lost_peers
+        self.group = private_group(job, name, RECEIVER_TIMEOUT_FACTOR * job.timeout_s) if shared else None
 
     def _link(self, peer: int, incarnation: int | None = None) -> tuple[object, int]:
         """(group, peer's index in it) to reach ``peer``'s process number ``incarnation`` (default: current)."""
         incarnation = self._peer_incarnation.get(peer, 0) if incarnation is None else incarnation
-        if self.incarnation == 0 and incarnation == 0:
+        if self.group is not None and self.incarnation == 0 and incarnation == 0:
             return self.group, peer
-        with self._pairs_lock:  # receiver threads and the sender may ask at once: build each pair once
-            group = self._pairs.get((peer, incarnation))
-            if group is None:
-                group = pair_group(self.job, self.name, peer, (self.incarnation, incarnation))
-                self._pairs[(peer, incarnation)] = group
-        return group, 0 if peer < self.job.rank else 1
+        return self._pairs.link(peer, (self.incarnation, incarnation))
 
     def rejoin(self, peer: int, incarnation: int) -> None:
         """``peer``'s replacement (process number ``incarnation``) joined: talk to it from now on."""
@@ -118,44 +117,52 @@ class PeerChannels:
         protocol repairs around it as around any death.
         """
         token = torch.zeros(1, dtype=torch.int64, device=self.job.device)
-        works = [(dst, self.group.send([token], dst, HANDSHAKE_TAG)) for dst in out_neighbors]
-        inbox = [torch.empty(1, dtype=torch.int64, device=self.job.device) for _ in in_neighbors]
-        works += [(src, self.group.recv([buf], src, HANDSHAKE_TAG)) for buf, src in zip(inbox, in_neighbors)]
+        inbox = {src: torch.empty(1, dtype=torch.int64, device=self.job.device) for src in in_neighbors}
+        # each exchange posted when called: with lazy connections, posting to a peer that never
+        # registered (dead before it connected) blocks the caller until the timeout
+        def send(dst: int):
+            group, index = self._link(dst)
+            return group.send([token], index, HANDSHAKE_TAG)
+
+        def recv(src: int):
+            group, index = self._link(src)
+            return group.recv([inbox[src]], index, HANDSHAKE_TAG)
+
+        exchanges = [(dst, lambda dst=dst: send(dst)) for dst in out_neighbors]
+        exchanges += [(src, lambda src=src: recv(src)) for src in in_neighbors]
         peers = sorted(set(out_neighbors + in_neighbors))
         if dead_workers is None:
             try:
-                for _, work in works:
+                for work in [post() for _, post in exchanges]:
                     work.wait(self.job.timeout)
             except Exception as exc:
                 raise WorkerError(f"worker {self.job.rank} could not reach its neighbours {peers} within "
                                   f"{self.job.timeout_s:.0f} s: {str(exc).splitlines()[0][:160]}") from None
             return set()
-        return self._wait_skipping_dead(works, peers, dead_workers)
+        return self._exchange_skipping_dead(exchanges, peers, dead_workers)
 
-    def _wait_skipping_dead(self, works: list, peers: list[int], dead_workers) -> set[int]:
-        """Wait for each (peer, work) on a thread of its own; give up on the works of peers found dead."""
+    def _exchange_skipping_dead(self, exchanges: list, peers: list[int], dead_workers) -> set[int]:
+        """Post and wait for each (peer, post) on a thread of its own; give up on those of peers found dead."""
         outcome: dict[int, str | None] = {}
 
-        def wait(index: int, work) -> None:
+        def run(index: int, post) -> None:
             try:
-                work.wait(self.job.timeout)
+                post().wait(self.job.timeout)
                 outcome[index] = None
             except Exception as exc:  # a dead peer's connection fails, or its wait times out
                 outcome[index] = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
 
-        threads = [threading.Thread(target=wait, args=(i, work), daemon=True, name=f"hetrain-handshake-{peer}")
-                   for i, (peer, work) in enumerate(works)]
-        for thread in threads:
-            thread.start()
+        for i, (peer, post) in enumerate(exchanges):
+            threading.Thread(target=run, args=(i, post), daemon=True, name=f"hetrain-handshake-{peer}").start()
         deadline = time.monotonic() + self.job.timeout_s
         while True:
             dead = set(dead_workers())
-            pending = [i for i, (peer, _) in enumerate(works) if i not in outcome and peer not in dead]
-            failed = [(works[i][0], outcome[i]) for i in outcome if outcome[i] and works[i][0] not in dead]
+            pending = [i for i, (peer, _) in enumerate(exchanges) if i not in outcome and peer not in dead]
+            failed = [(exchanges[i][0], outcome[i]) for i in list(outcome) if outcome[i] and exchanges[i][0] not in dead]
             if not pending and not failed:
-                return {peer for peer, _ in works} & dead
+                return {peer for peer, _ in exchanges} & dead
             if failed or time.monotonic() > deadline:
-                peer, why = failed[0] if failed else (works[pending[0]][0], "no answer")
+                peer, why = failed[0] if failed else (exchanges[pending[0]][0], "no answer")
                 if failed:  # a failed connection is how a death shows; the launcher says so within a second
                     settle = time.monotonic() + HANDSHAKE_DEATH_NOTICE_S
                     while time.monotonic() < settle and peer not in set(dead_workers()):

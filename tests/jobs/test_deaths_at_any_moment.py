@@ -12,6 +12,7 @@ import pytest
 from hetrain.config import RunConfig
 from hetrain.errors import WorkerError
 from hetrain.jobs.run import run_training
+from hetrain.testing.processes import worker_pids
 
 BASE = dict(num_workers=4, compute_ms=20.0, time_budget_s=3.0, timeout_s=20.0)
 
@@ -65,29 +66,14 @@ def test_a_stopped_worker_is_found_hung_and_the_job_goes_on():
     assert time.monotonic() - began < 6.0 + 3.0 + 5.0 + 10.0  # the budget, the timeout, its slack, start-up
 
 
-def _worker_pids() -> dict[int, int]:
-    """rank -> pid of the local job's workers now running, found from outside (their process names)."""
-    pids = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/comm") as handle:
-                    name = handle.read().strip()
-            except OSError:
-                continue
-            if name.startswith("hetrain-w") and "." not in name:
-                pids[int(name[len("hetrain-w"):])] = int(entry)
-    return pids
-
-
 def _kill_from_outside(rank: int, at_s: float, signum: int, fired: list) -> threading.Thread:
     def kill() -> None:
         deadline = time.monotonic() + at_s
-        while time.monotonic() < deadline or rank not in _worker_pids():
+        while time.monotonic() < deadline or rank not in worker_pids():
             time.sleep(0.005)
             if time.monotonic() > deadline + 10:
                 return
-        os.kill(_worker_pids()[rank], signum)
+        os.kill(worker_pids()[rank], signum)
         fired.append(time.monotonic())
 
     thread = threading.Thread(target=kill, daemon=True)
