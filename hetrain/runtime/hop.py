@@ -84,8 +84,10 @@ class Hop(SyncProtocol):
                                      incarnation=self.incarnation, peer_incarnations=self.incarnations,
                                      new_payload=self.state.empty)
         if not self.joining:  # a replacement's neighbours are mid-training: no handshake
-            self.channels.handshake(self.topology.out_neighbors[rank], self.topology.in_neighbors[rank],
-                                    self.dead_workers if self.tolerant else None)
+            skipped = self.channels.handshake(self.topology.out_neighbors[rank], self.topology.in_neighbors[rank],
+                                              self.dead_workers if self.tolerant else None)
+            for peer in skipped:  # dead during start-up: no receiver for it; the first step repairs the graph
+                self.channels.forget(peer)
         self.channels.listen("update", self.topology.in_neighbors[rank])
         self.channels.listen("token", self.topology.out_neighbors[rank] if self.config.uses_tokens else [])
         if self.joining:

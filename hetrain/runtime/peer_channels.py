@@ -84,10 +84,11 @@ class PeerChannels:
         self._threads: dict[tuple[str, int, int], threading.Thread] = {}
         self._windows: dict[int, SendWindow] = {}
         self._receive_timeout = job.timeout * RECEIVER_TIMEOUT_FACTOR
-        # one group for every peer, unless deaths are tolerated: then a group per pair of peers. gloo's
-        # lazy connections serialize within a group, so a peer dead before it ever connected held every
-        # connection of that group until the timeout (a death during start-up, issue 25)
-        shared = incarnation == 0 and not tolerate_lost_peers
+        # one group for the original processes, a two-member group per pair after a replacement joins.
+        # (A group per pair from the start, which would keep a peer dead before it connected from
+        # holding the group's other lazy connections, deadlocked Hop under respawn: 3 of 4 runs with 8
+        # workers; the handshake instead never connects to a peer already known dead.)
+        shared = incarnation == 0
         self.group = private_group(job, name, RECEIVER_TIMEOUT_FACTOR * job.timeout_s) if shared else None
 
     def _link(self, peer: int, incarnation: int | None = None) -> tuple[object, int]:
@@ -146,6 +147,9 @@ class PeerChannels:
         outcome: dict[int, str | None] = {}
 
         def run(index: int, post) -> None:
+            if exchanges[index][0] in set(dead_workers()):
+                return  # dead already: never connect to it (gloo's connections to a peer that never
+                # registered hold the group's other connections until the timeout)
             try:
                 post().wait(self.job.timeout)
                 outcome[index] = None
