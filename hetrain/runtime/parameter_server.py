@@ -235,9 +235,7 @@ class ParameterServer(SyncProtocol):
                     remote_left += 1
                     server.leave(worker)
                     continue
-                delta = self._buffers.take()
-                self._up.recv([delta], worker, _TAG_DELTA).wait(self.job.timeout)
-                server.push(worker, delta)
+                self._receive_push(worker)
             except Exception as exc:
                 new = wait_for_death_notice(self.dead_workers, deaths_seen) if self.dead_workers else set()
                 if new:  # a worker died (rank 0's loop stops waiting for it): serve the others
@@ -247,6 +245,12 @@ class ParameterServer(SyncProtocol):
                     server.error = f"parameter server on rank 0 stopped: {str(exc).splitlines()[0][:200]}"
                     server.cond.notify_all()
                 return
+
+    def _receive_push(self, worker: int) -> None:
+        """The delta that follows ``worker``'s push header, applied by the server."""
+        delta = self._buffers.take()
+        self._up.recv([delta], worker, _TAG_DELTA).wait(self.job.timeout)
+        self._server.push(worker, delta)
 
     def _serve_each_worker(self) -> None:
         """Continue mode: a receiving thread per worker (no ``recv_anysource``, which connects to every
@@ -273,9 +277,7 @@ class ParameterServer(SyncProtocol):
                 if int(header[1]) == _LEAVE:
                     server.leave(worker)
                     return
-                delta = self._buffers.take()
-                self._up.recv([delta], worker, _TAG_DELTA).wait(self.job.timeout)
-                server.push(worker, delta)
+                self._receive_push(worker)
             except Exception as exc:
                 if isinstance(exc, DeathDuringCall) or self._reported_dead(worker):
                     return  # rank 0's loop drops it (_drop_the_dead)
