@@ -54,7 +54,7 @@ def one_run(protocol: str, mode: str, sig: int, rank: int, at_s: float, budget_s
     def strike() -> None:
         while time.monotonic() - began < at_s:
             time.sleep(0.002)
-        pid = worker_pids().get(rank)
+        pid = worker_pids(under=proc.pid).get(rank)
         if pid is None:
             sent["found"] = False
             return

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from hetrain.errors import WorkerError
 from hetrain.runtime.job import JobView, private_group
@@ -90,6 +91,9 @@ class PeerChannels:
         # workers; the handshake instead never connects to a peer already known dead.)
         shared = incarnation == 0
         self.group = private_group(job, name, RECEIVER_TIMEOUT_FACTOR * job.timeout_s) if shared else None
+        self._registered = dist.PrefixStore(f"{name}-registered/", job.store) if shared and job.store else None
+        if self._registered is not None:  # this process is in the shared group: peers may connect to it
+            self._registered.set(str(job.rank), "1")
 
     def _link(self, peer: int, incarnation: int | None = None) -> tuple[object, int]:
         """(group, peer's index in it) to reach ``peer``'s process number ``incarnation`` (default: current)."""
@@ -115,7 +119,9 @@ class PeerChannels:
         measured training time, as DDP's constructor does for All-Reduce. With
         ``dead_workers`` (continue, respawn) a neighbour that is found dead meanwhile is
         not waited for (a death during start-up): its exchange is left behind, and the
-        protocol repairs around it as around any death.
+        protocol repairs around it as around any death. Each exchange is posted only once the
+        neighbour has joined the peer group (:meth:`_await_registered`). Returns the peers to
+        forget: dead, or replaced, before the exchange.
         """
         token = torch.zeros(1, dtype=torch.int64, device=self.job.device)
         inbox = {src: torch.empty(1, dtype=torch.int64, device=self.job.device) for src in in_neighbors}
@@ -143,13 +149,19 @@ class PeerChannels:
         return self._exchange_skipping_dead(exchanges, peers, dead_workers)
 
     def _exchange_skipping_dead(self, exchanges: list, peers: list[int], dead_workers) -> set[int]:
-        """Post and wait for each (peer, post) on a thread of its own; give up on those of peers found dead."""
+        """Post and wait for each (peer, post) on a thread of its own; give up on those of peers found dead
+        (or replaced: a replacement is reached over a pair group once it joins)."""
         outcome: dict[int, str | None] = {}
+        skipped: set[int] = set()
 
         def run(index: int, post) -> None:
-            if exchanges[index][0] in set(dead_workers()):
-                return  # dead already: never connect to it (gloo's connections to a peer that never
-                # registered hold the group's other connections until the timeout)
+            peer = exchanges[index][0]
+            if self._peer_incarnation.get(peer, 0) > 0:
+                outcome[index] = None  # a replacement already in: reached over a pair group; it has no handshake
+                return
+            if not self._await_registered(peer, dead_workers):
+                skipped.add(index)  # dead or replaced before it joined the group: never connect to it
+                return
             try:
                 post().wait(self.job.timeout)
                 outcome[index] = None
@@ -161,10 +173,12 @@ class PeerChannels:
         deadline = time.monotonic() + self.job.timeout_s
         while True:
             dead = set(dead_workers())
-            pending = [i for i, (peer, _) in enumerate(exchanges) if i not in outcome and peer not in dead]
-            failed = [(exchanges[i][0], outcome[i]) for i in list(outcome) if outcome[i] and exchanges[i][0] not in dead]
+            given_up = {exchanges[i][0] for i in skipped} | dead
+            pending = [i for i, (peer, _) in enumerate(exchanges) if i not in outcome and peer not in given_up]
+            failed = [(exchanges[i][0], outcome[i]) for i in list(outcome)
+                      if outcome[i] and exchanges[i][0] not in given_up]
             if not pending and not failed:
-                return {peer for peer, _ in exchanges} & dead
+                return {peer for peer, _ in exchanges} & given_up
             if failed or time.monotonic() > deadline:
                 peer, why = failed[0] if failed else (exchanges[pending[0]][0], "no answer")
                 if failed:  # a failed connection is how a death shows; the launcher says so within a second
@@ -176,6 +190,26 @@ class PeerChannels:
                 raise WorkerError(f"worker {self.job.rank} could not reach its neighbour {peer} (of {peers}) "
                                   f"within {self.job.timeout_s:.0f} s: {why}")
             time.sleep(0.01)
+
+    def _await_registered(self, peer: int, dead_workers) -> bool:
+        """Wait until ``peer``'s process has joined the shared group (True), or is found dead or replaced
+        (False), at most the timeout (then True: the exchange itself times out and says so).
+
+        gloo connects lazily, and one connection to a member that never joined (its address never
+        in the store) holds every other connection of the group until the timeout, a live
+        neighbour's included; a member that joined and then died fails its connection at once."""
+        if self._registered is None:
+            return peer not in set(dead_workers())
+        incarnations = getattr(dead_workers, "incarnations", None)
+        deadline = time.monotonic() + self.job.timeout_s
+        while time.monotonic() < deadline:
+            replaced = incarnations is not None and incarnations()[peer] != self._peer_incarnation.get(peer, 0)
+            if replaced or peer in set(dead_workers()):
+                return False
+            if self._registered.check([str(peer)]):
+                return True
+            time.sleep(0.01)
+        return True
 
     def listen(self, channel: str, sources) -> None:
         """Start a receiver thread per source not listened to yet on ``channel``."""

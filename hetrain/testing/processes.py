@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 
 
-def worker_pids() -> dict[int, int]:
+def worker_pids(under: int | None = None) -> dict[int, int]:
     """rank -> pid of the first-incarnation workers running now (named ``hetrain-wR``; replacements
-    are ``hetrain-wR.I``). Linux only: an empty dict elsewhere."""
+    are ``hetrain-wR.I``). ``under``: only descendants of that process (the job one started), so
+    that jobs running side by side (tests in parallel) are told apart. Linux only: an empty dict
+    elsewhere."""
     pids: dict[int, int] = {}
     if not os.path.isdir("/proc"):
         return pids
@@ -20,5 +22,22 @@ def worker_pids() -> dict[int, int]:
         except OSError:
             continue
         if name.startswith("hetrain-w") and "." not in name and name[len("hetrain-w"):].isdigit():
-            pids[int(name[len("hetrain-w"):])] = int(entry)
+            if under is None or _descends_from(int(entry), under):
+                pids[int(name[len("hetrain-w"):])] = int(entry)
     return pids
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return int(handle.read().rsplit(")", 1)[1].split()[1])  # the name may hold spaces and parentheses
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _descends_from(pid: int, ancestor: int) -> bool:
+    while pid > 1:
+        pid = _parent(pid)
+        if pid == ancestor:
+            return True
+    return False
