@@ -6,8 +6,8 @@
 Each run is a `hetrain train` command, as a user would start it (8 workers, digits MLP, 50 ms of
 emulated compute, worker 0 five times slower, `--on-failure continue` or `respawn`). A thread
 of this script waits for a wall time drawn uniformly between the launch and the job's expected
-end (start-up + budget + 2 s), finds the worker's process by its name (`hetrain-wR`, in /proc)
-and sends it SIGKILL, or SIGSTOP (the run then has `--heartbeat-timeout 5`). The rank is drawn
+end (start-up + budget + 2 s), finds the worker's process by its name (`hetrain-wR`, in /proc; if the launcher has not
+forked it yet, as soon as it has) and sends it SIGKILL, or SIGSTOP (the run then has `--heartbeat-timeout 5`). The rank is drawn
 among 1-7 (the parameter server is rank 0: its death ends a `ps` job by design, and is tested on
 its own). A kill that finds no process (before the worker is forked, or after it exited) is
 counted as such.
@@ -55,6 +55,12 @@ def one_run(protocol: str, mode: str, sig: int, rank: int, at_s: float, budget_s
         while time.monotonic() - began < at_s:
             time.sleep(0.002)
         pid = worker_pids(under=proc.pid).get(rank)
+        while pid is None and proc.poll() is None:
+            # not forked yet (a moment in the launcher's own start-up): strike as soon as it is
+            time.sleep(0.002)
+            pid = worker_pids(under=proc.pid).get(rank)
+            if pid is None and time.monotonic() - began > at_s + 1.0 and _job_started(proc.pid):
+                break  # the job's workers run, this one no more: it exited (its end), nothing to kill
         if pid is None:
             sent["found"] = False
             return
@@ -82,6 +88,10 @@ def one_run(protocol: str, mode: str, sig: int, rank: int, at_s: float, budget_s
         "recovery_s": max((r for r in recoveries if r is not None), default=None),
         "error": None if proc.returncode == 0 else output.strip().splitlines()[-1][:300] if output.strip() else "",
     }
+
+
+def _job_started(launcher: int) -> bool:
+    return bool(worker_pids(under=launcher))
 
 
 def _phase(sent: dict, metrics: dict) -> str:

@@ -13,8 +13,9 @@ Loading uses ``torch.load(weights_only=True)``: a checkpoint holds tensors,
 numbers, strings and containers only and can execute nothing. ``--resume``
 continues from the checkpoints in DIR (or starts fresh when DIR holds none,
 so the same command line works for a job's first start and for torchrun's
-restarts); a checkpoint of another configuration, or a missing or unreadable
-worker file, is refused before any worker starts.
+restarts, also when some workers had written no file yet: all start afresh); a
+checkpoint of another configuration, or an unreadable worker file, is refused
+before any worker starts.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import json
 import os
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -77,17 +79,28 @@ def prepare(directory: str, config, resume: bool) -> bool:
         raise UsageError(f"--resume: the checkpoint in {path} is of another configuration ({name} was "
                          f"{saved.get(name)!r}, now {expected.get(name)!r}); run with the same settings "
                          "or another --checkpoint-dir")
-    if not any(path.glob("worker-*.pt")):
-        return False  # the run died before its first checkpoint: a fresh start (torchrun restarts land here)
+    present = [rank for rank in range(config.num_workers) if worker_path(path, rank).exists()]
+    if len(present) < config.num_workers:
+        # the run died before its first checkpoint, or before every worker had written one (torchrun
+        # restarts land here): a fresh start for all, as the workers' files must be of one run
+        if present:
+            warnings.warn(f"--resume: {len(present)} of {config.num_workers} workers had written a "
+                          f"checkpoint in {path} when the run died; starting afresh", stacklevel=2)
+        return False
     for rank in range(config.num_workers):
-        load_worker(path, rank)  # every worker file present and readable, before anyone starts
+        load_worker(path, rank)  # every worker file readable, before anyone starts
     return True
 
 
 def start(directory: str, config, resumed: bool) -> None:
-    """Create DIR and, on a fresh start, write its manifest (after every check passed)."""
+    """Create DIR and, on a fresh start, write its manifest and remove worker files of a run that died
+    before every worker had written one; remove writes a death cut short (after every check passed)."""
     if not resumed:
         _write_manifest(Path(directory), config)
+        for stale in Path(directory).glob("worker-*.pt"):
+            stale.unlink()
+    for partial in Path(directory).glob(".worker-*.pt.*"):  # a write cut short by a death (no writer is alive now)
+        partial.unlink(missing_ok=True)
 
 
 def _write_manifest(path: Path, config) -> None:

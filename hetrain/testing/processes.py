@@ -41,3 +41,22 @@ def _descends_from(pid: int, ancestor: int) -> bool:
         if pid == ancestor:
             return True
     return False
+
+
+def torchrun_rank_pids(agent: int) -> dict[int, int]:
+    """rank -> pid of the ranks a torchrun agent (pid ``agent``, or a process above it) runs now: the
+    descendants whose environment holds torchrun's ``RANK``. Linux only: an empty dict elsewhere."""
+    pids: dict[int, int] = {}
+    if not os.path.isdir("/proc"):
+        return pids
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or not _descends_from(int(entry), agent):
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as handle:
+                env = dict(item.split(b"=", 1) for item in handle.read().split(b"\0") if b"=" in item)
+        except OSError:
+            continue
+        if b"TORCHELASTIC_RUN_ID" in env and b"RANK" in env:
+            pids[int(env[b"RANK"])] = int(entry)
+    return pids
