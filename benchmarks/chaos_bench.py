@@ -52,16 +52,19 @@ def one_run(protocol: str, mode: str, sig: int, rank: int, at_s: float, budget_s
                             start_new_session=True)
 
     def strike() -> None:
-        while time.monotonic() - began < at_s:
-            time.sleep(0.002)
-        pid = worker_pids(under=proc.pid).get(rank)
-        while pid is None and proc.poll() is None:
-            # not forked yet (a moment in the launcher's own start-up): strike as soon as it is
-            time.sleep(0.002)
+        seen = False  # its process existed before the moment came (so if gone then, it has exited)
+        while proc.poll() is None:
             pid = worker_pids(under=proc.pid).get(rank)
-            if pid is None and time.monotonic() - began > at_s + 1.0 and _job_started(proc.pid):
-                break  # the job's workers run, this one no more: it exited (its end), nothing to kill
-        if pid is None:
+            seen = seen or pid is not None
+            if time.monotonic() - began >= at_s:
+                if pid is not None:
+                    break
+                if seen:  # exited (the job's end): nothing to kill
+                    sent["found"] = False
+                    return
+                # not forked yet (the launcher's own start-up): strike as soon as it is
+            time.sleep(0.05 if time.monotonic() - began < at_s - 0.1 else 0.002)  # /proc scans cost CPU
+        else:
             sent["found"] = False
             return
         os.kill(pid, sig)
@@ -88,10 +91,6 @@ def one_run(protocol: str, mode: str, sig: int, rank: int, at_s: float, budget_s
         "recovery_s": max((r for r in recoveries if r is not None), default=None),
         "error": None if proc.returncode == 0 else output.strip().splitlines()[-1][:300] if output.strip() else "",
     }
-
-
-def _job_started(launcher: int) -> bool:
-    return bool(worker_pids(under=launcher))
 
 
 def _phase(sent: dict, metrics: dict) -> str:
