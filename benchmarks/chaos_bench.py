@@ -9,7 +9,7 @@ of this script waits for a wall time drawn uniformly between the launch and the 
 end (start-up + budget + 2 s), finds the worker's process by its name (`hetrain-wR`, in /proc; if the launcher has not
 forked it yet, as soon as it has) and sends it SIGKILL, or SIGSTOP (the run then has `--heartbeat-timeout 5`). The rank is drawn
 among 1-7 (the parameter server is rank 0: its death ends a `ps` job by design, and is tested on
-its own). A kill that finds no process (before the worker is forked, or after it exited) is
+its own). A kill whose moment comes after the worker exited (the job's end) finds no process and is
 counted as such.
 
 A run *survived* when the command exits 0 and the averaged model of the survivors reaches 0.95

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from hetrain.config import RunConfig  # noqa: E402
 from hetrain.jobs.run import run_training  # noqa: E402
-from hetrain.protocols.group_generator import GG_MODES, PragueOptions  # noqa: E402
+from hetrain.protocols.prague_options import GG_MODES, PragueOptions  # noqa: E402
 
 DEFAULT_GROUP_SIZE = PragueOptions().group_size
 

@@ -134,7 +134,7 @@ def bench_floor(worker_counts: list[int], iterations: int) -> None:
     no network model, no skips. Each worker-iteration makes the calls a simulation must make (start,
     one receive per in-neighbour, the ready check, complete, one token return per in-neighbour), so
     this is a lower bound on what simulating these protocols with these objects costs."""
-    from hetrain.protocols.hop_config import HopConfig, hop_config_for
+    from hetrain.protocols.hop_config import HopConfig, HopOptions
     from hetrain.protocols.hop_logic import HopWorker
     from hetrain.topology import make_topology
 
@@ -142,7 +142,7 @@ def bench_floor(worker_counts: list[int], iterations: int) -> None:
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for n in worker_counts:
         topology = make_topology("ring", n)
-        for name, config in (("hop", hop_config_for(topology)), ("dpsgd", HopConfig())):
+        for name, config in (("hop", HopOptions().config_for(topology)), ("dpsgd", HopConfig())):
             workers = [HopWorker.for_rank(topology, rank, config) for rank in range(n)]
             t0 = time.process_time()
             for _ in range(iterations):

@@ -3,8 +3,10 @@
 Run-level settings are fields; the protocol's own settings are ``options``, a
 mapping by Python argument name (``{"backup": 1, "max_ig": 8}``) that the
 protocol's options class (:mod:`hetrain.registry`) validates and fills with
-its defaults. Errors name the Python field (``num_workers``); the CLI shows
-them as flags (``--workers``).
+its defaults. A config resolves its protocol's spec and options object once
+(``protocol_spec``, ``protocol_options()``) and asks the options object the
+protocol's rules; it names no protocol. Errors name the Python field
+(``num_workers``); the CLI shows them as flags (``--workers``).
 """
 
 from __future__ import annotations
@@ -65,6 +67,35 @@ class RunConfig:
     def replace(self, **changes) -> RunConfig:
         return dataclasses.replace(self, **changes)
 
+    # The fields live in the instance __dict__ (``vars(config)`` is the run's settings); what the config
+    # resolved once (its spec, its options object) lives in a slot beside it, out of ``vars``. A copy
+    # (``replace``, or a config pickled to a worker) resolves afresh.
+    __slots__ = ("__dict__", "_resolved")
+
+    def __getstate__(self) -> dict:
+        return dict(self.__dict__)  # the fields only (unpickling puts them back in __dict__)
+
+    def _once(self, key: str, make):
+        try:
+            resolved = self._resolved
+        except AttributeError:
+            resolved = {}
+            object.__setattr__(self, "_resolved", resolved)  # frozen: the fields, not this cache
+        if key not in resolved:
+            resolved[key] = make()
+        return resolved[key]
+
+    @property
+    def protocol_spec(self):
+        """The registry's :class:`~hetrain.registry.ProtocolSpec` of ``protocol`` (UsageError if unknown)."""
+        from hetrain.registry import get_spec
+
+        return self._once("spec", lambda: get_spec(self.protocol))
+
+    def _options_with_defaults(self):
+        """The protocol's options object from ``options``, defaults filled in, not yet validated."""
+        return self._once("options", lambda: self.protocol_spec.make_options(self.options))
+
     def resolved_optimizer(self) -> str:
         return self.optimizer or WORKLOAD_DEFAULTS[self.workload]["optimizer"]
 
@@ -80,9 +111,7 @@ class RunConfig:
 
     def validate(self) -> RunConfig:
         """Check the run-level fields and the protocol's options; raise OptionError naming the fix."""
-        from hetrain.registry import get_spec
-
-        spec = get_spec(self.protocol)
+        spec = self.protocol_spec
         if self.num_workers < 1:
             raise OptionError(f"{{num_workers}} must be a positive integer, got {self.num_workers}")
         if self.workload not in WORKLOADS:
@@ -111,19 +140,8 @@ class RunConfig:
         parse_fail(self.fail, self.seed).check_workers(self.num_workers, repeats=self.on_failure == "respawn")
         if self.on_failure is not None and self.on_failure not in ON_FAILURE:
             raise OptionError(f"unknown {{on_failure}} {self.on_failure!r}; choose one of {', '.join(ON_FAILURE)}")
-        tolerant = self.on_failure in ("continue", "respawn")
-        if tolerant and spec.on_failure == "abort":
-            raise OptionError(f"{self.protocol} cannot {self.on_failure} without a worker (DDP's collectives need "
-                              "everyone): use {on_failure} abort, with checkpoints to restart from")
-        if tolerant and spec.default_on_failure(spec.make_options(self.options)) == "abort":
-            raise OptionError("the static schedule has no Group Generator to route around a death: use "
-                              "{on_failure} abort, or another {gg} mode")
-        if self.on_failure == "respawn" and int(self.options.get("gg_shards") or 1) > 1:
-            raise OptionError("respawn needs one Group Generator (a replacement is re-admitted by it): use "
-                              "{gg_shards} 1, or {on_failure} continue")
-        if self.on_failure == "respawn" and not spec.respawns:
-            raise OptionError(f"{self.protocol} cannot take a replacement worker mid-run (its server's channels "
-                              "are built once): use {on_failure} continue")
+        if self.on_failure is not None:
+            self._options_with_defaults().check_on_failure(self.on_failure)
         if (self.checkpoint_every_s is not None or self.resume) and not self.checkpoint_dir:
             raise OptionError("{checkpoint_every_s} and {resume} need {checkpoint_dir}: where checkpoints live")
         if self.device not in ("cpu", "cuda"):
@@ -132,17 +150,13 @@ class RunConfig:
         if unknown:
             raise OptionError(f"{self.protocol} takes no option {unknown[0]!r}; it takes "
                               f"{', '.join(spec.option_names()) or 'none'}")
-        spec.make_options(self.options, self.num_workers)
+        self.protocol_options()
         return self
 
     def resolved_on_failure(self) -> str:
-        from hetrain.registry import get_spec
-
-        spec = get_spec(self.protocol)
-        return self.on_failure or spec.default_on_failure(spec.make_options(self.options))
+        """``on_failure``, or the protocol's default for these options."""
+        return self.on_failure or self._options_with_defaults().default_on_failure()
 
     def protocol_options(self):
-        """The protocol's options object (defaults filled in), validated for this run's workers."""
-        from hetrain.registry import get_spec
-
-        return get_spec(self.protocol).make_options(self.options, self.num_workers)
+        """The protocol's options object (defaults filled in), validated for this run's workers; built once."""
+        return self._once("validated", lambda: self._options_with_defaults().validate(self.num_workers))

@@ -16,12 +16,12 @@ from hetrain.commands.run_options import (
     add_run_options,
     add_runtime_options,
     config_from_args,
+    parse_protocols,
     protocol_values,
     warn_unused,
 )
 from hetrain.commands.train import INTERRUPTED_EXIT_CODE
 from hetrain.config import RunConfig
-from hetrain.errors import UsageError
 from hetrain.registry import PROTOCOL_NAMES
 
 HELP = "run several protocols side by side with identical settings (the main job)"
@@ -33,7 +33,7 @@ COMPARE_DEFAULTS = RunConfig(num_workers=8, slowdown="0:5x", compute_ms=50.0, ti
 
 def add_arguments(parser) -> None:
     parser.add_argument("--protocols", default=DEFAULT_PROTOCOLS,
-                        help=f"comma-separated, from {', '.join(PROTOCOL_NAMES)} (default {DEFAULT_PROTOCOLS})")
+                        help=f"comma-separated, from {', '.join(PROTOCOL_NAMES)}, or all (default {DEFAULT_PROTOCOLS})")
     add_run_options(parser, COMPARE_DEFAULTS)
     add_runtime_options(parser, COMPARE_DEFAULTS)
     add_protocol_options(parser)
@@ -41,21 +41,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="do not show progress bars")
 
 
-def parse_protocols(text: str) -> list[str]:
-    names = [p.strip() for p in text.split(",") if p.strip()]
-    unknown = [p for p in names if p not in PROTOCOL_NAMES]
-    if unknown or not names:
-        raise UsageError(f"unknown protocol {unknown[0] if unknown else '(none)'!r} in --protocols; "
-                         f"choose from {', '.join(PROTOCOL_NAMES)}")
-    if len(set(names)) != len(names):
-        raise UsageError("--protocols lists a protocol twice; list each once")
-    return names
-
-
 def run(args) -> int:
     from hetrain.comparison import run_comparison
 
-    protocols = parse_protocols(args.protocols)
+    protocols = parse_protocols(args.protocols, "--protocols")
     warn_unused(protocol_values(args), protocols)
     if args.iterations is None and args.time_budget_s is None:
         args.time_budget_s = COMPARE_DEFAULTS.time_budget_s

@@ -13,7 +13,26 @@ import argparse
 import warnings
 
 from hetrain.config import OPTIMIZERS, WORKLOADS, RunConfig
-from hetrain.registry import all_option_fields, get_spec, protocols_using
+from hetrain.errors import UsageError
+from hetrain.registry import PROTOCOL_NAMES, all_option_fields, get_spec, protocols_using
+
+
+def parse_protocols(text: str, flag: str) -> list[str]:
+    """``hop,prague`` or ``all`` -> protocol names from the registry, each at most once, in the order given.
+
+    ``flag`` is the option the text came from (``--protocols``, ``--protocol``), named in the error.
+    """
+    names = list(PROTOCOL_NAMES) if text.strip() == "all" else [p.strip() for p in text.split(",") if p.strip()]
+    choices = f"choose from {', '.join(PROTOCOL_NAMES)} or all"
+    if not names:
+        raise UsageError(f"{flag} names no protocol; {choices}")
+    unknown = [p for p in names if p not in PROTOCOL_NAMES]
+    if unknown:
+        raise UsageError(f"unknown protocol {unknown[0]!r} in {flag}; {choices}")
+    twice = [p for i, p in enumerate(names) if p in names[:i]]
+    if twice:
+        raise UsageError(f"{flag} lists {twice[0]} twice; list each protocol once")
+    return names
 
 
 def add_run_options(parser: argparse.ArgumentParser, defaults: RunConfig) -> None:

@@ -9,6 +9,7 @@ from hetrain.commands.run_options import (
     add_protocol_options,
     add_run_options,
     config_from_args,
+    parse_protocols,
     protocol_values,
     warn_unused,
 )
@@ -17,6 +18,7 @@ from hetrain.errors import UsageError
 from hetrain.registry import PROTOCOL_NAMES, get_spec
 
 HELP = "simulate a protocol (discrete events: compute, network, the protocol's own logic) at any scale"
+SWEEP_KEYS = ("workers",)  # what --sweep varies
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,8 +53,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = f"--compute-ms defaults to {DEFAULT_COMPUTE_MS:g} in the simulator."
 
 
+def parse_sweep(text: str) -> list[int]:
+    """Parse ``workers=8,64,512`` into worker counts; raise UsageError naming the fix."""
+    key, sep, values = (text or "").partition("=")
+    if not sep or key.strip() not in SWEEP_KEYS:
+        raise UsageError(f"--sweep {text!r}: expected workers=N1,N2,... (e.g. workers=8,64,512,4096)")
+    try:
+        counts = [int(v) for v in values.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"--sweep {text!r}: worker counts must be integers") from None
+    if not counts or min(counts) < 1:
+        raise UsageError(f"--sweep {text!r}: give one or more positive worker counts")
+    return counts
+
+
 def _config(args, protocol: str, workers: int) -> RunConfig:
     config = config_from_args(args, protocol=protocol, num_workers=workers)
+    if config.model_params is None:  # not given: the synthetic workload's default size (the digits MLP's otherwise)
+        config = config.replace(model_params=RunConfig.model_params)
     group_size = config.options.get("group_size")
     if args.sweep and group_size is not None and group_size > workers:
         config = config.replace(options={**config.options, "group_size": workers})
@@ -91,10 +109,10 @@ def run(args) -> int:
 def _run_sweep(args, options) -> int:
     from hetrain.outputs import prepare_out_dir, write_json_atomic, write_text_atomic
     from hetrain.sim.report import write_run
-    from hetrain.sim.sweep import markdown_table, parse_protocols, parse_sweep, plot_sweep, run_sweep
+    from hetrain.sim.sweep import markdown_table, plot_sweep, run_sweep
 
     counts = parse_sweep(args.sweep)
-    protocols = parse_protocols(args.protocol)
+    protocols = parse_protocols(args.protocol, "--protocol")
     warn_unused(protocol_values(args), protocols)
     for protocol in protocols:  # every run's settings are checked before the first one starts
         for n in counts:

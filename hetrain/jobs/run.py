@@ -97,10 +97,9 @@ def run_training(config: RunConfig, out_dir: str | None, progress: bool = True, 
 
 def _launcher_gg(config: RunConfig):
     """The Group Generator of a local Prague / AD-PSGD job, served by the launcher (None for the others)."""
-    from hetrain.registry import get_spec
     from hetrain.runtime.gg_service import GGServer
 
-    scheduler = get_spec(config.protocol).make_scheduler(config.num_workers, config.protocol_options(), config.seed)
+    scheduler = config.protocol_spec.make_scheduler(config.num_workers, config.protocol_options(), config.seed)
     return GGServer(scheduler, host="127.0.0.1") if scheduler is not None and config.num_workers > 1 else None
 
 

@@ -25,7 +25,6 @@ from hetrain.jobs.emulation import ComputeEmulator
 from hetrain.jobs.meter import WindowMeter, peak_rss_mb, tcp_connections
 from hetrain.jobs.phases import PhaseClock
 from hetrain.jobs.snapshots import SnapshotKeeper
-from hetrain.registry import get_spec
 from hetrain.slowdown import parse_slowdown
 
 CALIBRATION_ITERATIONS = 3  # timed, after one warm-up, unless they take longer than:
@@ -77,7 +76,7 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
     joining = ctx.incarnation > 0  # a replacement: the protocol hands it the model of the running job
     clock.lap("setup_s")
     ctx.enter_phase("connect")
-    protocol = get_spec(config.protocol).build(
+    protocol = config.protocol_spec.build(
         model, None, config.protocol_options(), seed=config.seed, timeout_s=config.timeout_s,
         on_failure=on_failure, dead_workers=ctx.dead_workers if on_failure != "abort" else None,
         **(services or {}))

@@ -23,7 +23,7 @@ import math
 import time
 
 from hetrain.planner.layers import INPUT
-from hetrain.planner.program import Program, _side
+from hetrain.planner.program import Program, square_side
 
 __all__ = ["Program", "check_worker", "worker"]
 
@@ -99,13 +99,13 @@ class _Step:
         gen = torch.Generator().manual_seed(seed)
         self.weights = []
         for la in net.layers:
-            k = _side(la.kernel) if la.kind == "conv" else 0
+            k = square_side(la.kernel) if la.kind == "conv" else 0
             shape = (la.d_in, la.d_out, k, k) if k else (la.d_in, la.d_out)
             self.weights.append(torch.randn(shape, generator=gen, dtype=dtype) / math.sqrt(la.d_in * max(k, 1) ** 2))
         c0, side = program.domain[INPUT]
         self.x = torch.randn((B, c0, side, side) if side else (B, c0), generator=gen, dtype=dtype)
         last = net.layers[-1]
-        out_side = _side(last.hw_out) if last.kind == "conv" else 0
+        out_side = square_side(last.hw_out) if last.kind == "conv" else 0
         self.target = torch.randn((B, last.d_out, out_side, out_side) if out_side else (B, last.d_out), generator=gen,
                                   dtype=dtype)
 
@@ -165,7 +165,7 @@ class _Step:
         for nid, node in enumerate(net.nodes):
             if node.kind == "layer":
                 i, src = node.index, node.producers[0]
-                need, out = p._need(i, me), p._out(i, me)
+                need, out = p.input_box(i, me), p.output_box(i, me)
                 hb, ht = held[src]
                 x = self._gather(p.plans[("in", nid)], hb, ht, need, self._inner(src), comm)
                 with clock:
@@ -174,7 +174,7 @@ class _Step:
                     w = self.weights[i][i0:i1, o0:o1].detach().requires_grad_(True)
                     la = net.layers[i]
                     if x.numel() == 0 or w.numel() == 0:  # an empty box (a tiny dimension split unevenly)
-                        side = _side(la.hw_out) if la.kind == "conv" else 0
+                        side = square_side(la.hw_out) if la.kind == "conv" else 0
                         y = torch.zeros((out[1] - out[0], o1 - o0, *((side, side) if side else ())), dtype=self.dtype)
                     elif la.kind == "conv":
                         k, stride, pad = p.conv[i]
@@ -190,7 +190,7 @@ class _Step:
                 saved[nid] = (x, w, y, pre, post)
             else:
                 a = node.index
-                box = p._join_box(a, me, True)
+                box = p.join_box(a, me, forward=True)
                 total = None
                 for q in node.producers:
                     hb, ht = held[q]
@@ -203,7 +203,7 @@ class _Step:
         # loss: MSE on the last layer's output boxes (complete values after the reduction)
         last = len(net.nodes) - 1
         with clock:
-            b0, b1, c0, c1 = p._out(net.nodes[last].index, me)
+            b0, b1, c0, c1 = p.output_box(net.nodes[last].index, me)
             output = held[last][1]
             err_out = (output - self.target[b0:b1, c0:c1]) / p.batch
         dx_of = {}    # (consumer node, producer) -> (box, contribution)
@@ -228,13 +228,13 @@ class _Step:
                         dx, dw = torch.autograd.grad(y, (x, w), dy)
                     else:
                         dx, dw = torch.zeros_like(x), torch.zeros_like(w)
-                wbox = p._wbox(node.index, me)
+                wbox = p.weight_box(node.index, me)
                 grads[node.index] = (wbox, self._gather(p.plans[("dw", nid)], wbox, dw, wbox, tuple(dw.shape[2:]),
                                                         comm, add=True))
                 if node.producers[0] != INPUT:
-                    dx_of[(nid, node.producers[0])] = (p._need(node.index, me), dx)
+                    dx_of[(nid, node.producers[0])] = (p.input_box(node.index, me), dx)
             else:
-                ebox = p._join_box(node.index, me, False)
+                ebox = p.join_box(node.index, me, forward=False)
                 with clock:
                     side = p.raw[nid][1]
                     dummy = self._zeros(ebox, (side, side) if side else ()).requires_grad_(True)
@@ -306,7 +306,7 @@ def worker(ctx, program: Program, dtype_name: str, steps: int, check: bool, cali
     result["steps"] = records
     if check:
         ref_out, ref_grads = step.reference()
-        b0, b1, c0, c1 = program._out(len(program.net.layers) - 1, ctx.rank)
+        b0, b1, c0, c1 = program.output_box(len(program.net.layers) - 1, ctx.rank)
         out_err = float((output - ref_out[b0:b1, c0:c1]).abs().max()) if output.numel() else 0.0
         grad_err, scale = 0.0, 0.0
         for i, (box, g) in grads.items():

@@ -45,9 +45,9 @@ class Program:
             p = node.producers[0]
             if node.kind == "layer":
                 i = node.index
-                need = [self._need(i, r) for r in range(W)]
-                out = [self._out(i, r) for r in range(W)]
-                wbox = [self._wbox(i, r) for r in range(W)]
+                need = [self.input_box(i, r) for r in range(W)]
+                out = [self.output_box(i, r) for r in range(W)]
+                wbox = [self.weight_box(i, r) for r in range(W)]
                 self.plans[("in", nid)] = fetch_plan(lay, self.held[p], need)
                 self.plans[("out", nid)] = reduce_plan(lay, out, out)
                 self.plans[("dw", nid)] = reduce_plan(lay, wbox, wbox)
@@ -55,9 +55,9 @@ class Program:
                     self.plans[("dx", nid)] = reduce_plan(lay, need, self.err[p])
             else:
                 for q in node.producers:
-                    jbox = [self._join_box(node.index, r, fwd=True) for r in range(W)]
+                    jbox = [self.join_box(node.index, r, forward=True) for r in range(W)]
                     self.plans[("in", nid, q)] = fetch_plan(lay, self.held[q], jbox)
-                    ebox = [self._join_box(node.index, r, fwd=False) for r in range(W)]
+                    ebox = [self.join_box(node.index, r, forward=False) for r in range(W)]
                     self.plans[("dx", nid, q)] = fetch_plan(lay, ebox, self.err[q])
         levels = max((len(path) for path in lay.paths), default=1)
         self.rounds = [0] * max(levels, 1)  # exchange rounds per level in one step (each plan runs once)
@@ -70,13 +70,13 @@ class Program:
         net = self.net
         if p == INPUT:
             first = net.layers[net.nodes[self.consumers[INPUT][0]].index]
-            return first.d_in, _side(first.hw_in) if first.kind == "conv" else 0
+            return first.d_in, square_side(first.hw_in) if first.kind == "conv" else 0
         node = net.nodes[p]
         if node.kind == "layer":
             la = net.layers[node.index]
-            return la.d_out, _side(la.hw_out) if la.kind == "conv" else 0
+            return la.d_out, square_side(la.hw_out) if la.kind == "conv" else 0
         src = net.layers[net.add_source(node.index)]
-        return src.d_out, _side(src.hw_out) if src.kind == "conv" else 0
+        return src.d_out, square_side(src.hw_out) if src.kind == "conv" else 0
 
     def _domain(self, p):
         net, found = self.net, set()
@@ -84,7 +84,7 @@ class Program:
             node = net.nodes[c]
             if node.kind == "layer":
                 la = net.layers[node.index]
-                found.add((la.d_in, _side(la.hw_in)) if la.kind == "conv" else (la.d_in, 0))
+                found.add((la.d_in, square_side(la.hw_in)) if la.kind == "conv" else (la.d_in, 0))
             else:
                 found.add(self.raw[c])
         if len(found) != 1:
@@ -115,23 +115,30 @@ class Program:
             b0, b1, o0, o1 = (lay.join_fwd if fwd else lay.join_err)[r][node.index]
         return b0, b1, o0 * k, o1 * k
 
-    def _need(self, i, r):
+    # ---- what one rank computes (the step's boxes; execute.py reads these) ----------------------
+    def input_box(self, i, r):
+        """(b0, b1, i0, i1): the samples and input features rank ``r`` reads for layer ``i``."""
         (b0, b1), (i0, i1), _ = self.layout.compute[r][i]
         return b0, b1, i0, i1
 
-    def _out(self, i, r):
+    def output_box(self, i, r):
+        """(b0, b1, o0, o1): the samples and output features of layer ``i`` rank ``r`` computes (and holds
+        complete once its partial sums are reduced)."""
         (b0, b1), _, (o0, o1) = self.layout.compute[r][i]
         return b0, b1, o0, o1
 
-    def _wbox(self, i, r):
+    def weight_box(self, i, r):
+        """(i0, i1, o0, o1): the part of layer ``i``'s weight (inputs x outputs) rank ``r`` multiplies."""
         _, (i0, i1), (o0, o1) = self.layout.compute[r][i]
         return i0, i1, o0, o1
 
-    def _join_box(self, a, r, fwd):
-        return (self.layout.join_fwd if fwd else self.layout.join_err)[r][a]
+    def join_box(self, a, r, forward: bool = True):
+        """The box of join (addition) ``a`` that rank ``r`` sums forward, or holds the join's error on backward."""
+        return (self.layout.join_fwd if forward else self.layout.join_err)[r][a]
 
 
-def _side(hw: int) -> int:
+def square_side(hw: int) -> int:
+    """The side of a square feature map of ``hw`` positions."""
     s = math.isqrt(hw)
     if s * s != hw:
         raise UsageError(f"--measure: feature maps must be square, got {hw} positions")
@@ -140,7 +147,7 @@ def _side(hw: int) -> int:
 
 def _conv_geometry(net, la):
     """(kernel side, stride, padding) that turn hw_in into hw_out (padding as close to 'same' as possible)."""
-    k, si, so = _side(la.kernel), _side(la.hw_in), _side(la.hw_out)
+    k, si, so = square_side(la.kernel), square_side(la.hw_in), square_side(la.hw_out)
     for pad in range(k // 2, -1, -1):
         for stride in range(1, si + 1):
             if (si + 2 * pad - k) // stride + 1 == so:

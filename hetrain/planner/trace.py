@@ -25,22 +25,16 @@ from torch.fx.passes.shape_prop import ShapeProp
 
 from hetrain.errors import UsageError
 from hetrain.planner.layers import INPUT, Layer, Net, Node
+from hetrain.protocols.options import OptionError
 
 _ADDS = {operator.add, operator.iadd, torch.add}
-
-
-def load_model(spec: str, input_shape: tuple[int, ...] | None = None) -> Net:
-    """Any model name (zoo, ``torchvision:NAME``, ``module:path:Class``): see :func:`hetrain.planner.models.load`."""
-    from hetrain.planner import models
-
-    return models.load(spec, input_shape)
 
 
 def load_module(spec: str, input_shape: tuple[int, ...] | None = None) -> Net:
     """Trace ``module:path:Class``; ``input_shape`` is per sample (no batch dim)."""
     module = _import_class(spec)
     if input_shape is None:
-        raise UsageError(f"--model {spec}: pass --input-shape (one sample's shape, e.g. 3,224,224)")
+        raise OptionError(f"{{model}} {spec}: pass {{input_shape}} (one sample's shape, e.g. 3,224,224)")
     return trace(module, input_shape, spec.split(":")[-1])
 
 
@@ -51,30 +45,30 @@ def load_torchvision(spec: str, input_shape: tuple[int, ...] | None = None) -> N
         import torchvision.models as tvm
     except Exception as exc:  # noqa: BLE001 - missing, or built for another torch
         why = "is not installed" if isinstance(exc, ImportError) else f"cannot be imported ({type(exc).__name__})"
-        raise UsageError(f"--model {spec}: torchvision {why}; install it beside torch, or use a built-in "
+        raise OptionError(f"{{model}} {spec}: torchvision {why}; install it beside torch, or use a built-in "
                          "name such as resnet50, vgg16 or alexnet (no torchvision needed)") from None
     known = set(tvm.list_models())
     if name not in known:
-        raise UsageError(f"--model {spec}: torchvision has no model {name!r} "
+        raise OptionError(f"{{model}} {spec}: torchvision has no model {name!r} "
                          "(see torchvision.models.list_models())")
     try:
         with torch.device("meta"):
             module = tvm.get_model(name, weights=None)
     except Exception as exc:  # noqa: BLE001
-        raise UsageError(f"--model {spec}: torchvision could not build it ({type(exc).__name__}: {exc})") from None
+        raise OptionError(f"{{model}} {spec}: torchvision could not build it ({type(exc).__name__}: {exc})") from None
     return trace(module, tuple(input_shape or (3, 224, 224)), f"torchvision:{name}")
 
 
 def _import_class(spec: str) -> nn.Module:
     parts = spec.split(":")
     if len(parts) != 3 or not parts[1] or not parts[2]:
-        raise UsageError(f"--model {spec!r}: write module:PACKAGE.MODULE:Class or module:FILE.py:Class")
+        raise OptionError(f"{{model}} {spec!r}: write module:PACKAGE.MODULE:Class or module:FILE.py:Class")
     where, cls_name = parts[1], parts[2]
     try:
         if where.endswith(".py"):
             path = Path(where)
             if not path.is_file():
-                raise UsageError(f"--model {spec}: file {where} does not exist")
+                raise OptionError(f"{{model}} {spec}: file {where} does not exist")
             mod_spec = importlib.util.spec_from_file_location(path.stem, path)
             mod = importlib.util.module_from_spec(mod_spec)
             mod_spec.loader.exec_module(mod)
@@ -83,14 +77,14 @@ def _import_class(spec: str) -> nn.Module:
     except UsageError:
         raise
     except Exception as exc:  # noqa: BLE001 - the user's module failed to import
-        raise UsageError(f"--model {spec}: cannot import {where} ({type(exc).__name__}: {exc})") from None
+        raise OptionError(f"{{model}} {spec}: cannot import {where} ({type(exc).__name__}: {exc})") from None
     cls = getattr(mod, cls_name, None)
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
-        raise UsageError(f"--model {spec}: {where} has no nn.Module class named {cls_name}")
+        raise OptionError(f"{{model}} {spec}: {where} has no nn.Module class named {cls_name}")
     try:
         return cls()
     except Exception as exc:  # noqa: BLE001
-        raise UsageError(f"--model {spec}: {cls_name}() failed ({type(exc).__name__}: {exc}); "
+        raise OptionError(f"{{model}} {spec}: {cls_name}() failed ({type(exc).__name__}: {exc}); "
                          "the class must be constructible without arguments") from None
 
 

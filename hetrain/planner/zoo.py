@@ -22,6 +22,7 @@ import re
 
 from hetrain.errors import UsageError
 from hetrain.planner.layers import INPUT, Layer, Net, Node
+from hetrain.protocols.options import OptionError
 
 VGG_CONFIGS = {
     "a": [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"],
@@ -274,7 +275,7 @@ def build(name: str, input_shape=None) -> Net:
     if match:
         blocks, width = int(match[1]), int(match[2])
         if blocks < 1 or width < 1:
-            raise UsageError(f"--model {name}: write gpt:BLOCKSxWIDTH with positive numbers, e.g. gpt:24x1024")
+            raise OptionError(f"{{model}} {name}: write gpt:BLOCKSxWIDTH with positive numbers, e.g. gpt:24x1024")
         return gpt(blocks, width, tuple(input_shape or ()), key)
     if key not in MODELS:
         raise UsageError(f"unknown model {name!r}; built-in: {', '.join(sorted(MODELS))}, gpt:BLOCKSxWIDTH, "

@@ -16,11 +16,11 @@ from bisect import bisect_left, insort
 from dataclasses import dataclass
 
 from hetrain.protocols.ledger import Group, GroupLedger
-from hetrain.protocols.options import OptionError, option
+from hetrain.protocols.options import OptionError, ProtocolOptions, option
 
 
 @dataclass(frozen=True)
-class ADPSGDOptions:
+class ADPSGDOptions(ProtocolOptions):
     """AD-PSGD's arguments."""
 
     communicator_cache: int = option(60, help="prague/adpsgd: communicators kept per worker (default 60)")

@@ -1,15 +1,17 @@
 """Hop's and D-PSGD's settings and the checks that reject deadlock-prone or meaningless combinations.
 
-:class:`HopOptions` / :class:`DPSGDOptions` are what a user passes (Python
-arguments, CLI flags); :class:`HopConfig` is the complete, validated setting the
-logic runs with (defaults filled in for the topology).
+Two names: :class:`HopOptions` / :class:`DPSGDOptions` are what a user passes
+(Python arguments, CLI flags; the one carrier of the protocol's settings), and
+:class:`HopConfig` is the complete setting the logic runs with, which
+``options.config_for(topology)`` derives (defaults filled in for the graph,
+then :meth:`HopConfig.validated_for` the graph).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hetrain.protocols.options import OptionError, option
+from hetrain.protocols.options import OptionError, ProtocolOptions, option
 from hetrain.topology import Topology, make_topology
 
 TOPOLOGY_HELP = ("dpsgd/hop graph: ring, double_ring, torus, hypercube, exponential, complete, "
@@ -43,64 +45,47 @@ class HopConfig:
     def uses_tokens(self) -> bool:
         return self.max_ig is not None
 
+    def validated_for(self, topology: Topology) -> HopConfig:
+        """This config made complete and deadlock-free for ``topology``, or OptionError saying why not.
 
-def validate_hop_config(config: HopConfig, topology: Topology) -> HopConfig:
-    """Return a complete, deadlock-free config for ``topology`` or raise UsageError saying why.
-
-    Token queues are switched on (max_ig = HOP_DEFAULT_MAX_IG) whenever backup workers,
-    staleness or skipping are used, since then the graph no longer bounds the gap.
-    """
-    min_in = min(len(n) for n in topology.in_neighbors) if topology.num_workers > 1 else 0
-    if config.backup < 0 or config.staleness < 0:
-        raise OptionError("{backup} and {staleness} must be >= 0")
-    if config.backup and config.backup >= min_in:
-        raise OptionError(
-            f"{{backup}} {config.backup} must be fewer than every worker's in-neighbours (the {topology.name} "
-            f"graph has a worker with {min_in}); a worker that waits for nobody never mixes -- use a smaller "
-            "{backup} or a denser {topology}"
-        )
-    max_ig = config.max_ig
-    needs_tokens = config.backup > 0 or config.staleness > 0 or config.skip_threshold is not None
-    if max_ig is None and needs_tokens:
-        max_ig = max(HOP_DEFAULT_MAX_IG, config.staleness + 1, (config.skip_threshold or 0) + 2)
-    if max_ig is not None and max_ig < 1:
-        raise OptionError(f"{{max_ig}} must be >= 1 (a worker with no token can never start), got {max_ig}")
-    if config.skip_threshold is not None:
-        if config.skip_threshold < 1:
-            raise OptionError(f"{{skip_threshold}} must be >= 1, got {config.skip_threshold}")
-        if config.skip_threshold > max_ig - 2:
+        Token queues are switched on (max_ig = HOP_DEFAULT_MAX_IG) whenever backup workers,
+        staleness or skipping are used, since then the graph no longer bounds the gap.
+        """
+        min_in = min(len(n) for n in topology.in_neighbors) if topology.num_workers > 1 else 0
+        if self.backup < 0 or self.staleness < 0:
+            raise OptionError("{backup} and {staleness} must be >= 0")
+        if self.backup and self.backup >= min_in:
             raise OptionError(
-                f"{{skip_threshold}} {config.skip_threshold} must be at most {{max_ig}} minus 2 ({max_ig - 2}): "
-                "when a worker finishes an iteration, tokens have kept its neighbours within max_ig - 2 "
-                "iterations of its next one, so it would never skip; raise {max_ig} or lower the threshold"
+                f"{{backup}} {self.backup} must be fewer than every worker's in-neighbours (the {topology.name} "
+                f"graph has a worker with {min_in}); a worker that waits for nobody never mixes -- use a smaller "
+                "{backup} or a denser {topology}"
             )
-    return HopConfig(config.backup, config.staleness, max_ig, config.skip_threshold)
-
-
-def hop_config_for(topology: Topology, backup: int | None = None, staleness: int | None = None,
-                   max_ig: int | None = None, skip_threshold: int | None = None) -> HopConfig:
-    """Hop's settings with its defaults filled in, validated for ``topology``.
-
-    Left out (None): backup 1 where every worker has at least 2 in-neighbours (else 0),
-    staleness 1, max_ig 8, skip_threshold 2. ``skip_threshold=0`` switches skipping off.
-    """
-    min_in = min((len(n) for n in topology.in_neighbors), default=0)
-    if backup is None:
-        backup = 1 if min_in >= 2 else 0
-    if staleness is None:
-        staleness = HOP_DEFAULT_STALENESS
-    if max_ig is None:
-        max_ig = HOP_DEFAULT_MAX_IG
-    if skip_threshold is None:
-        skip_threshold = min(HOP_DEFAULT_SKIP_THRESHOLD, max_ig - 2)
-    return validate_hop_config(HopConfig(backup, staleness, max_ig, skip_threshold or None), topology)
+        max_ig = self.max_ig
+        needs_tokens = self.backup > 0 or self.staleness > 0 or self.skip_threshold is not None
+        if max_ig is None and needs_tokens:
+            max_ig = max(HOP_DEFAULT_MAX_IG, self.staleness + 1, (self.skip_threshold or 0) + 2)
+        if max_ig is not None and max_ig < 1:
+            raise OptionError(f"{{max_ig}} must be >= 1 (a worker with no token can never start), got {max_ig}")
+        if self.skip_threshold is not None:
+            if self.skip_threshold < 1:
+                raise OptionError(f"{{skip_threshold}} must be >= 1, got {self.skip_threshold}")
+            if self.skip_threshold > max_ig - 2:
+                raise OptionError(
+                    f"{{skip_threshold}} {self.skip_threshold} must be at most {{max_ig}} minus 2 ({max_ig - 2}): "
+                    "when a worker finishes an iteration, tokens have kept its neighbours within max_ig - 2 "
+                    "iterations of its next one, so it would never skip; raise {max_ig} or lower the threshold"
+                )
+        return HopConfig(self.backup, self.staleness, max_ig, self.skip_threshold)
 
 
 @dataclass(frozen=True)
-class HopOptions:
-    """Hop's arguments (None: Hop's default for the topology, see :func:`hop_config_for`)."""
+class HopOptions(ProtocolOptions):
+    """Hop's arguments (None: Hop's default for the topology, see :meth:`config_for`).
 
-    topology: str = option("ring", type=str, help=TOPOLOGY_HELP)
+    ``topology`` is a graph's name or edge-list file, or a built :class:`~hetrain.topology.Topology`.
+    """
+
+    topology: str | Topology = option("ring", type=str, help=TOPOLOGY_HELP)
     backup: int | None = option(help="hop: backup workers b (default 1 where every worker has 2+ in-neighbours)")
     staleness: int | None = option(help="hop: bounded staleness s (default 1); ps: asynchronous with staleness s "
                                         "(default 0: synchronous)")
@@ -108,19 +93,34 @@ class HopOptions:
     skip_threshold: int | None = option(help="hop: skip iterations when every in-neighbour is this far ahead "
                                              "(default 2; 0 switches skipping off)")
 
+    def topology_for(self, num_workers: int) -> Topology:
+        """The graph over ``num_workers`` (a given Topology as it is)."""
+        return self.topology if isinstance(self.topology, Topology) else make_topology(self.topology, num_workers)
+
     def resolve(self, num_workers: int) -> tuple[Topology, HopConfig]:
         """The graph and the complete, deadlock-free settings; OptionError saying why not."""
-        topology = make_topology(self.topology, num_workers)
+        topology = self.topology_for(num_workers)
         return topology, self.config_for(topology)
 
     def config_for(self, topology: Topology) -> HopConfig:
+        """Hop's settings with its defaults filled in, validated for ``topology``.
+
+        Left out (None): backup 1 where every worker has at least 2 in-neighbours (else 0),
+        staleness 1, max_ig 8, skip_threshold 2. ``skip_threshold=0`` switches skipping off.
+        """
         for name in ("backup", "staleness", "skip_threshold"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise OptionError(f"{{{name}}} must be >= 0, got {value}")
         if self.max_ig is not None and self.max_ig < 1:
             raise OptionError(f"{{max_ig}} must be >= 1 (each edge needs at least one token), got {self.max_ig}")
-        return hop_config_for(topology, self.backup, self.staleness, self.max_ig, self.skip_threshold)
+        min_in = min((len(n) for n in topology.in_neighbors), default=0)
+        backup = self.backup if self.backup is not None else (1 if min_in >= 2 else 0)
+        staleness = self.staleness if self.staleness is not None else HOP_DEFAULT_STALENESS
+        max_ig = self.max_ig if self.max_ig is not None else HOP_DEFAULT_MAX_IG
+        skip_threshold = (self.skip_threshold if self.skip_threshold is not None
+                          else min(HOP_DEFAULT_SKIP_THRESHOLD, max_ig - 2))
+        return HopConfig(backup, staleness, max_ig, skip_threshold or None).validated_for(topology)
 
     def validate(self, num_workers: int) -> HopOptions:
         self.resolve(num_workers)
@@ -128,13 +128,16 @@ class HopOptions:
 
 
 @dataclass(frozen=True)
-class DPSGDOptions:
+class DPSGDOptions(ProtocolOptions):
     """D-PSGD's arguments: the graph only (every iteration waits for every in-neighbour)."""
 
-    topology: str = option("ring", type=str, help=TOPOLOGY_HELP)
+    topology: str | Topology = option("ring", type=str, help=TOPOLOGY_HELP)
+
+    def topology_for(self, num_workers: int) -> Topology:
+        return self.topology if isinstance(self.topology, Topology) else make_topology(self.topology, num_workers)
 
     def resolve(self, num_workers: int) -> tuple[Topology, HopConfig]:
-        topology = make_topology(self.topology, num_workers)
+        topology = self.topology_for(num_workers)
         return topology, self.config_for(topology)
 
     def config_for(self, topology: Topology) -> HopConfig:

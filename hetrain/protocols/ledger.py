@@ -81,20 +81,29 @@ class GroupLedger:
     date on every assign, pop and leave, so a scheduler asks them in O(1)
     instead of scanning all workers per group (the simulator runs thousands).
     ``on_close(group)``, when set, is called as a group's last member pops it.
+
+    A ledger that is one of several over a job's workers (a shard's,
+    :mod:`hetrain.protocols.sharded_gg`) numbers its groups from ``first_seq``,
+    keeps each worker's communicator-cache model in the given ``caches`` (one
+    per worker, shared with the other ledgers), and with ``absent`` counts
+    every worker as gone until it :meth:`arrive` s.
     """
 
-    def __init__(self, num_workers: int, cache_size: int = 60):
+    def __init__(self, num_workers: int, cache_size: int = 60, *, first_seq: int = 0, caches=None,
+                 absent: bool = False):
         self.num_workers = num_workers
         self.cache_size = cache_size
-        self.next_seq = 0
+        self.next_seq = first_seq
         self.queues: list[deque[Group]] = [deque() for _ in range(num_workers)]
-        self.caches = [CommunicatorLRU(cache_size) for _ in range(num_workers)]
-        self.left: set[int] = set()
+        self.caches = list(caches) if caches is not None else [CommunicatorLRU(cache_size) for _ in range(num_workers)]
+        if len(self.caches) != num_workers:
+            raise ValueError(f"{len(self.caches)} cache models for {num_workers} workers")
+        self.left: set[int] = set(range(num_workers)) if absent else set()
         self._unstarted: dict[int, set[int]] = {}  # seq -> members that have not popped it yet
         self._groups: dict[int, Group] = {}
         self._open_count = [0] * num_workers  # open groups each worker belongs to
         self._busy: set[int] = set()  # workers whose _open_count > 0
-        self._active = list(range(num_workers))  # workers that have not left, in rank order
+        self._active = [] if absent else list(range(num_workers))  # workers that have not left, in rank order
         self.incarnation = [0] * num_workers  # process number of each rank (respawn)
         self.fresh: set[int] = set()  # replacements that have no model yet
         self.on_close = None
@@ -152,11 +161,6 @@ class GroupLedger:
         if worker not in self.left:
             self.left.add(worker)
             self._active.remove(worker)
-
-    def start_absent(self) -> None:
-        """Nobody is here yet: every worker counts as left until it :meth:`arrive` s (sharded generators)."""
-        self.left = set(range(self.num_workers))
-        self._active = []
 
     def arrive(self, worker: int) -> None:
         """``worker`` (absent until now) may be grouped from now on."""

@@ -6,6 +6,14 @@ made with :func:`option`, which records the help text the command line shows;
 the CLI derives its flags from the fields (``max_ig`` -> ``--max-ig``), so a
 protocol's settings are declared once.
 
+Every options class derives from :class:`ProtocolOptions`, which carries the
+protocol's own rules (its default failure mode, whether a replacement worker
+may join, how many Group Generator endpoints it needs), so generic code asks
+the options object and never names a protocol. The options object is the only
+carrier of a protocol's settings: the registry builds it once, and the runtime
+and simulated shells take it as ``options=`` (:func:`options_or_settings`
+builds it from a public class's keyword arguments instead).
+
 Errors name the *Python argument*: ``OptionError("{max_ig} must be >= 1")``
 reads "max_ig must be >= 1" from Python and "--max-ig must be >= 1" from the
 command line (:meth:`OptionError.for_cli`).
@@ -33,6 +41,62 @@ class OptionError(UsageError):
         """The message with flags: ``{max_ig}`` becomes ``--max-ig`` (``flags`` maps names that differ)."""
         flags = flags or {}
         return _PLACEHOLDER.sub(lambda m: flags.get(m.group(1), "--" + m.group(1).replace("_", "-")), self.template)
+
+
+TOLERANT = ("continue", "respawn")  # failure modes in which the survivors go on
+
+
+class ProtocolOptions:
+    """The rules every protocol's options answer; a subclass overrides those its protocol differs in.
+
+    Subclasses are frozen dataclasses whose fields are made with :func:`option`.
+    """
+
+    def validate(self, num_workers: int):
+        """Raise OptionError for settings that cannot work on ``num_workers``; return ``self``."""
+        return self
+
+    def default_on_failure(self) -> str:
+        """What a worker's death does when the run does not say (``continue``: the survivors go on)."""
+        return "continue"
+
+    def supports_respawn(self) -> bool:
+        """Whether a replacement worker may join the running job (``on_failure="respawn"``)."""
+        return True
+
+    def check_on_failure(self, on_failure: str) -> None:
+        """Raise OptionError if these settings cannot handle ``on_failure``; subclasses give the reason."""
+        if on_failure in TOLERANT and self.default_on_failure() == "abort":
+            raise OptionError("these settings cannot route around a death: use {on_failure} abort")
+        if on_failure == "respawn" and not self.supports_respawn():
+            raise OptionError("these settings take no replacement worker mid-run: use {on_failure} continue")
+
+    @property
+    def local_schedule(self) -> bool:
+        """Whether every worker computes its groups itself, so no Group Generator is served."""
+        return False
+
+    def scheduler_endpoints(self) -> int:
+        """Group Generator endpoints a job of these settings needs (one unless it shards its generator)."""
+        return 1
+
+
+def options_or_settings(options_cls, options, settings: dict, owner: str):
+    """``options`` as given, or an ``options_cls`` built from a public class's keyword ``settings``.
+
+    Raises TypeError, as Python does for a bad call, when both are given or a setting is unknown.
+    """
+    if options is not None:
+        if settings:
+            raise TypeError(f"{owner}() takes options= or keyword settings, not both (got {sorted(settings)})")
+        if not isinstance(options, options_cls):
+            raise TypeError(f"{owner}() options= must be a {options_cls.__name__}, got {type(options).__name__}")
+        return options
+    names = {f.name for f in dataclasses.fields(options_cls)}
+    for name in settings:
+        if name not in names:
+            raise TypeError(f"{owner}() got an unexpected keyword argument {name!r}")
+    return options_cls(**settings)
 
 
 def option(default: Any = None, *, help: str, type: type = int, choices: tuple | None = None) -> Any:  # noqa: A002

@@ -25,11 +25,11 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-from hetrain.protocols.options import OptionError, option
+from hetrain.protocols.options import OptionError, ProtocolOptions, option
 
 
 @dataclass(frozen=True)
-class PSOptions:
+class PSOptions(ProtocolOptions):
     """The parameter server's arguments."""
 
     staleness: int = option(0, help="hop: bounded staleness s (default 1); ps: asynchronous with staleness s "
@@ -39,6 +39,14 @@ class PSOptions:
         if self.staleness < 0:
             raise OptionError(f"{{staleness}} must be >= 0 (0: synchronous), got {self.staleness}")
         return self
+
+    def supports_respawn(self) -> bool:
+        return False  # the server's channels to its workers are built once
+
+    def check_on_failure(self, on_failure: str) -> None:
+        if on_failure == "respawn":
+            raise OptionError("ps cannot take a replacement worker mid-run (its server's channels are built "
+                              "once): use {on_failure} continue")
 
 
 @dataclass

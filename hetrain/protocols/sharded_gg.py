@@ -38,6 +38,7 @@ _SEQ_BITS = 32
 
 
 def check_sharding(num_workers: int, group_size: int, mode: str, shards: int, epoch_s: float) -> None:
+    """Raise OptionError for a sharding that cannot work (the static schedule has no generator to shard)."""
     if mode == "static":
         raise OptionError("{gg} static computes its schedule on every worker: it has no generator to shard "
                           "(use {gg_shards} 1)")
@@ -172,17 +173,16 @@ class ShardedGroupGenerator:
         owed, estimate = [], None
         if self._epoch_of[worker] is not None:
             old = self._here(worker)
-            if self.mode == "smart":
-                estimate = old.gen._compute_s[old.local[worker]]
+            estimate = old.gen.compute_estimate(old.local[worker])
             owed = self._depart(worker, now_s)
         self._epoch_of[worker] = epoch
         self._sweep(epoch)
         new = self._shard(epoch, self.shard_of(worker, epoch))
         local = new.local[worker]
-        new.gen.ledger.arrive(local)
+        new.gen.arrive(local)
         new.present += 1
-        if estimate is not None and new.gen._compute_s[local] is None:
-            new.gen._compute_s[local] = estimate
+        if estimate is not None:
+            new.gen.adopt_compute_estimate(local, estimate)
         return owed
 
     def _depart(self, worker: int, now_s: float) -> list[Group]:
@@ -198,10 +198,9 @@ class ShardedGroupGenerator:
             members = self.split(epoch)[index]
             gen = GroupGenerator(len(members), min(self.group_size, len(members)), self.mode,
                                  seed=(self.seed * 1_000_003 + epoch * self.shards + index) & 0xFFFFFFFF,
-                                 cache_size=self.cache_size)
-            gen.ledger.next_seq = (epoch * self.shards + index) << _SEQ_BITS
-            gen.ledger.caches = [_GlobalView(self.caches[w], members) for w in members]
-            gen.ledger.start_absent()  # grouped only once arrived
+                                 cache_size=self.cache_size, first_seq=(epoch * self.shards + index) << _SEQ_BITS,
+                                 caches=[_GlobalView(self.caches[w], members) for w in members],
+                                 absent=True)  # grouped only once arrived
             shard = self._live[key] = _Shard(key, members, gen)
         return shard
 
@@ -212,8 +211,5 @@ class ShardedGroupGenerator:
 
     @staticmethod
     def _add_stats(totals: dict, shard: _Shard) -> None:
-        ledger = shard.gen.ledger
-        totals["gg_groups_formed"] += ledger.groups_formed
-        totals["members"] += ledger.members_total
-        totals["gg_requests"] += sum(shard.gen.requests)
-        totals["gg_empty_requests"] += shard.gen.empty_requests
+        for name, value in shard.gen.totals().items():
+            totals[name] += value

@@ -13,12 +13,16 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from hetrain.protocols.adpsgd_pairing import ADPSGDOptions, scheduler_for
+from hetrain.protocols.options import options_or_settings
 from hetrain.runtime.job import DEFAULT_TIMEOUT_S
 from hetrain.runtime.prague import GroupProtocol
 
 
 class ADPSGD(GroupProtocol):
     """AD-PSGD: actives (even ranks) average with a random passive (odd rank) after each step.
+
+    Its settings are :class:`~hetrain.protocols.adpsgd_pairing.ADPSGDOptions`' fields, by keyword or as
+    ``options=``; ``seed``: the pairing's random draws (the same on every worker).
 
     Example::
 
@@ -29,11 +33,12 @@ class ADPSGD(GroupProtocol):
 
     name = "adpsgd"
 
-    def __init__(self, model, optimizer=None, *, communicator_cache: int = 60, seed: int = 0,
+    def __init__(self, model, optimizer=None, *, options: ADPSGDOptions | None = None, seed: int = 0,
                  process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort",
-                 dead_workers=None, gg_address: tuple[str, str] | None = None):
+                 dead_workers=None, gg_address: tuple[str, str] | None = None, **settings):
+        options = options_or_settings(ADPSGDOptions, options, settings, "ADPSGD")
         world = dist.get_world_size(process_group) if dist.is_initialized() else 1
-        options = ADPSGDOptions(communicator_cache)
+        self.options = options
         scheduler = scheduler_for(world, options, seed)
         super().__init__(model, optimizer, scheduler, communicator_cache=options.communicator_cache,
                          local_scheduler=False, process_group=process_group, timeout_s=timeout_s,

@@ -18,7 +18,8 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from hetrain.errors import WorkerError
-from hetrain.protocols.options import OptionError
+from hetrain.protocols.allreduce_options import AllReduceOptions
+from hetrain.protocols.options import options_or_settings
 from hetrain.runtime.consensus import average_state
 from hetrain.runtime.job import DEFAULT_TIMEOUT_S
 from hetrain.runtime.protocol import SyncProtocol
@@ -72,11 +73,10 @@ class AllReduce(SyncProtocol):
     name = "allreduce"
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
-                 process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort",
-                 dead_workers=None):
-        if on_failure != "abort":
-            raise OptionError("allreduce cannot continue without a worker (DDP's collectives need everyone): "
-                              "use {on_failure} abort, with checkpoints to restart from")
+                 options: AllReduceOptions | None = None, process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 on_failure: str = "abort", dead_workers=None):
+        self.options = options_or_settings(AllReduceOptions, options, {}, "AllReduce")
+        self.options.check_on_failure(on_failure)
         super().__init__(model, optimizer, process_group=process_group, timeout_s=timeout_s)
         device_ids = [self.job.device.index] if self.job.device.type == "cuda" else None
         self.ddp = DistributedDataParallel(model, device_ids=device_ids, process_group=process_group)
@@ -96,7 +96,6 @@ class AllReduce(SyncProtocol):
         wait = self._timer.take_iteration_wait()
         self.stats.compute_s -= wait
         self.stats.wait_s += wait
-        self.stats.iteration = self._iteration_base + self.stats.iterations
 
     def should_stop(self, local_done: bool) -> bool:
         if self.stats.iterations % STOP_CHECK_EVERY:

@@ -25,11 +25,11 @@ from hetrain.errors import UsageError, WorkerError
 from hetrain.protocols.hop_config import DPSGDOptions, HopOptions
 from hetrain.protocols.hop_logic import AveragePlan, HopWorker
 from hetrain.protocols.membership import neighbour_weights, repair
+from hetrain.protocols.options import options_or_settings
 from hetrain.runtime.consensus import average_state
 from hetrain.runtime.job import DEFAULT_TIMEOUT_S
 from hetrain.runtime.peer_channels import STOP, TOKEN, UPDATE, Message, PeerChannels
 from hetrain.runtime.protocol import SyncProtocol
-from hetrain.topology import Topology, make_topology
 
 DEATH_POLL_S = 0.1  # continue mode: how often a waiting worker looks for deaths
 SUSPECT_GRACE_S = 3.0  # continue mode: a lost peer the launcher has not named dead by then is an error
@@ -39,10 +39,12 @@ ADOPT_WAIT_S = 0.5  # a replacement: after the first neighbour's model, how long
 class Hop(SyncProtocol):
     """Queue-based decentralized training (Luo et al., "Hop", ASPLOS'19) on a directed graph.
 
-    Settings left as None take Hop's defaults for the graph (backup 1 where every
-    worker has 2+ in-neighbours, staleness 1, max_ig 8, skip_threshold 2;
-    ``skip_threshold=0`` switches skipping off); combinations that can deadlock
-    are refused with the reason.
+    Its settings are :class:`~hetrain.protocols.hop_config.HopOptions`' fields, by keyword
+    or as ``options=``: ``topology`` (a graph's name or a :class:`~hetrain.topology.Topology`),
+    ``backup``, ``staleness``, ``max_ig``, ``skip_threshold``. Settings left as None take Hop's
+    defaults for the graph (backup 1 where every worker has 2+ in-neighbours, staleness 1,
+    max_ig 8, skip_threshold 2; ``skip_threshold=0`` switches skipping off); combinations that
+    can deadlock are refused with the reason.
 
     Example::
 
@@ -54,17 +56,16 @@ class Hop(SyncProtocol):
     """
 
     name = "hop"
+    options_class: type[HopOptions | DPSGDOptions] = HopOptions
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
-                 topology: str | Topology = "ring", backup: int | None = None, staleness: int | None = None,
-                 max_ig: int | None = None, skip_threshold: int | None = None,
-                 process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort",
-                 dead_workers=None):
+                 options: HopOptions | DPSGDOptions | None = None, process_group=None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort", dead_workers=None, **settings):
+        self.options = options_or_settings(self.options_class, options, settings, type(self).__name__)
         super().__init__(model, optimizer, process_group=process_group, timeout_s=timeout_s,
                          on_failure=on_failure, dead_workers=dead_workers)
-        options = self._options(topology, backup, staleness, max_ig, skip_threshold)
-        self.topology = topology if isinstance(topology, Topology) else make_topology(topology, self.job.world_size)
-        self.config = options.config_for(self.topology)
+        self.topology = self.options.topology_for(self.job.world_size)
+        self.config = self.options.config_for(self.topology)
         if self.topology.num_workers != self.job.world_size:
             raise UsageError(f"topology has {self.topology.num_workers} workers but the group has "
                              f"{self.job.world_size}; they must match")
@@ -120,11 +121,6 @@ class Hop(SyncProtocol):
             self.stats.iteration = iteration
             self.stats.extra["joined_at_iteration"] = iteration
             self.logic.max_iteration_gap = 0  # the gap to the models it adopted says nothing of the protocol
-
-    @staticmethod
-    def _options(topology, backup, staleness, max_ig, skip_threshold):
-        name = topology.name if isinstance(topology, Topology) else topology
-        return HopOptions(name, backup, staleness, max_ig, skip_threshold)
 
     # ----- receiver threads ------------------------------------------------------
     def _on_message(self, message: Message) -> None:
@@ -306,13 +302,15 @@ class Hop(SyncProtocol):
         self.channels.close()
 
     def metrics(self) -> dict:
-        counters = self.logic.counters()
-        self.stats.updates_stale = counters.pop("updates_stale")
-        self.stats.updates_dropped = counters.pop("updates_dropped")
-        self.stats.max_iteration_gap = counters.pop("max_iteration_gap")
-        self.stats.skipped_iterations = counters.pop("skipped_iterations")
-        self.stats.iteration = self.logic.iteration
-        self.stats.extra.update(counters, sends_in_flight_max=self.channels.max_in_flight_seen())
+        logic = self.logic
+        self.stats.updates_stale = logic.updates_stale
+        self.stats.updates_dropped = logic.updates_dropped
+        self.stats.max_iteration_gap = logic.max_iteration_gap
+        self.stats.skipped_iterations = logic.skipped_iterations
+        self.stats.iteration = logic.iteration
+        self.stats.extra.update(updates_received=logic.updates_received, updates_used=logic.updates_used,
+                                queued_updates_max=logic.queued_updates_max,
+                                sends_in_flight_max=self.channels.max_in_flight_seen())
         return super().metrics()
 
     def _extra_state(self) -> dict:
@@ -329,6 +327,8 @@ class DPSGD(Hop):
     in-neighbour's model of the same iteration and averages. Hop with no backup workers, no staleness and
     no tokens (the graph bounds the gap).
 
+    Its one setting, ``topology``, is :class:`~hetrain.protocols.hop_config.DPSGDOptions`' field.
+
     Example::
 
         with hetrain.DPSGD(model, optimizer, topology="torus") as sync:
@@ -337,13 +337,4 @@ class DPSGD(Hop):
     """
 
     name = "dpsgd"
-
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
-                 topology: str | Topology = "ring", process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 on_failure: str = "abort", dead_workers=None):
-        super().__init__(model, optimizer, topology=topology, process_group=process_group, timeout_s=timeout_s,
-                         on_failure=on_failure, dead_workers=dead_workers)
-
-    @staticmethod
-    def _options(topology, *unused):
-        return DPSGDOptions(topology.name if isinstance(topology, Topology) else topology)
+    options_class = DPSGDOptions

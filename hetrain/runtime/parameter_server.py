@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from hetrain.errors import UsageError, WorkerError
+from hetrain.protocols.options import options_or_settings
 from hetrain.protocols.ps_logic import ParameterServerLogic, PSOptions, ServerStep
 from hetrain.runtime.buffer_pool import DEFAULT_CAPACITY, DEFAULT_SPARE, BufferPool
 from hetrain.runtime.consensus import survivor_group, wait_for_death_notice
@@ -113,6 +114,8 @@ class _Server:
 class ParameterServer(SyncProtocol):
     """The parameter-server baseline; ``staleness=0`` is synchronous, ``s > 0`` asynchronous (SSP).
 
+    Its settings are :class:`~hetrain.protocols.ps_logic.PSOptions`' fields, by keyword or as ``options=``.
+
     Example::
 
         with hetrain.ParameterServer(model, optimizer, staleness=0) as sync:
@@ -122,12 +125,14 @@ class ParameterServer(SyncProtocol):
 
     name = "ps"
 
-    def __init__(self, model, optimizer=None, *, staleness: int = 0, process_group=None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort", dead_workers=None):
+    def __init__(self, model, optimizer=None, *, options: PSOptions | None = None, process_group=None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort", dead_workers=None, **settings):
+        options = options_or_settings(PSOptions, options, settings, "ParameterServer")
         super().__init__(model, optimizer, process_group=process_group, timeout_s=timeout_s,
                          on_failure=on_failure, dead_workers=dead_workers)
         job = self.job
-        self.staleness = PSOptions(staleness).validate(job.world_size).staleness
+        self.options = options.validate(job.world_size)
+        self.staleness = options.staleness
         if job.world_size > 1 and job.store is None:
             raise UsageError("ps needs the job's c10d store (torch.distributed initialised)")
         self._server: _Server | None = None
@@ -184,7 +189,6 @@ class ParameterServer(SyncProtocol):
             self._wait(self._down.recv([reply], 0, _TAG_REPLY), f"the server's answer to push {self.stats.iterations}")
         self._pulled = reply
         self.state.scatter(reply.to(self.job.device))
-        self.stats.iteration = self._iteration_base + self.stats.iterations
 
     def _push_local(self, delta: torch.Tensor) -> torch.Tensor:
         server = self._server

@@ -20,9 +20,9 @@ import torch
 import torch.distributed as dist
 
 from hetrain.errors import UsageError, WorkerError
-from hetrain.protocols.group_generator import PragueOptions, scheduler_for
 from hetrain.protocols.ledger import GroupScheduler
-from hetrain.protocols.options import OptionError
+from hetrain.protocols.options import options_or_settings
+from hetrain.protocols.prague_options import PragueOptions, scheduler_for
 from hetrain.protocols.request_timing import ComputeEstimate, ask_after_s
 from hetrain.runtime.background_average import BackgroundAverage
 from hetrain.runtime.consensus import average_state
@@ -128,7 +128,6 @@ class GroupProtocol(SyncProtocol):
         prefetch = self._prefetch
         groups = prefetch.take() if prefetch is not None and prefetch.pending else self.gg.request()
         self._gg_wait_s += time.perf_counter() - start
-        self.stats.iteration = self._iteration_base + self.stats.iterations
         if groups and self._background is not None:
             self._background.start(self.state.gather(), groups)
         elif groups:
@@ -243,6 +242,8 @@ class GroupProtocol(SyncProtocol):
 class Prague(GroupProtocol):
     """Prague: after each local step a group (from the Group Generator, mode ``gg``) averages its models.
 
+    Its settings are :class:`~hetrain.protocols.prague_options.PragueOptions`' fields, given by
+    keyword (defaults there) or as one ``options=PragueOptions(...)``:
     ``gg``: ``smart`` (heterogeneity-aware, the default), ``random``, ``buffer``,
     ``division`` or ``static``; ``group_size``: members per group (2 by default,
     docs/prague.md); ``communicator_cache``: communicators kept per worker;
@@ -269,22 +270,17 @@ class Prague(GroupProtocol):
 
     name = "prague"
 
-    def __init__(self, model, optimizer=None, *, gg: str = "smart", group_size: int = 2,
-                 communicator_cache: int = 60, workers_per_node: int | None = None, gg_prefetch_ms: float = 5.0,
-                 gg_shards: int = 1, gg_epoch_s: float = 1.0, preduce_overlap: int = 1, seed: int = 0,
-                 process_group=None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort", dead_workers=None,
-                 gg_address: tuple[str, str] | None = None):
+    def __init__(self, model, optimizer=None, *, options: PragueOptions | None = None, seed: int = 0,
+                 process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort",
+                 dead_workers=None, gg_address: tuple[str, str] | None = None, **settings):
+        options = options_or_settings(PragueOptions, options, settings, "Prague")
         world = dist.get_world_size(process_group) if dist.is_initialized() else 1
-        options = PragueOptions(gg, group_size, communicator_cache, workers_per_node, gg_prefetch_ms, gg_shards,
-                                gg_epoch_s, preduce_overlap)
         scheduler = scheduler_for(world, options, seed)
+        options.check_on_failure(on_failure)
+        self.options = options
         self.gg_mode = options.gg
-        if options.gg == "static" and on_failure != "abort":
-            raise OptionError("the static schedule has no Group Generator to route around a death: use "
-                              "{on_failure} abort, or another {gg} mode")
         super().__init__(model, optimizer, scheduler, communicator_cache=options.communicator_cache,
-                         local_scheduler=options.gg == "static", process_group=process_group, timeout_s=timeout_s,
+                         local_scheduler=options.local_schedule, process_group=process_group, timeout_s=timeout_s,
                          on_failure=on_failure, dead_workers=dead_workers, gg_address=gg_address,
                          gg_prefetch_ms=options.gg_prefetch_ms, preduce_overlap=bool(options.preduce_overlap))
         self.stats.extra["gg_mode"] = options.gg
@@ -296,7 +292,7 @@ class Prague(GroupProtocol):
         steps the workers all-reduce their wish to stop (MAX) and leave
         together at the first boundary where anyone wants to.
         """
-        if self.gg_mode != "static" or self.job.world_size == 1:
+        if not self.options.local_schedule or self.job.world_size == 1:
             return bool(local_done)
         if self.stats.iterations % self.scheduler.period:
             return False

@@ -54,8 +54,9 @@ from hetrain.runtime.job import DEFAULT_TIMEOUT_S, JobView, model_device
 class ProtocolStats:
     """Counters every protocol reports (per worker); protocol-specific ones go in ``extra``."""
 
-    iterations: int = 0  # iterations whose gradient this worker computed
-    iteration: int = 0  # the worker's iteration counter (jumps when Hop skips)
+    iterations: int = 0  # iterations whose gradient this worker computed (in this run, by this process)
+    iteration: int = 0  # the worker's iteration counter: one up per step (SyncProtocol.step), counting on
+    # from a resumed or replaced predecessor's; Hop sets it from its logic (it jumps when Hop skips)
     skipped_iterations: int = 0
     compute_s: float = 0.0
     wait_s: float = 0.0
@@ -99,7 +100,6 @@ class SyncProtocol:
         self._finished = False
         self._released = False
         self._last_step_end = time.perf_counter()
-        self._iteration_base = 0  # a replacement's iteration counter starts at its predecessor's
 
     # -- the PyTorch-facing surface ---------------------------------------------------------
     @property
@@ -128,7 +128,7 @@ class SyncProtocol:
         now = time.perf_counter()
         self.stats.compute_s += now - self._last_step_end
         self.stats.iterations += 1
-        self.stats.iteration += 1  # protocols that skip iterations (or adopt their neighbours') overwrite this
+        self.stats.iteration += 1  # the one place it counts; Hop's _sync overwrites it with its logic's
         self._sync()
         end = time.perf_counter()
         self.stats.wait_s += end - now
@@ -204,7 +204,6 @@ class SyncProtocol:
         """A replacement: go on counting from its predecessor's iteration (protocols that take the
         iteration from their neighbours, as Hop does, keep theirs)."""
         if self.joining and iteration > self.stats.iteration:
-            self._iteration_base = iteration - self.stats.iterations
             self.stats.iteration = iteration
 
     def announce_joined(self) -> None:
@@ -221,7 +220,6 @@ class SyncProtocol:
         if state.get("protocol") != self.name:
             raise ValueError(f"a {state.get('protocol')!r} state cannot be loaded into {self.name}")
         self.stats.iteration = int(state["iteration"])  # the counter goes on; ``iterations`` counts this run
-        self._iteration_base = self.stats.iteration - self.stats.iterations
         self.stats.extra["iterations_before_resume"] = int(state["iterations"])
         self._load_extra_state(state)
 

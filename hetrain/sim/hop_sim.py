@@ -19,22 +19,21 @@ and its HopWorker is reconfigured, so nobody waits for the dead.
 
 from __future__ import annotations
 
-from hetrain.protocols.hop_config import HopConfig, validate_hop_config
+from hetrain.protocols.hop_config import DPSGDOptions, HopOptions
 from hetrain.protocols.hop_logic import make_hop_workers
 from hetrain.protocols.membership import neighbour_weights, repair
 from hetrain.sim.common import Recorder, SimSetup, SimulationError
 from hetrain.sim.network import TOKEN_BYTES
-from hetrain.topology import Topology
 
 IDLE, COMPUTING, WAITING, DONE, DEAD = 0, 1, 2, 3, 4
 
 
 class HopSim:
-    """Simulate ``setup.iterations`` Hop iterations per worker on ``topology``."""
+    """Simulate ``setup.iterations`` Hop (or D-PSGD) iterations per worker on the options' graph."""
 
-    def __init__(self, setup: SimSetup, topology: Topology, config: HopConfig):
+    def __init__(self, setup: SimSetup, options: HopOptions | DPSGDOptions):
         self.setup = setup
-        self.config = validate_hop_config(config, topology)
+        topology, self.config = options.resolve(setup.num_workers)  # the defaults ``hetrain train`` uses
         self.workers = make_hop_workers(topology, self.config)
         self.topology = topology
         n = setup.num_workers
@@ -201,5 +200,4 @@ class HopSim:
 
 def make_sim(setup: SimSetup, options, seed: int) -> HopSim:
     """Hop (HopOptions) or D-PSGD (DPSGDOptions): the same defaults as ``hetrain train``."""
-    topology, config = options.resolve(setup.num_workers)
-    return HopSim(setup, topology, config)
+    return HopSim(setup, options)

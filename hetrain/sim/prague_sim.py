@@ -292,13 +292,15 @@ class GroupSim:
 
 
 def make_prague_sim(setup: SimSetup, options, seed: int) -> GroupSim:
-    from hetrain.protocols.group_generator import scheduler_for
+    """Prague from its :class:`~hetrain.protocols.prague_options.PragueOptions`, as the runtime builds it."""
+    from hetrain.protocols.prague_options import scheduler_for
 
-    return GroupSim(setup, scheduler_for(setup.num_workers, options, seed), local_schedule=options.gg == "static",
+    return GroupSim(setup, scheduler_for(setup.num_workers, options, seed), local_schedule=options.local_schedule,
                     name="prague", prefetch_ms=options.gg_prefetch_ms, overlap=bool(options.preduce_overlap))
 
 
 def make_adpsgd_sim(setup: SimSetup, options, seed: int) -> GroupSim:
+    """AD-PSGD from its :class:`~hetrain.protocols.adpsgd_pairing.ADPSGDOptions`."""
     from hetrain.protocols.adpsgd_pairing import scheduler_for
 
     return GroupSim(setup, scheduler_for(setup.num_workers, options, seed), name="adpsgd")

@@ -13,14 +13,14 @@ applied as ``model -= lr * weight * sum``).
 
 from __future__ import annotations
 
-from hetrain.protocols.ps_logic import ParameterServerLogic, ServerStep
+from hetrain.protocols.ps_logic import ParameterServerLogic, PSOptions, ServerStep
 from hetrain.sim.common import Recorder, SimSetup
 
 
 class ParameterServerSim:
-    def __init__(self, setup: SimSetup, staleness: int = 0):
+    def __init__(self, setup: SimSetup, options: PSOptions):
         self.setup = setup
-        self.staleness = staleness
+        self.staleness = staleness = options.staleness
         n = setup.num_workers
         self.server = 0
         self.logic = ParameterServerLogic(n, staleness)
@@ -104,4 +104,4 @@ class ParameterServerSim:
 
 
 def make_sim(setup: SimSetup, options, seed: int) -> ParameterServerSim:
-    return ParameterServerSim(setup, staleness=options.staleness)
+    return ParameterServerSim(setup, options)

@@ -10,7 +10,6 @@ from hetrain.config import RunConfig
 from hetrain.errors import UsageError
 from hetrain.metrics import build_metrics
 from hetrain.protocols.options import OptionError
-from hetrain.registry import get_spec
 from hetrain.sim.common import SimSetup, SimulationError
 from hetrain.sim.engine import Engine
 from hetrain.sim.math_model import DIGITS_PARAMS, DigitsMath, NullMath
@@ -37,7 +36,7 @@ def model_params_for(config: RunConfig, math: str, given: int | None) -> int:
     """Parameters per model message: the digits MLP unless the synthetic workload or --model-params says."""
     if math == "digits":
         if given is not None and given != DIGITS_PARAMS:
-            raise UsageError(f"--math digits trains the {DIGITS_PARAMS}-parameter digits MLP; drop --model-params")
+            raise OptionError(f"{{math}} digits trains the {DIGITS_PARAMS}-parameter digits MLP; drop {{model_params}}")
         return DIGITS_PARAMS
     if given is not None:
         return given
@@ -92,16 +91,16 @@ def simulate(config: RunConfig, options: SimOptions = SimOptions(), model_params
         raise OptionError("the simulator models {on_failure} abort and continue; respawn (a replacement "
                           "process joining) is measured by real runs: hetrain train")
     if options.math not in MATH_MODES:
-        raise UsageError(f"unknown --math {options.math!r}; choose one of {', '.join(MATH_MODES)}")
+        raise OptionError(f"unknown {{math}} {options.math!r}; choose one of {', '.join(MATH_MODES)}")
     if options.network.latency_us < 0 or options.network.bandwidth_gbps <= 0:
-        raise UsageError("--latency-us must be >= 0 and --bandwidth-gbps > 0")
+        raise OptionError("{latency_us} must be >= 0 and {bandwidth_gbps} > 0")
     if (options.network.collective_step_us or 0.0) < 0:
-        raise UsageError(f"--collective-step-us must be >= 0, got {options.network.collective_step_us:g}")
+        raise OptionError(f"{{collective_step_us}} must be >= 0, got {options.network.collective_step_us:g}")
     n = config.num_workers
     slowdown = parse_slowdown(config.slowdown, config.seed).check_workers(n)
     compute_ms = DEFAULT_COMPUTE_MS if config.compute_ms is None else config.compute_ms
     if compute_ms <= 0 and config.iterations is None:
-        raise UsageError("a --time-budget run needs --compute-ms > 0 (zero-time iterations never end)")
+        raise OptionError("a {time_budget_s} run needs {compute_ms} > 0 (zero-time iterations never end)")
     params = model_params_for(config, options.math, model_params)
     iterations = config.iterations if config.iterations is not None else UNBOUNDED
     expected_iterations = min(iterations, int(config.time_budget_s / (compute_ms / 1000.0)) + 1
@@ -119,7 +118,7 @@ def simulate(config: RunConfig, options: SimOptions = SimOptions(), model_params
         aborted_at_s = kills[0][0]
         budget_s, kills = min(budget_s or aborted_at_s, aborted_at_s), ()
     # the Group Generators' endpoints (prague, adpsgd: one per shard); unused by the others
-    extra_endpoints = max(1, int((config.options or {}).get("gg_shards") or 1))
+    extra_endpoints = config.protocol_options().scheduler_endpoints()
     bar, update = _progress_bar(total, options.progress, f"simulate {config.protocol} x{n}")
     setup = SimSetup(n, iterations, compute_ms / 1000.0, slowdown, 4.0 * params, engine,
                      Network(options.network, n + extra_endpoints), math, config.seed, budget_s,
@@ -191,5 +190,4 @@ def _kills(config: RunConfig, compute_ms: float, slowdown) -> tuple:
 
 def _protocol_sim(config: RunConfig, setup: SimSetup):
     """The registry's simulated shell for ``config.protocol``, driving the same pure logic as the runtime."""
-    spec = get_spec(config.protocol)
-    return spec.simulator_factory()(setup, config.protocol_options(), config.seed)
+    return config.protocol_spec.simulator_factory()(setup, config.protocol_options(), config.seed)

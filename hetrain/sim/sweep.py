@@ -5,36 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from hetrain.config import RunConfig
-from hetrain.errors import UsageError
-from hetrain.registry import PROTOCOL_NAMES as PROTOCOLS
 from hetrain.sim.runner import SimOptions, simulate
 
-SWEEP_KEYS = ("workers",)
 TABLE_FIELDS = ("protocol", "num_workers", "wall_time_s", "samples_per_s", "ideal_samples_per_s",
                 "heterogeneity_efficiency", "final_accuracy_avg_model", "engine_events", "sim_runtime_s")
-
-
-def parse_sweep(text: str) -> list[int]:
-    """Parse ``workers=8,64,512`` into worker counts; raise UsageError naming the fix."""
-    key, sep, values = (text or "").partition("=")
-    if not sep or key.strip() not in SWEEP_KEYS:
-        raise UsageError(f"--sweep {text!r}: expected workers=N1,N2,... (e.g. workers=8,64,512,4096)")
-    try:
-        counts = [int(v) for v in values.split(",") if v.strip()]
-    except ValueError:
-        raise UsageError(f"--sweep {text!r}: worker counts must be integers") from None
-    if not counts or min(counts) < 1:
-        raise UsageError(f"--sweep {text!r}: give one or more positive worker counts")
-    return counts
-
-
-def parse_protocols(text: str) -> list[str]:
-    """``hop,prague`` or ``all`` -> protocol names, checked against PROTOCOLS."""
-    names = list(PROTOCOLS) if text.strip() == "all" else [p.strip() for p in text.split(",") if p.strip()]
-    bad = [p for p in names if p not in PROTOCOLS]
-    if bad or not names:
-        raise UsageError(f"unknown protocol {bad[0] if bad else text!r}; choose from {', '.join(PROTOCOLS)} or all")
-    return names
 
 
 def run_sweep(make_config: Callable[[str, int], RunConfig], protocols: list[str], counts: list[int],

@@ -79,6 +79,25 @@ def test_json_not_written_on_error(tmp_path, capsys):
     assert not out.exists()
 
 
+def test_model_errors_name_the_argument_in_python_and_the_flag_on_the_command_line(tmp_path, capsys):
+    from hetrain.errors import UsageError
+    from hetrain.planner import api
+
+    mod = tmp_path / "mynet.py"
+    mod.write_text("from torch import nn\nclass Net(nn.Linear):\n    def __init__(self):\n"
+                   "        super().__init__(4, 2)\n")
+    with pytest.raises(UsageError) as info:
+        api.model(f"module:{mod}:Net")  # no input shape
+    assert "pass input_shape" in str(info.value) and "--" not in str(info.value)
+    assert main(["plan", "--model", f"module:{mod}:Net", "--batch", "8", "--devices", "a100:2"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and f"--model module:{mod}:Net: pass --input-shape" in err
+    with pytest.raises(UsageError, match=r"^model gpt:0x8: write gpt:BLOCKSxWIDTH"):
+        api.model("gpt:0x8")
+    assert main(["plan", "--model", "gpt:0x8", "--batch", "8", "--devices", "a100:2"]) == 2
+    assert "--model gpt:0x8: write gpt:BLOCKSxWIDTH" in capsys.readouterr().err
+
+
 def test_memory_too_small_for_any_plan(capsys, tmp_path):
     out = tmp_path / "plan.json"
     assert main(["plan", "--model", "gpt2-xl", "--batch", "64", "--devices", "tpu-v2:4", "--json", str(out)]) == 2

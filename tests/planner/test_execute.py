@@ -99,3 +99,19 @@ def test_two_levels_on_four_processes():
     results = run_local(check_worker, 4, (programs,), backend="gloo", timeout_s=90, job_timeout_s=200)
     for k in range(len(programs)):
         assert max(r[k][0] for r in results) < 1e-12 and max(r[k][1] for r in results) < 1e-12
+
+
+def test_program_gives_each_rank_its_compute_boxes():
+    net = tiny_resnet()
+    program = Program(net, 6, random_tree(net, 2, random.Random(3)))
+    layout = program.layout
+    for i in range(len(net.layers)):
+        for r in range(layout.world):
+            (b0, b1), (i0, i1), (o0, o1) = layout.compute[r][i]
+            assert program.input_box(i, r) == (b0, b1, i0, i1)
+            assert program.output_box(i, r) == (b0, b1, o0, o1)
+            assert program.weight_box(i, r) == (i0, i1, o0, o1)
+    for a in range(net.num_adds):
+        for r in range(layout.world):
+            assert program.join_box(a, r) == layout.join_fwd[r][a]
+            assert program.join_box(a, r, forward=False) == layout.join_err[r][a]

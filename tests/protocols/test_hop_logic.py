@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hetrain.errors import UsageError
-from hetrain.protocols.hop_config import HopConfig, validate_hop_config
+from hetrain.protocols.hop_config import HopConfig
 from hetrain.protocols.hop_logic import make_hop_workers
 from hetrain.topology import make_topology
 
@@ -90,7 +90,7 @@ def test_dpsgd_averages_only_same_iteration_models(name, n, seed):
     if name == "torus" and n in (5, 7):
         n = 6
     topology = make_topology(name, n)
-    config = validate_hop_config(HopConfig(), topology)
+    config = HopConfig().validated_for(topology)
     workers, averages = run_random_schedule(topology, config, iterations=6, seed=seed)
     for who, plan in averages:
         assert len(plan.terms) == len(topology.in_neighbors[who])
@@ -109,9 +109,7 @@ def test_hop_never_deadlocks_and_counts_updates(name, n, backup, staleness, max_
         n = 6
     topology = make_topology(name, n)
     backup = min(backup, min(len(x) for x in topology.in_neighbors) - 1)
-    config = validate_hop_config(
-        HopConfig(backup, staleness, max_ig, max(0, min(skip, max_ig - 2)) or None), topology
-    )
+    config = HopConfig(backup, staleness, max_ig, max(0, min(skip, max_ig - 2)) or None).validated_for(topology)
     workers, averages = run_random_schedule(topology, config, iterations=12, seed=seed, slow=0)
     for who, plan in averages:
         assert len(plan.terms) >= len(topology.in_neighbors[who]) - backup
@@ -125,7 +123,7 @@ def test_hop_never_deadlocks_and_counts_updates(name, n, backup, staleness, max_
 
 def test_stale_and_dropped_counts_by_hand():
     topology = make_topology("ring", 3)
-    config = validate_hop_config(HopConfig(backup=1, staleness=1, max_ig=4), topology)
+    config = HopConfig(backup=1, staleness=1, max_ig=4).validated_for(topology)
     w = make_hop_workers(topology, config)[0]  # in-neighbours 1 and 2
     w.start()
     w.receive_update(1, 0, "a0")
@@ -148,7 +146,7 @@ def test_stale_and_dropped_counts_by_hand():
 
 def test_skip_jumps_to_neighbours_and_returns_owed_tokens():
     topology = make_topology("ring", 3)
-    config = validate_hop_config(HopConfig(backup=1, max_ig=4, skip_threshold=2), topology)
+    config = HopConfig(backup=1, max_ig=4, skip_threshold=2).validated_for(topology)
     w = make_hop_workers(topology, config)[0]
     for k in range(3):
         w.receive_update(1, k, f"a{k}")
@@ -167,13 +165,13 @@ def test_skip_jumps_to_neighbours_and_returns_owed_tokens():
 def test_deadlock_prone_or_useless_settings_are_rejected():
     ring = make_topology("ring", 8)
     with pytest.raises(UsageError, match="fewer than every worker's in-neighbours"):
-        validate_hop_config(HopConfig(backup=2), ring)
+        HopConfig(backup=2).validated_for(ring)
     with pytest.raises(UsageError, match="at most max_ig minus 2") as info:
-        validate_hop_config(HopConfig(backup=1, max_ig=3, skip_threshold=2), ring)
+        HopConfig(backup=1, max_ig=3, skip_threshold=2).validated_for(ring)
     assert info.value.for_cli().startswith("--skip-threshold 2 must be at most --max-ig minus 2")
     with pytest.raises(UsageError, match="max_ig must be >= 1"):
-        validate_hop_config(HopConfig(max_ig=0), ring)
-    assert validate_hop_config(HopConfig(backup=1), ring).max_ig is not None
+        HopConfig(max_ig=0).validated_for(ring)
+    assert HopConfig(backup=1).validated_for(ring).max_ig is not None
 
 
 @settings(max_examples=300, deadline=None)
@@ -183,8 +181,7 @@ def test_usable_count_agrees_with_looking_for_each_neighbours_usable_update(iter
     """usable_count reads the newest update first; it must count exactly the neighbours _usable finds
     an update for, whatever the queues hold (late, old, out-of-window or newer updates)."""
     topology = make_topology("ring", 3)
-    w = make_hop_workers(topology, validate_hop_config(HopConfig(backup=1, staleness=staleness, max_ig=4),
-                                                       topology))[0]
+    w = make_hop_workers(topology, HopConfig(backup=1, staleness=staleness, max_ig=4).validated_for(topology))[0]
     w.iteration = iteration
     for src, arrivals in zip(sorted(w.in_weights), queues):
         for k in arrivals:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from hetrain.errors import UsageError
 from hetrain.faults import parse_fail
 from hetrain.protocols.group_generator import GroupGenerator
-from hetrain.protocols.hop_config import DPSGDOptions, hop_config_for
+from hetrain.protocols.hop_config import DPSGDOptions, HopOptions
 from hetrain.protocols.hop_logic import HopWorker, make_hop_workers
 from hetrain.protocols.membership import neighbour_weights, repair, survivors_strongly_connected
 from hetrain.topology import TOPOLOGIES, make_topology
@@ -65,7 +65,7 @@ def _run_hop_with_deaths(name, seed, iterations=25):
     """Random schedules on the pure logic; deaths at random points; every survivor must finish."""
     rng = random.Random(seed)
     topology = make_topology(name, SIZES[name])
-    config = hop_config_for(topology)
+    config = HopOptions().config_for(topology)
     workers = make_hop_workers(topology, config)
     n = topology.num_workers
     deaths = {rng.randrange(n): rng.randrange(1, 4 * iterations) for _ in range(rng.randrange(1, n // 2 + 1))}
@@ -136,7 +136,7 @@ def _run_hop_with_replacements(name, seed, protocol, iterations=30):
     incarnations; those to or from a replaced process are dropped, as the runtime's pair groups do."""
     rng = random.Random(seed)
     topology = make_topology(name, SIZES[name])
-    config = (hop_config_for(topology) if protocol == "hop" else DPSGDOptions(name).config_for(topology))
+    config = (HopOptions().config_for(topology) if protocol == "hop" else DPSGDOptions(name).config_for(topology))
     workers = make_hop_workers(topology, config)
     n = topology.num_workers
     events = []  # (step, kind, worker)

@@ -1,0 +1,109 @@
+"""hetrain's modules import each other without a cycle, read from the source (no module is imported).
+
+The module-level imports must form no cycle; neither may they with the imports
+deferred into functions added (a deferred import that closes a loop, as
+``group_generator`` and ``sharded_gg`` once had, hides the loop, not removes it).
+"""
+
+import ast
+from pathlib import Path
+
+import hetrain
+
+PACKAGE = Path(hetrain.__file__).parent
+
+
+def _modules() -> dict[str, Path]:
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+def _imports(tree: ast.Module, name: str, is_package: bool, deferred: bool):
+    """(name, fallback) pairs the module imports: ``name`` if it is a module, else ``fallback`` (the
+    package it comes from). Module-level statements (``if``/``try`` included), and with ``deferred``
+    also the imports inside functions and classes."""
+    stack = list(ast.walk(tree)) if deferred else list(tree.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Import):
+            yield from ((alias.name, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = name if is_package else name.rpartition(".")[0]
+                for _ in range(node.level - 1):
+                    package = package.rpartition(".")[0]
+                base = f"{package}.{base}" if base else package
+            for alias in node.names:  # ``from package import module`` imports the module, else the package
+                yield f"{base}.{alias.name}", base
+        elif isinstance(node, (ast.If, ast.Try)) and not deferred:
+            stack.extend(getattr(node, "body", []) + getattr(node, "orelse", []) + getattr(node, "finalbody", []))
+            for handler in getattr(node, "handlers", []):
+                stack.extend(handler.body)
+
+
+def import_graph(deferred: bool = False) -> dict[str, set[str]]:
+    """Each hetrain module -> the hetrain modules it imports (at module level; with ``deferred``, anywhere)."""
+    modules = _modules()
+    graph = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(), str(path))
+        targets = {target if target in modules else fallback
+                   for target, fallback in _imports(tree, name, path.name == "__init__.py", deferred)}
+        graph[name] = {target for target in targets if target in modules and target != name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle (its modules in order, the first repeated at the end), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for target in sorted(graph.get(node, ())):
+            if state.get(target) == 1:
+                return path[path.index(target):] + [target]
+            if target not in state:
+                found = visit(target)
+                if found:
+                    return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_the_cycle_finder_finds_a_cycle_and_accepts_a_tree():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_the_graph_sees_the_imports_it_should():
+    graph = import_graph()
+    assert "hetrain.protocols.group_generator" in graph["hetrain.protocols.sharded_gg"]
+    assert "hetrain.protocols.gg_modes.base" in graph["hetrain.protocols.gg_modes.smart"]
+    assert "hetrain.registry" not in graph["hetrain.config"]  # imported inside a method only
+    assert "hetrain.registry" in import_graph(deferred=True)["hetrain.config"]
+
+
+def test_hetrain_has_no_import_cycle():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_hetrain_has_no_import_cycle_through_deferred_imports_either():
+    cycle = find_cycle(import_graph(deferred=True))
+    assert cycle is None, "import cycle (counting imports inside functions): " + " -> ".join(cycle)

@@ -1,0 +1,91 @@
+"""Deaths under torchrun (issue 25, item 5): a rank SIGKILLed from outside, by pid, at any moment.
+
+Under torchrun a death ends the attempt (torchrun's agent stops the other ranks); without
+``--max-restarts`` the job then fails naming the dead rank, and with it torchrun starts the job
+again and ``--checkpoint-dir --resume`` continues from the checkpoints."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hetrain.testing.processes import torchrun_rank_pids
+
+ROOT = Path(__file__).resolve().parents[1]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3"]
+TIMEOUT_S = 20
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds ranks in /proc")]
+
+
+def _start(args: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(TORCHRUN + args, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def _kill_rank(proc: subprocess.Popen, rank: int, at_s: float, killed: dict) -> threading.Thread:
+    """SIGKILL ``rank`` ``at_s`` seconds after the launch, or as soon as its process exists."""
+    began = time.monotonic()
+
+    def strike() -> None:
+        while proc.poll() is None:
+            pid = torchrun_rank_pids(proc.pid).get(rank)
+            if pid is not None and time.monotonic() - began >= at_s:
+                os.kill(pid, signal.SIGKILL)
+                killed.update(pid=pid, at=time.monotonic())
+                return
+            time.sleep(0.005)
+
+    thread = threading.Thread(target=strike, daemon=True)
+    thread.start()
+    return thread
+
+
+def _wait(proc: subprocess.Popen, timeout_s: float) -> str:
+    try:
+        return proc.communicate(timeout=timeout_s)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"torchrun job still running after {timeout_s:.0f} s")
+
+
+def test_a_rank_killed_mid_training_ends_the_job_within_the_timeout_naming_it(tmp_path):
+    proc = _start(["-m", "hetrain", "train", "--protocol", "hop", "--time-budget", "60", "--compute-ms", "20",
+                   "--timeout", str(TIMEOUT_S), "--no-progress", "--out", str(tmp_path / "run")])
+    killed: dict = {}
+    _kill_rank(proc, 1, 12.0, killed).join(timeout=90)
+    output = _wait(proc, 90)
+    ended = time.monotonic()
+    assert killed, output[-3000:]
+    assert proc.returncode != 0
+    assert ended - killed["at"] < TIMEOUT_S
+    assert "rank      : 1" in output or "rank: 1" in output, output[-3000:]  # torchrun's failure report
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("seed", range(4))
+def test_torchrun_restarts_resume_after_a_death_at_any_moment(tmp_path, seed):
+    """From the launch to the job's end: start-up, connecting, training, checkpoint writes, finish."""
+    rng = random.Random(seed)
+    rank, at_s = rng.randrange(3), rng.uniform(0.0, 20.0)
+    out = tmp_path / "run"
+    proc = _start(["--max-restarts", "2", "-m", "hetrain", "train", "--protocol", "hop", "--iterations", "300",
+                   "--compute-ms", "20", "--timeout", str(TIMEOUT_S), "--checkpoint-dir", str(tmp_path / "ckpt"),
+                   "--checkpoint-every", "0.5", "--resume", "--no-progress", "--out", str(out)])
+    killed: dict = {}
+    thread = _kill_rank(proc, rank, at_s, killed)
+    output = _wait(proc, 500)
+    thread.join(timeout=5)
+    assert proc.returncode == 0, output[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert all(w["iteration"] >= 300 for w in metrics["workers"])
+    if killed:  # a kill after the last rank exited found nothing to kill: then the job simply finished
+        assert "restart" in output.lower() or metrics["resumed"] is not None
