@@ -86,6 +86,8 @@ def test_torchrun_restarts_resume_after_a_death_at_any_moment(tmp_path, seed):
     thread.join(timeout=5)
     assert proc.returncode == 0, output[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
-    assert all(w["iteration"] >= 300 for w in metrics["workers"])
-    if killed:  # a kill after the last rank exited found nothing to kill: then the job simply finished
-        assert "restart" in output.lower() or metrics["resumed"] is not None
+    reached = [w["iteration"] for w in metrics["workers"]]
+    # a rank restored from a checkpoint older than its neighbours' stops when they do (Hop stops together)
+    assert max(reached) >= 300 and min(reached) >= 300 - 30, reached
+    if killed:  # torchrun saw the death and restarted the job (a kill after the end finds no process)
+        assert f"failed (exitcode: -9) local_rank: {rank}" in output, output[-3000:]

@@ -69,12 +69,34 @@ def init(backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> to
 
         if backend is None:
             backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = _attempt_store(timeout)
+        if store is None:
+            dist.init_process_group(backend, timeout=timeout)
+        else:
+            dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]),
+                                    world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
     if dist.get_backend() == "nccl":
         local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank()))
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
+
+
+def _attempt_store(timeout: datetime.timedelta):
+    """Under torchrun with its agent's store (torch's default since 2.5), that store under a prefix of
+    this attempt's own (``TORCHELASTIC_RESTART_COUNT``); None otherwise (``init_process_group``'s own).
+
+    The agent keeps one store across ``--max-restarts`` restarts, and a restarted job's ranks read
+    the dead attempt's addresses from it: gloo then connects to ports nobody listens on and the
+    restart fails (pytorch/pytorch#135712; seen here with hop under torchrun, a rank SIGKILLed
+    mid-run). Each torchrun restart restarts every rank, so every rank has the same count.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "MASTER_ADDR" not in os.environ:
+        return None
+    agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=timeout)
+    return dist.PrefixStore(f"hetrain/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", agent)
 
 
 @dataclass(frozen=True)
