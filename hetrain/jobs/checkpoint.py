@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from hetrain.errors import UsageError
+from hetrain.protocols.options import OptionError
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -51,41 +51,41 @@ def worker_path(directory, rank: int) -> Path:
 def prepare(directory: str, config, resume: bool) -> bool:
     """Launcher side, before anything is written: True when the run resumes from DIR's checkpoints.
 
-    Refuses (one-line UsageError) a DIR that is not a directory, checkpoints of
-    another configuration, missing or unreadable worker files, and checkpoints that
-    a run without ``--resume`` would overwrite. Writes nothing: :func:`start` does.
+    Refuses (one-line OptionError; ``{checkpoint_dir}``, ``{resume}`` read as flags on the command
+    line) a DIR that is not a directory, checkpoints of another configuration, unreadable worker
+    files, and checkpoints that a run without ``resume`` would overwrite. Writes nothing: :func:`start` does.
     """
     path = Path(directory)
     if path.exists() and not path.is_dir():
-        raise UsageError(f"--checkpoint-dir {path}: exists and is not a directory")
+        raise OptionError(f"{{checkpoint_dir}} {path}: exists and is not a directory")
     manifest = path / MANIFEST
     has_checkpoints = manifest.exists() or any(path.glob("worker-*.pt")) if path.exists() else False
     if not resume:
         if has_checkpoints:
-            raise UsageError(f"--checkpoint-dir {path} holds checkpoints of a run; pass --resume to continue it, "
-                             "or choose an empty directory")
+            raise OptionError(f"{{checkpoint_dir}} {path} holds checkpoints of a run; pass {{resume}} to continue it, "
+                              "or choose an empty directory")
         return False
     if not has_checkpoints:
         return False  # nothing to resume from: a fresh start (a torchrun job's first attempt)
     try:
         saved = json.loads(manifest.read_text())
     except (OSError, ValueError) as exc:
-        raise UsageError(f"--resume: {manifest} is missing or unreadable ({exc}); it is not a hetrain "
-                         "checkpoint directory") from None
+        raise OptionError(f"{{resume}}: {manifest} is missing or unreadable ({exc}); it is not a hetrain "
+                          "checkpoint directory") from None
     expected = json.loads(json.dumps(fingerprint(config)))  # the same JSON round trip as the saved one
     differing = sorted(k for k in set(saved) | set(expected) if saved.get(k) != expected.get(k))
     if differing:
         name = differing[0]
-        raise UsageError(f"--resume: the checkpoint in {path} is of another configuration ({name} was "
-                         f"{saved.get(name)!r}, now {expected.get(name)!r}); run with the same settings "
-                         "or another --checkpoint-dir")
+        raise OptionError(f"{{resume}}: the checkpoint in {path} is of another configuration ({name} was "
+                          f"{saved.get(name)!r}, now {expected.get(name)!r}); run with the same settings "
+                          "or another {checkpoint_dir}")
     present = [rank for rank in range(config.num_workers) if worker_path(path, rank).exists()]
     if len(present) < config.num_workers:
         # the run died before its first checkpoint, or before every worker had written one (torchrun
         # restarts land here): a fresh start for all, as the workers' files must be of one run
         if present:
-            warnings.warn(f"--resume: {len(present)} of {config.num_workers} workers had written a "
-                          f"checkpoint in {path} when the run died; starting afresh", stacklevel=2)
+            warnings.warn(f"not resuming from {path}: {len(present)} of {config.num_workers} workers had "
+                          "written a checkpoint when the run died; starting afresh", stacklevel=2)
         return False
     for rank in range(config.num_workers):
         load_worker(path, rank)  # every worker file readable, before anyone starts
@@ -108,7 +108,7 @@ def _write_manifest(path: Path, config) -> None:
         path.mkdir(parents=True, exist_ok=True)
         _write_atomic(path / MANIFEST, (json.dumps(fingerprint(config), indent=2) + "\n").encode())
     except OSError as exc:
-        raise UsageError(f"--checkpoint-dir {path}: not writable ({exc.strerror})") from None
+        raise OptionError(f"{{checkpoint_dir}} {path}: not writable ({exc.strerror})") from None
 
 
 def load_worker(directory, rank: int) -> dict:
@@ -117,12 +117,12 @@ def load_worker(directory, rank: int) -> dict:
     try:
         state = torch.load(file, map_location="cpu", weights_only=True)
     except FileNotFoundError:
-        raise UsageError(f"--resume: {file} is missing (a checkpoint needs every worker's file)") from None
+        raise OptionError(f"{{resume}}: {file} is missing (a checkpoint needs every worker's file)") from None
     except Exception as exc:  # torch raises several types for truncated or foreign files
-        raise UsageError(f"--resume: {file} is not a readable checkpoint ({type(exc).__name__}); "
-                         "remove the directory or resume from another") from None
+        raise OptionError(f"{{resume}}: {file} is not a readable checkpoint ({type(exc).__name__}); "
+                          "remove the directory or resume from another") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT or state.get("rank") != rank:
-        raise UsageError(f"--resume: {file} is not a hetrain worker checkpoint for worker {rank}")
+        raise OptionError(f"{{resume}}: {file} is not a hetrain worker checkpoint for worker {rank}")
     return state
 
 
