@@ -82,6 +82,16 @@ class ParameterServerLogic:
         self._at_count: dict[int, int] = {0: num_workers}  # active workers by their push count
         self._slowest = 0
 
+    def restore_pushes(self, pushes: list[int]) -> None:
+        """Start from each worker's push count of a checkpoint (before any push or leave of this run)."""
+        if len(pushes) != self.num_workers:
+            raise ValueError(f"a checkpoint of {len(pushes)} workers' pushes, for a server of {self.num_workers}")
+        self.pushes = [int(p) for p in pushes]
+        self._at_count = {}
+        for count in self.pushes:
+            self._at_count[count] = self._at_count.get(count, 0) + 1
+        self._slowest = min(self.pushes)
+
     @property
     def synchronous(self) -> bool:
         return self.staleness == 0

@@ -365,7 +365,7 @@ class ParameterServer(SyncProtocol):
         (a collective: every worker loads its state at the same point)."""
         if self._server is not None and "server_model" in state:
             self._server.model.copy_(state["server_model"])
-            self._server.logic.pushes = [int(p) for p in state["pushes"]]
+            self._server.logic.restore_pushes(state["pushes"])
         model = self._server.model.clone() if self._server is not None else torch.empty_like(self._pulled)
         if self.job.world_size > 1:
             model = model.to(self.job.device)

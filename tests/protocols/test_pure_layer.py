@@ -170,3 +170,21 @@ def test_ps_rules_answer_what_a_full_scan_answers(data, n, staleness):
 def test_ps_options_reject_negative_staleness():
     with pytest.raises(OptionError, match="staleness must be >= 0"):
         PSOptions(-1).validate(4)
+
+
+def test_a_server_restored_from_a_checkpoints_push_counts_goes_on_from_them():
+    """--resume of a ps job: the server starts from the counts it saved (they once lost their index)."""
+    from hetrain.protocols.ps_logic import ParameterServerLogic
+
+    logic = ParameterServerLogic(3, staleness=1)
+    logic.restore_pushes([78, 75, 77])
+    assert logic.push(1, "d1").answer == [1]  # 76 pushes: it is the slowest
+    assert logic.push(0, "d0").answer == []  # 79: three ahead of the slowest (76), held
+    assert logic.push(1, "d1").answer == [1]  # 77: the slowest is now 77, so 78 is the limit; 0 still held
+    assert logic.push(2, "d2").answer == [2]  # 78: within the limit; worker 0 (79) still waits
+    assert logic.push(1, "d1").answer == [0, 1]  # the slowest reaches 78: 0 is released, first held first
+    assert logic.pushes == [79, 78, 78]
+    synchronous = ParameterServerLogic(2, staleness=0)
+    synchronous.restore_pushes([10, 9])
+    assert synchronous.push(0, "a").answer == [] and synchronous.push(1, "b").answer == [0, 1]
+    assert synchronous.pushes == [11, 10]
