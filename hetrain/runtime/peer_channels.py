@@ -89,7 +89,7 @@ class PeerChannels:
         # (A group per pair from the start, which would keep a peer dead before it connected from
         # holding the group's other lazy connections, deadlocked Hop under respawn: 3 of 4 runs with 8
         # workers; the handshake instead never connects to a peer already known dead.)
-        shared = incarnation == 0
+        shared = incarnation == 0 and job.world_size > 1  # one worker alone (no torch.distributed) has no peers
         self.group = private_group(job, name, RECEIVER_TIMEOUT_FACTOR * job.timeout_s) if shared else None
         self._registered = dist.PrefixStore(f"{name}-registered/", job.store) if shared and job.store else None
         if self._registered is not None:  # this process is in the shared group: peers may connect to it

@@ -170,3 +170,19 @@ def test_state_dict_round_trips_and_refuses_another_protocols_state():
 def test_options_are_keyword_only():
     with pytest.raises(TypeError):
         hetrain.Hop(nn.Linear(1, 1), None, "ring")  # noqa - positional settings are refused
+
+
+@pytest.mark.parametrize("cls", [hetrain.Hop, hetrain.DPSGD])
+def test_one_worker_without_torch_distributed_trains_alone(cls):
+    """A first try in a notebook: no process group, no store; the protocol steps as one worker (it
+    once failed building its peers' group: "store argument cannot be None")."""
+    assert not dist.is_initialized()
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = model.weight.detach().clone()
+    with cls(model, optimizer) as sync:
+        for _ in range(3):
+            optimizer.zero_grad()
+            model(torch.randn(8, 4)).sum().backward()
+            optimizer.step()
+    assert sync.metrics()["iteration"] == 3 and not torch.equal(model.weight, before)
