@@ -11,9 +11,6 @@ from hetrain.protocols.options import TOLERANT, OptionError, ProtocolOptions
 class AllReduceOptions(ProtocolOptions):
     """All-Reduce (DistributedDataParallel) takes no protocol options."""
 
-    def validate(self, num_workers: int) -> AllReduceOptions:
-        return self
-
     def default_on_failure(self) -> str:
         return "abort"
 
