@@ -34,6 +34,7 @@ from hetrain.runtime.protocol import SyncProtocol
 DEATH_POLL_S = 0.1  # continue mode: how often a waiting worker looks for deaths
 SUSPECT_GRACE_S = 3.0  # continue mode: a lost peer the launcher has not named dead by then is an error
 ADOPT_WAIT_S = 0.5  # a replacement: after the first neighbour's model, how long to wait for the others'
+_STATS_COUNTERS = ("updates_stale", "updates_dropped", "max_iteration_gap", "skipped_iterations")  # ProtocolStats fields
 
 
 class Hop(SyncProtocol):
@@ -302,14 +303,11 @@ class Hop(SyncProtocol):
         self.channels.close()
 
     def metrics(self) -> dict:
-        logic = self.logic
-        self.stats.updates_stale = logic.updates_stale
-        self.stats.updates_dropped = logic.updates_dropped
-        self.stats.max_iteration_gap = logic.max_iteration_gap
-        self.stats.skipped_iterations = logic.skipped_iterations
-        self.stats.iteration = logic.iteration
-        self.stats.extra.update(updates_received=logic.updates_received, updates_used=logic.updates_used,
-                                queued_updates_max=logic.queued_updates_max,
+        counters = self.logic.counters()  # the logic's one list of counters; those ProtocolStats has go there
+        for name in _STATS_COUNTERS:
+            setattr(self.stats, name, counters[name])
+        self.stats.iteration = self.logic.iteration
+        self.stats.extra.update({k: v for k, v in counters.items() if k not in _STATS_COUNTERS},
                                 sends_in_flight_max=self.channels.max_in_flight_seen())
         return super().metrics()
 
