@@ -31,7 +31,7 @@ DEFAULT_LR = {"sgd": 0.1, "adamw": 1e-3}
 # CLI flags whose names differ from the Python field (the rest are --field-with-dashes)
 FLAG_NAMES = {"num_workers": "--workers", "time_budget_s": "--time-budget", "eval_interval_s": "--eval-interval",
               "timeout_s": "--timeout", "checkpoint_every_s": "--checkpoint-every",
-              "heartbeat_timeout_s": "--heartbeat-timeout"}
+              "heartbeat_timeout_s": "--heartbeat-timeout", "compression": "--compress"}
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,16 @@ class RunConfig:
     fail: str = "none"  # fault injection: none | W@Ts | W@wall:Ts | W@PHASE, [:stop] | random:rate=R (hetrain.faults)
     on_failure: str | None = None  # abort | continue | respawn; None: the protocol's default (registry)
     options: dict[str, Any] = field(default_factory=dict)  # the protocol's options, by Python name
+    # communication (hetrain.comm.settings): local steps, outer optimizer, compression, emulated links
+    sync_every: int = 1
+    local_work: str = "fixed"
+    compression: str = "none"
+    gossip_step: float | None = None
+    outer_optimizer: str = "none"
+    outer_lr: float | None = None  # None: DiLoCo's 0.7
+    outer_momentum: float | None = None  # None: DiLoCo's 0.9
+    link_mbps: str | None = None
+    link_latency_ms: str | None = None
 
     def replace(self, **changes) -> RunConfig:
         return dataclasses.replace(self, **changes)
@@ -95,6 +105,24 @@ class RunConfig:
     def _options_with_defaults(self):
         """The protocol's options object from ``options``, defaults filled in, not yet validated."""
         return self._once("options", lambda: self.protocol_spec.make_options(self.options))
+
+    def comm_settings(self):
+        """The run's :class:`~hetrain.comm.settings.CommSettings` (validated; UsageError naming the flag)."""
+        def make():
+            from hetrain.comm.compression_spec import CompressionSpec
+            from hetrain.comm.link_spec import LinkSpec
+            from hetrain.comm.settings import DILOCO_OUTER_LR, DILOCO_OUTER_MOMENTUM, CommSettings
+
+            return CommSettings(
+                sync_every=self.sync_every, local_work=self.local_work,
+                compression=CompressionSpec.parse(self.compression), gossip_step=self.gossip_step,
+                outer=self.outer_optimizer,
+                outer_lr=DILOCO_OUTER_LR if self.outer_lr is None else self.outer_lr,
+                outer_momentum=DILOCO_OUTER_MOMENTUM if self.outer_momentum is None else self.outer_momentum,
+                link=LinkSpec.parse(self.link_mbps, self.link_latency_ms).check_workers(self.num_workers),
+            ).validate()
+
+        return self._once("comm", make)
 
     def resolved_optimizer(self) -> str:
         return self.optimizer or WORKLOAD_DEFAULTS[self.workload]["optimizer"]
@@ -150,7 +178,7 @@ class RunConfig:
         if unknown:
             raise OptionError(f"{self.protocol} takes no option {unknown[0]!r}; it takes "
                               f"{', '.join(spec.option_names()) or 'none'}")
-        self.protocol_options()
+        self.protocol_options().check_comm(self.comm_settings())
         return self
 
     def resolved_on_failure(self) -> str:

@@ -89,12 +89,28 @@ def build_metrics(
         record["samples_per_s_first_quarter"], record["samples_per_s_last_quarter"] = quarter_rates(series)
         record["rss_mb_all_workers_at_1min"] = rss_at(series, 60.0)
         record["rss_mb_all_workers_at_end"] = series[-1]["rss_mb"]
+    record.update(communication(workers, total_iterations * batch_size))
     if extra:
         record.update(extra)
     record["workers"] = [dict(w, rank=w.get("rank", i)) for i, w in enumerate(workers)]
     record["accuracy_curve"] = accuracy_curve or []
     record["throughput_series"] = series
     return record
+
+
+def communication(workers: list[dict], samples: int) -> dict:
+    """The job's traffic from the workers' counters: ``bytes_sent`` (all workers), ``bytes_sent_per_sample``
+    (per training sample: the issue of communication efficiency), ``compression_ratio`` (float32 bytes of
+    the same messages over bytes sent) and the busiest worker's ``link_s`` (empty when no worker counted)."""
+    if not any("bytes_sent" in w for w in workers):
+        return {}
+    sent = sum(w.get("bytes_sent", 0) for w in workers)
+    plain = sum(w.get("uncompressed_bytes", 0) for w in workers)
+    compressed = sum(w.get("compressed_bytes", 0) for w in workers)
+    return {"bytes_sent": sent, "bytes_received": sum(w.get("bytes_received", 0) for w in workers),
+            "bytes_sent_per_sample": sent / samples if samples else None,
+            "compression_ratio": plain / compressed if compressed else 1.0,
+            "link_s_max_worker": max((w.get("link_s", 0.0) for w in workers), default=0.0)}
 
 
 def _time_to_target(curve: list[dict], target_accuracy: float | None, target_loss: float | None) -> float | None:
@@ -220,6 +236,15 @@ def format_summary(m: dict) -> str:
         f"  consensus distance {_fmt(m['consensus_distance'], '.3g')}  max iteration gap {m['max_iteration_gap']}"
         f"  updates stale {m.get('updates_stale', 0)} dropped {m.get('updates_dropped', 0)}",
     ]
+    if m.get("bytes_sent") is not None:
+        comm = (m.get("config") or {})
+        link = comm.get("link_mbps") or comm.get("link_latency_ms")
+        lines.append(f"  sent {m['bytes_sent'] / 1e6:.1f} MB ({_fmt(m['bytes_sent_per_sample'], '.0f')} bytes/sample)"
+                     f"  compression {_fmt(m['compression_ratio'], '.1f')}x"
+                     + (f"  link busiest worker {m['link_s_max_worker']:.1f} s" if link else "")
+                     + (f"  (H={comm.get('sync_every', 1)}, {comm.get('compression', 'none')}"
+                        + (f", link {comm.get('link_mbps') or '-'} Mbit/s {comm.get('link_latency_ms') or 0} ms"
+                           if link else "") + ")" if comm else ""))
     if m.get("startup_s") is not None:
         lines.append("  " + format_phases(m))
     if m.get("final_loss_avg_model") is not None:

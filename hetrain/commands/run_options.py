@@ -63,6 +63,7 @@ def add_run_options(parser: argparse.ArgumentParser, defaults: RunConfig) -> Non
                    help="time_to_target_s is to this test accuracy of the averaged model (default 0.95)")
     g.add_argument("--target-loss", type=float, default=defaults.target_loss,
                    help="lm: time_to_target_s is to this validation loss in nats/byte (default 2.5)")
+    add_comm_options(parser, defaults)
     f = parser.add_argument_group("failures")
     f.add_argument("--fail", default=defaults.fail,
                    help="kill workers for real (SIGKILL): none | W@Ts[,V@Us] (e.g. 3@20s: on the training clock) | "
@@ -73,6 +74,33 @@ def add_run_options(parser: argparse.ArgumentParser, defaults: RunConfig) -> Non
                    help="when a worker dies: abort the job, continue with the survivors, or respawn (continue, "
                         "and a replacement joins; hop, dpsgd, prague, adpsgd) (default: continue; abort for "
                         "allreduce)")
+
+
+def add_comm_options(parser: argparse.ArgumentParser, defaults: RunConfig) -> None:
+    """Local steps, outer optimizer, compression and the emulated network (hetrain.comm.settings)."""
+    g = parser.add_argument_group("communication (every protocol but allreduce, unless said otherwise)")
+    g.add_argument("--sync-every", type=int, default=defaults.sync_every, metavar="H",
+                   help="local optimizer steps between exchanges (default 1); what is exchanged is then the model's "
+                        "change since the last exchange (the pseudo-gradient)")
+    g.add_argument("--local-work", choices=("fixed", "auto"), default=defaults.local_work,
+                   help="fixed: H local steps each; auto: steps proportional to each worker's measured speed (the "
+                        "fastest takes H), averages weighted by steps")
+    g.add_argument("--outer-optimizer", choices=("none", "sgd", "nesterov"), default=defaults.outer_optimizer,
+                   help="optimizer applied to the averaged pseudo-gradient (DiLoCo: nesterov); none: plain averaging")
+    g.add_argument("--outer-lr", type=float, default=defaults.outer_lr, help="outer learning rate (default 0.7)")
+    g.add_argument("--outer-momentum", type=float, default=defaults.outer_momentum,
+                   help="outer momentum (default 0.9)")
+    g.add_argument("--compress", dest="compression", default=defaults.compression,
+                   help="none | bf16 | int8 | topk:FRACTION | powersgd:RANK, with error feedback (allreduce: none, "
+                        "bf16, powersgd:RANK)")
+    g.add_argument("--gossip-step", type=float, default=defaults.gossip_step,
+                   help="with compression: how far a worker moves toward its neighbours' copies (CHOCO's step; "
+                        "default 1, or the compressed fraction for topk and powersgd)")
+    g.add_argument("--link-mbps", default=defaults.link_mbps, metavar="SPEC",
+                   help="emulate each worker's link: Mbit/s each way, e.g. 100 or 0:50,*:1000 (default: unconstrained)")
+    g.add_argument("--link-latency-ms", default=defaults.link_latency_ms, metavar="SPEC",
+                   help="emulated one-way latency per worker, e.g. 20 or 0:80,*:1 (a message takes the larger of "
+                        "its two ends')")
 
 
 def add_runtime_options(parser: argparse.ArgumentParser, defaults: RunConfig) -> None:
@@ -132,6 +160,9 @@ def config_from_args(args: argparse.Namespace, **overrides) -> RunConfig:
         time_budget_s=args.time_budget_s, target_accuracy=args.target_accuracy,
         fail=args.fail, on_failure=args.on_failure,
         options={k: v for k, v in values.items() if k in spec.option_names()},
+        sync_every=args.sync_every, local_work=args.local_work, compression=args.compression,
+        gossip_step=args.gossip_step, outer_optimizer=args.outer_optimizer, outer_lr=args.outer_lr,
+        outer_momentum=args.outer_momentum, link_mbps=args.link_mbps, link_latency_ms=args.link_latency_ms,
     )
     for name in ("eval_interval_s", "device", "timeout_s", "heartbeat_timeout_s", "checkpoint_dir",
                  "checkpoint_every_s", "resume"):

@@ -72,6 +72,7 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
                                config.momentum)
     # no optimizer hook: the loop calls step() itself, so the emulator's overhead timing of
     # optimizer.step() never includes the protocol's waiting
+    comm = config.comm_settings()
     on_failure = config.resolved_on_failure() if ctx.continue_on_death else "abort"
     joining = ctx.incarnation > 0  # a replacement: the protocol hands it the model of the running job
     clock.lap("setup_s")
@@ -79,7 +80,7 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
     protocol = config.protocol_spec.build(
         model, None, config.protocol_options(), seed=config.seed, timeout_s=config.timeout_s,
         on_failure=on_failure, dead_workers=ctx.dead_workers if on_failure != "abort" else None,
-        **(services or {}))
+        **comm_arguments(comm, model), **(services or {}))
     if joining:
         protocol.inherit_iteration(ctx.start_iteration)
     clock.lap("connect_s")
@@ -159,6 +160,18 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
     clock.lap("finish_s")
     worker.update(clock.phases)
     return {"worker": worker, "snapshots": kept}
+
+
+def comm_arguments(comm, model: nn.Module) -> dict:
+    """The protocol's communication keywords from the run's :class:`~hetrain.comm.settings.CommSettings`
+    (the outer optimizer built over ``model``'s parameters); empty when they change nothing."""
+    arguments = {"sync_every": comm.sync_every, "local_work": comm.local_work, "compression": comm.compression,
+                 "gossip_step": comm.gossip_step, "link": comm.link}
+    if comm.outer != "none":
+        arguments["outer_optimizer"] = torch.optim.SGD(model.parameters(), lr=comm.outer_lr,
+                                                       momentum=comm.outer_momentum,
+                                                       nesterov=comm.outer == "nesterov")
+    return arguments
 
 
 def _save(config: RunConfig, rank: int, model, optimizer, sampler, protocol) -> None:

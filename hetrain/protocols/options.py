@@ -76,6 +76,9 @@ class ProtocolOptions:
         """Whether every worker computes its groups itself, so no Group Generator is served."""
         return False
 
+    def check_comm(self, comm) -> None:
+        """Raise OptionError if this protocol cannot honour ``comm`` (a :class:`~hetrain.comm.settings.CommSettings`)."""
+
     def scheduler_endpoints(self) -> int:
         """Group Generator endpoints a job of these settings needs (one unless it shards its generator)."""
         return 1

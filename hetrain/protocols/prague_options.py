@@ -50,6 +50,12 @@ class PragueOptions(ProtocolOptions):
     def default_on_failure(self) -> str:
         return "abort" if self.local_schedule else "continue"  # no Group Generator to stop grouping the dead
 
+    def check_comm(self, comm) -> None:
+        if self.local_schedule and comm.local_work == "auto":
+            raise OptionError("the static schedule runs every worker's groups at the same exchange, and "
+                              "{local_work} auto gives workers different local steps: use a Group Generator "
+                              "mode ({gg} smart, random, buffer or division) or {local_work} fixed")
+
     def supports_respawn(self) -> bool:
         return not self.local_schedule and self.gg_shards == 1  # one Group Generator re-admits a replacement
 

@@ -16,6 +16,7 @@ from hetrain.protocols.adpsgd_pairing import ADPSGDOptions, scheduler_for
 from hetrain.protocols.options import options_or_settings
 from hetrain.runtime.job import DEFAULT_TIMEOUT_S
 from hetrain.runtime.prague import GroupProtocol
+from hetrain.runtime.protocol import pop_comm_keywords
 
 
 class ADPSGD(GroupProtocol):
@@ -36,11 +37,12 @@ class ADPSGD(GroupProtocol):
     def __init__(self, model, optimizer=None, *, options: ADPSGDOptions | None = None, seed: int = 0,
                  process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort",
                  dead_workers=None, gg_address: tuple[str, str] | None = None, **settings):
+        comm = pop_comm_keywords(settings)
         options = options_or_settings(ADPSGDOptions, options, settings, "ADPSGD")
         world = dist.get_world_size(process_group) if dist.is_initialized() else 1
         self.options = options
         scheduler = scheduler_for(world, options, seed)
         super().__init__(model, optimizer, scheduler, communicator_cache=options.communicator_cache,
                          local_scheduler=False, process_group=process_group, timeout_s=timeout_s,
-                         on_failure=on_failure, dead_workers=dead_workers, gg_address=gg_address)
+                         on_failure=on_failure, dead_workers=dead_workers, gg_address=gg_address, **comm)
         self.stats.extra["role"] = "active" if scheduler.is_active(self.job.rank) else "passive"

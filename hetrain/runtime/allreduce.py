@@ -1,8 +1,10 @@
 """The synchronous baseline: PyTorch's own DistributedDataParallel, unchanged.
 
 The only additions are measurements: a DDP communication hook that wraps the
-stock ``allreduce_hook`` to time how long the backward pass waits for gradient
-all-reduces (reported as wait, not compute), and a one-element all-reduce in
+stock ``allreduce_hook`` (or, with ``compression``, torch's own
+``bf16_compress_hook`` or ``powerSGD_hook``) to time how long the backward pass
+waits for gradient all-reduces (reported as wait, not compute) and to count
+(and, with an emulated ``link``, charge) the ring's bytes, and a one-element all-reduce in
 ``should_stop`` every ``STOP_CHECK_EVERY`` iterations so all workers leave the
 loop at the same iteration (an unmatched collective would abort the job).
 """
@@ -14,9 +16,11 @@ import time
 
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
+from hetrain.comm.compression_spec import matrix_of
+from hetrain.comm.link_spec import ring_allreduce_bytes
 from hetrain.errors import WorkerError
 from hetrain.protocols.allreduce_options import AllReduceOptions
 from hetrain.protocols.options import options_or_settings
@@ -27,16 +31,49 @@ from hetrain.runtime.protocol import SyncProtocol
 # Workers agree on stopping every this many iterations (a stop may come up to this many
 # iterations late); agreeing at every iteration doubled the collectives per step.
 STOP_CHECK_EVERY = 4
+POWERSGD_MIN_COMPRESSION_RATE = 2  # torch's default: a matrix is compressed when that halves it at least
 
 
 class _HookTimer:
-    """Per backward: time from the last bucket's launch to the last completion."""
+    """Per backward: time from the last bucket's launch to the last completion; the link's charge per bucket."""
 
-    def __init__(self, process_group=None):
+    def __init__(self, process_group, link, world_size: int, compression):
         self.process_group = process_group
+        self.link = link
+        self.world_size = world_size
+        self.compression = compression
         self.last_launch = 0.0
         self.last_done = 0.0
         self.total_wait_s = 0.0
+        self.bytes_uncompressed = self.bytes_compressed = 0
+        self.hook, self.hook_state = default_hooks.allreduce_hook, process_group
+        if compression.kind == "bf16":
+            self.hook = default_hooks.bf16_compress_hook
+        elif compression.kind == "powersgd":  # from the first steps on (torch's default waits 1,000)
+            self.hook = powerSGD_hook.powerSGD_hook
+            self.hook_state = powerSGD_hook.PowerSGDState(process_group, matrix_approximation_rank=compression.rank,
+                                                          start_powerSGD_iter=2,
+                                                          min_compression_rate=POWERSGD_MIN_COMPRESSION_RATE)
+
+    def bucket_bytes(self, bucket) -> int:
+        """Bytes one member's share of the bucket's all-reduce(s) carries, as the hook compresses it."""
+        if self.compression.kind == "bf16":
+            return bucket.buffer().numel() * 2
+        if self.compression.kind == "powersgd":
+            total = 0
+            for grad in bucket.gradients():
+                matrix, rank = matrix_of(tuple(grad.shape)), self.compression.rank
+                low = matrix is not None and (matrix[0] + matrix[1]) * min(rank, *matrix) * \
+                    POWERSGD_MIN_COMPRESSION_RATE < grad.numel()
+                total += 4 * ((matrix[0] + matrix[1]) * min(rank, *matrix) if low else grad.numel())
+            return total
+        return bucket.buffer().numel() * bucket.buffer().element_size()
+
+    def charge(self, bucket) -> None:
+        sent = ring_allreduce_bytes(self.world_size, self.bucket_bytes(bucket))
+        self.bytes_compressed += int(sent)
+        self.bytes_uncompressed += int(ring_allreduce_bytes(self.world_size, bucket.buffer().numel() * 4))
+        self.link.collective(range(self.world_size), sent, sent, 2 * (self.world_size - 1))
 
     def take_iteration_wait(self) -> float:
         wait = max(0.0, self.last_done - self.last_launch)
@@ -47,9 +84,10 @@ class _HookTimer:
 
 def _timed_allreduce_hook(timer: _HookTimer, bucket):
     timer.last_launch = time.perf_counter()
-    future = default_hooks.allreduce_hook(timer.process_group, bucket)
+    future = timer.hook(timer.hook_state, bucket)
 
     def record(fut):
+        timer.charge(bucket)  # held here for an emulated link: the backward pass waits for it
         timer.last_done = max(timer.last_done, time.perf_counter())
         return fut.value()[0] if isinstance(fut.value(), list) else fut.value()
 
@@ -74,13 +112,13 @@ class AllReduce(SyncProtocol):
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
                  options: AllReduceOptions | None = None, process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 on_failure: str = "abort", dead_workers=None):
+                 on_failure: str = "abort", dead_workers=None, **comm):
         self.options = options_or_settings(AllReduceOptions, options, {}, "AllReduce")
         self.options.check_on_failure(on_failure)
-        super().__init__(model, optimizer, process_group=process_group, timeout_s=timeout_s)
+        super().__init__(model, optimizer, process_group=process_group, timeout_s=timeout_s, **comm)
         device_ids = [self.job.device.index] if self.job.device.type == "cuda" else None
         self.ddp = DistributedDataParallel(model, device_ids=device_ids, process_group=process_group)
-        self._timer = _HookTimer(process_group)
+        self._timer = _HookTimer(process_group, self.link, self.job.world_size, self.compression)
         self.ddp.register_comm_hook(self._timer, _timed_allreduce_hook)
         self._flag = torch.zeros(2, device=self.job.device)  # [stop wish, checkpoint wish], MAX over workers
         self._checkpoint_wish = False
@@ -90,6 +128,11 @@ class AllReduce(SyncProtocol):
     @property
     def module(self):
         return self.ddp if self.ddp is not None else self.model
+
+    def metrics(self) -> dict:
+        self.stats.extra.update(uncompressed_bytes=self._timer.bytes_uncompressed,
+                                compressed_bytes=self._timer.bytes_compressed)
+        return super().metrics()
 
     def _sync(self) -> None:
         # DDP already averaged the gradients inside backward(); move that wait from compute to wait.

@@ -28,7 +28,7 @@ from hetrain.errors import WorkerError
 class BackgroundAverage:
     """At most one step's averaging in flight; ``reduce(flat, groups)`` averages ``flat`` in place."""
 
-    def __init__(self, reduce: Callable[[torch.Tensor, list], None], who: str, timeout_s: float):
+    def __init__(self, reduce: Callable[..., None], who: str, timeout_s: float):
         self._reduce = reduce
         self._who = who
         self._timeout_s = timeout_s
@@ -43,24 +43,26 @@ class BackgroundAverage:
     def pending(self) -> bool:
         return self._thread is not None
 
-    def start(self, snapshot: torch.Tensor, groups: list) -> None:
-        """Average ``snapshot`` (the model after this step; not modified) over ``groups`` on a thread."""
+    def start(self, snapshot: torch.Tensor, groups: list, *args) -> None:
+        """Average ``snapshot`` (the model after this step; not modified) over ``groups`` on a thread
+        (``reduce(average, groups, *args)``)."""
         if self._thread is not None:
             raise RuntimeError(f"{self._who}: a step's averaging is already in flight")
         self._snapshot, self._average, self._error = snapshot, snapshot.clone(), None
-        self._thread = threading.Thread(target=self._run, args=(groups,), daemon=True,
+        self._thread = threading.Thread(target=self._run, args=(groups, *args), daemon=True,
                                         name="hetrain-background-average")
         self._thread.start()
         self.started += 1
 
-    def _run(self, groups: list) -> None:
+    def _run(self, groups: list, *args) -> None:
         try:
-            self._reduce(self._average, groups)
+            self._reduce(self._average, groups, *args)
         except BaseException as exc:  # raised in the worker's thread by finish()
             self._error = exc
 
-    def finish(self, model: torch.Tensor) -> None:
-        """Wait for the averaging in flight (if any) and add ``average - snapshot`` to ``model`` in place."""
+    def finish(self, model: torch.Tensor, transform: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        """Wait for the averaging in flight (if any) and add ``average - snapshot`` to ``model`` in place
+        (``transform(average)`` in place of the average when given: an outer optimizer's step)."""
         if self._thread is None:
             return
         began = time.perf_counter()
@@ -73,4 +75,6 @@ class BackgroundAverage:
         self._snapshot = self._average = self._error = None
         if error is not None:
             raise error
+        if transform is not None:
+            average = transform(average)
         model.add_(average).sub_(snapshot)

@@ -17,24 +17,45 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from hetrain.comm.local_work import weights_by_steps
 from hetrain.errors import UsageError, WorkerError
 from hetrain.protocols.hop_config import DPSGDOptions, HopOptions
 from hetrain.protocols.hop_logic import AveragePlan, HopWorker
 from hetrain.protocols.membership import neighbour_weights, repair
 from hetrain.protocols.options import options_or_settings
+from hetrain.runtime.codecs import make_codec
 from hetrain.runtime.consensus import average_state
+from hetrain.runtime.gossip_codec import PublicCopy, ReplicaSet, choco_mix
 from hetrain.runtime.job import DEFAULT_TIMEOUT_S
-from hetrain.runtime.peer_channels import STOP, TOKEN, UPDATE, Message, PeerChannels
-from hetrain.runtime.protocol import SyncProtocol
+from hetrain.runtime.peer_channels import (
+    DELTA,
+    KEYFRAME,
+    MODEL_KINDS,
+    STOP,
+    TOKEN,
+    UPDATE,
+    Message,
+    PeerChannels,
+)
+from hetrain.runtime.protocol import SyncProtocol, pop_comm_keywords
 
 DEATH_POLL_S = 0.1  # continue mode: how often a waiting worker looks for deaths
 SUSPECT_GRACE_S = 3.0  # continue mode: a lost peer the launcher has not named dead by then is an error
 ADOPT_WAIT_S = 0.5  # a replacement: after the first neighbour's model, how long to wait for the others'
 _STATS_COUNTERS = ("updates_stale", "updates_dropped", "max_iteration_gap", "skipped_iterations")  # ProtocolStats fields
+
+
+@dataclass(frozen=True)
+class Received:
+    """A neighbour's model as the update queues hold it, and the local steps behind it."""
+
+    model: torch.Tensor
+    steps: int = 1
 
 
 class Hop(SyncProtocol):
@@ -62,9 +83,10 @@ class Hop(SyncProtocol):
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
                  options: HopOptions | DPSGDOptions | None = None, process_group=None,
                  timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort", dead_workers=None, **settings):
+        comm = pop_comm_keywords(settings)
         self.options = options_or_settings(self.options_class, options, settings, type(self).__name__)
         super().__init__(model, optimizer, process_group=process_group, timeout_s=timeout_s,
-                         on_failure=on_failure, dead_workers=dead_workers)
+                         on_failure=on_failure, dead_workers=dead_workers, **comm)
         self.topology = self.options.topology_for(self.job.world_size)
         self.config = self.options.config_for(self.topology)
         if self.topology.num_workers != self.job.world_size:
@@ -81,10 +103,17 @@ class Hop(SyncProtocol):
         self._last_sent: tuple[int, torch.Tensor] | None = None  # continue mode: (iteration, model) last sent
         self._resend: tuple | None = None  # (new out-neighbours, iteration, model) owed after a repair
         self._neighbors_stopped = False
+        codec = make_codec(self.compression, self.state.numel, [tuple(t.shape) for t in self.state.tensors]) \
+            if self.compression.enabled else None
+        self._public = PublicCopy(codec) if codec is not None else None  # what out-neighbours hold of this model
+        self._replicas = ReplicaSet(codec, self.state.empty) if codec is not None else None  # of in-neighbours'
+        self._model_bytes = self.state.numel * 4  # one model message as float32, for the compression ratio
+        self.stats.extra.update(uncompressed_bytes=0, compressed_bytes=0)
         self.channels = PeerChannels(self.job, self.state.numel, self.state.dtype, self._on_message,
                                      self._on_channel_error, tolerate_lost_peers=self.tolerant,
                                      incarnation=self.incarnation, peer_incarnations=self.incarnations,
-                                     new_payload=self.state.empty)
+                                     new_payload=self.state.empty, link=self.link,
+                                     delta_nbytes=codec.payload_nbytes if codec is not None else 0)
         if not self.joining:  # a replacement's neighbours are mid-training: no handshake
             skipped = self.channels.handshake(self.topology.out_neighbors[rank], self.topology.in_neighbors[rank],
                                               self.dead_workers if self.tolerant else None)
@@ -117,7 +146,9 @@ class Hop(SyncProtocol):
                                       f"for a model from its in-neighbours {sorted(self.logic.in_weights)}")
                 self._cond.wait(timeout=DEATH_POLL_S)
             iteration, payload = max(held, key=lambda update: update[0])
-            self.state.scatter(payload)
+            self.state.scatter(payload.model)
+            if self._outer is not None:
+                self._outer.capture()
             self.logic.iteration = iteration
             self.stats.iteration = iteration
             self.stats.extra["joined_at_iteration"] = iteration
@@ -125,9 +156,18 @@ class Hop(SyncProtocol):
 
     # ----- receiver threads ------------------------------------------------------
     def _on_message(self, message: Message) -> None:
+        received = None
+        if message.kind in MODEL_KINDS or message.kind == DELTA:  # decoded on the receiving thread, unlocked
+            if message.kind == KEYFRAME:
+                model = self._replicas.keyframe(message.src, message.payload)
+            elif message.kind == DELTA:
+                model = self._replicas.delta(message.src, message.payload)
+            else:
+                model = message.payload
+            received = Received(model, max(1, message.count))
         with self._cond:
-            if message.kind == UPDATE:
-                self.logic.receive_update(message.src, message.iteration, message.payload)
+            if received is not None:
+                self.logic.receive_update(message.src, message.iteration, received)
             elif message.kind == TOKEN:
                 self.logic.receive_tokens(message.src, message.count)
             elif message.channel == "update":  # STOP: no more updates from src
@@ -173,7 +213,7 @@ class Hop(SyncProtocol):
         self._resend = None
         self._cond.release()
         try:
-            self.channels.send("update", targets, UPDATE, iteration, 0, model)
+            self._send_update(targets, iteration, model)
         finally:
             self._cond.acquire()
 
@@ -184,6 +224,10 @@ class Hop(SyncProtocol):
             self.channels.forget(peer)
         for peer in back:
             self.channels.rejoin(peer, self.incarnations[peer])
+        if self._public is not None:
+            for peer in new | back:  # the dead hold nothing; a replacement holds nothing yet
+                self._public.forget(peer)
+                self._replicas.forget(peer)
         self.topology = repair(self.original_topology, self.dead)
         in_weights, self_weight, out_neighbors = neighbour_weights(self.topology, self.job.rank)
         new_out = self.logic.reconfigure(in_weights, self_weight, out_neighbors)
@@ -217,9 +261,18 @@ class Hop(SyncProtocol):
         return True
 
     def _apply(self, plan: AveragePlan, own: torch.Tensor) -> None:
-        mixed = torch.mul(own, plan.self_weight, out=self.state.empty())
-        for term in plan.terms:
-            mixed.add_(term.payload, alpha=term.weight)
+        self_weight, weights = plan.self_weight, [term.weight for term in plan.terms]
+        if self.local_work == "auto":  # weighted by the local steps behind each model
+            self_weight, weights = weights_by_steps(self_weight, weights, self.steps_this_exchange,
+                                                    [term.payload.steps for term in plan.terms])
+        if self._public is not None:
+            own_public = self._public.public if self._public.public is not None else own
+            mixed = choco_mix(own, own_public, self_weight, zip(weights, (t.payload.model for t in plan.terms)),
+                              self.gossip_step, out=self.state.empty())
+        else:
+            mixed = torch.mul(own, self_weight, out=self.state.empty())
+            for weight, term in zip(weights, plan.terms):
+                mixed.add_(term.payload.model, alpha=weight)
         self.state.scatter(mixed)
         if plan.tokens_to:
             self.channels.send("token", plan.tokens_to, TOKEN, plan.iteration, plan.token_count)
@@ -264,10 +317,31 @@ class Hop(SyncProtocol):
             plan = self.logic.complete()
         self._apply(plan, own)  # own is not modified: it may still be on its way to the neighbours
         self._begin_iteration()
-        self.stats.iteration = self.logic.iteration
+        self.stats.iteration = self.logic.iteration * self.sync_every  # in local steps: H per exchange
+
+    def _send_update(self, dsts: list[int], iteration: int, model: torch.Tensor) -> None:
+        """Send ``model`` to ``dsts``: as it is, or (compression) as a delta to those that hold this
+        worker's public copy and a keyframe to the others."""
+        steps = self.steps_this_exchange
+        if self._public is None:
+            self.channels.send("update", dsts, UPDATE, iteration, steps, model)
+            sent = len([d for d in dsts if d not in self.channels.forgotten]) * self._model_bytes
+            self.stats.extra["uncompressed_bytes"] += sent
+            self.stats.extra["compressed_bytes"] += sent
+            return
+        dsts = [d for d in dsts if d not in self.channels.forgotten]
+        delta, delta_dsts, keyframe, key_dsts = self._public.prepare(model, dsts)
+        if delta is not None:
+            self.channels.send("update", delta_dsts, DELTA, iteration, steps, delta)
+        if keyframe is not None:
+            self.channels.send("update", key_dsts, KEYFRAME, iteration, steps, keyframe)
+        self.stats.extra["uncompressed_bytes"] += len(dsts) * self._model_bytes
+        self.stats.extra["compressed_bytes"] += \
+            (len(delta_dsts) * delta.numel() if delta is not None else 0) + \
+            (len(key_dsts) * keyframe.numel() * keyframe.element_size() if keyframe is not None else 0)
 
     def _send_model(self, iteration: int, model: torch.Tensor) -> None:
-        self.channels.send("update", self.logic.out_neighbors, UPDATE, iteration, 0, model)
+        self._send_update(self.logic.out_neighbors, iteration, model)
         if self.tolerant:
             self._last_sent = (iteration, model)
         if self._resend is not None:  # a repair while this worker was not waiting

@@ -12,6 +12,14 @@ requests, one for answers, so the thread's receive never blocks a send). A
 worker that stops sends ``leave`` and is no longer waited for; when all have
 left, rank 0 broadcasts the global model so every worker ends with it.
 
+Emulated links (:mod:`hetrain.runtime.link`): pushes and answers carry the
+link's stamps, and the receiving side holds each until the link would have
+delivered it (rank 0's ingress takes every push: the server's bottleneck).
+Compression: a push is the compressed delta with error feedback
+(:mod:`hetrain.runtime.error_feedback`); an answer is the compressed
+difference between the global model and the server's copy of what that worker
+holds (its first answer in full), so nothing is lost on either way.
+
 Every 100 MB message of a large model (a delta, an answer, a received one) is
 a CPU buffer from a :class:`~hetrain.runtime.buffer_pool.BufferPool` (the
 model's own when it lives on the CPU), not a fresh allocation per step. Rank 0
@@ -31,14 +39,19 @@ from hetrain.errors import UsageError, WorkerError
 from hetrain.protocols.options import options_or_settings
 from hetrain.protocols.ps_logic import ParameterServerLogic, PSOptions, ServerStep
 from hetrain.runtime.buffer_pool import DEFAULT_CAPACITY, DEFAULT_SPARE, BufferPool
+from hetrain.runtime.codecs import Codec, make_codec
 from hetrain.runtime.consensus import survivor_group, wait_for_death_notice
+from hetrain.runtime.error_feedback import ErrorFeedback
 from hetrain.runtime.job import DEFAULT_TIMEOUT_S, private_group
+from hetrain.runtime.link import EmulatedLink
 from hetrain.runtime.pair_links import PairLinks
-from hetrain.runtime.protocol import SyncProtocol
+from hetrain.runtime.protocol import SyncProtocol, pop_comm_keywords
 from hetrain.runtime.send_window import SendWindow
 from hetrain.runtime.watched_call import DeathDuringCall, call_unless_dead
 
 _PUSH, _LEAVE = 0, 1
+_FULL, _DELTA = 0, 1  # an answer: the global model, or its compressed difference from the worker's copy
+_HEADER_NUMEL = 5  # a push: [worker, kind, pushes, stamp, stamp]
 _TAG_HEADER, _TAG_DELTA, _TAG_REPLY = 1, 2, 3
 _POLL_S = 0.02
 # A worker waits for its answer before it pushes again, so at most one answer per worker is in
@@ -50,7 +63,8 @@ class _Server:
     """Rank 0's server: the global model, the logic's decisions carried out, answers in flight."""
 
     def __init__(self, model: torch.Tensor, logic: ParameterServerLogic, down, timeout_s: float,
-                 buffers: BufferPool, tolerate_lost_workers: bool = False):
+                 buffers: BufferPool, tolerate_lost_workers: bool = False, link: EmulatedLink | None = None,
+                 codec: Codec | None = None):
         self.tolerate_lost_workers = tolerate_lost_workers  # continue mode: a lost worker is the launcher's news
         self.unanswered: set[int] = set()  # workers an answer could not reach (continue mode)
         self.model = model
@@ -63,6 +77,10 @@ class _Server:
         self.messages = 0
         self.error: str | None = None
         self._windows: dict[int, SendWindow] = {}  # answers in flight, per worker
+        self.link = link if link is not None else EmulatedLink(None, 0)
+        self.codec = codec
+        self._copies: dict[int, torch.Tensor] = {}  # compression: what each worker holds of the global model
+        self.answer_bytes = self.answer_bytes_uncompressed = 0
 
     def push(self, worker: int, delta: torch.Tensor) -> None:
         with self.cond:
@@ -82,17 +100,29 @@ class _Server:
             self._answer(worker)
 
     def _answer(self, worker: int) -> None:
-        reply = self.buffers.take().copy_(self.model)
         if worker == 0:
-            self.local_reply = reply
+            self.local_reply = self.buffers.take().copy_(self.model)
             self.cond.notify_all()
             return
+        kind, reply = _FULL, None
+        if self.codec is not None and worker in self._copies:
+            kind, reply = _DELTA, self.codec.encode(self.model - self._copies[worker])
+            self._copies[worker].add_(self.codec.decode(reply).to(self.model.dtype))
+        else:
+            reply = self.buffers.take().copy_(self.model)
+            if self.codec is not None:
+                self._copies[worker] = self.model.clone()
+        nbytes = reply.numel() * reply.element_size()
+        self.answer_bytes += nbytes
+        self.answer_bytes_uncompressed += self.model.numel() * 4
+        header = torch.tensor([kind, *self.link.depart(nbytes + 24, worker)], dtype=torch.int64)
         window = self._windows.get(worker)
         if window is None:
             window = self._windows[worker] = SendWindow("the parameter server (rank 0)", worker,
                                                         max_in_flight=_ANSWERS_IN_FLIGHT, timeout_s=self.timeout_s)
         try:
-            window.post(lambda: [self.down.send([reply], worker, _TAG_REPLY)], reply)
+            window.post(lambda: [self.down.send([header], worker, _TAG_REPLY),
+                                 self.down.send([reply], worker, _TAG_REPLY)], header, reply)
         except Exception:  # gloo raises at once on a closed connection; the window, on a send that failed
             if not self.tolerate_lost_workers:
                 raise
@@ -107,7 +137,15 @@ class _Server:
     def close(self, drain: bool) -> None:
         for worker, window in self._windows.items():
             if drain and worker not in self.unanswered:  # (an unreachable worker's window holds its error)
-                window.drain()
+                try:
+                    window.drain()
+                except WorkerError:
+                    # continue mode: every worker alive at the end took its last answer before it left, so
+                    # a send that failed went to a worker that died (an answer is a header and a payload:
+                    # the header may leave before the death, the payload fail after it)
+                    if not self.tolerate_lost_workers:
+                        raise
+                    self.unanswered.add(worker)
             window.close()
 
 
@@ -127,9 +165,11 @@ class ParameterServer(SyncProtocol):
 
     def __init__(self, model, optimizer=None, *, options: PSOptions | None = None, process_group=None,
                  timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort", dead_workers=None, **settings):
+        comm = pop_comm_keywords(settings)
         options = options_or_settings(PSOptions, options, settings, "ParameterServer")
+        self.options = options
         super().__init__(model, optimizer, process_group=process_group, timeout_s=timeout_s,
-                         on_failure=on_failure, dead_workers=dead_workers)
+                         on_failure=on_failure, dead_workers=dead_workers, **comm)
         job = self.job
         self.options = options.validate(job.world_size)
         self.staleness = options.staleness
@@ -155,10 +195,17 @@ class ParameterServer(SyncProtocol):
             self._up = self._down = None
         self._pulled = flat.detach().cpu().clone()
         self._buffers = self._message_buffers()
+        self._codec = make_codec(self.compression, self.state.numel, [tuple(t.shape) for t in self.state.tensors]) \
+            if self.compression.enabled else None
+        self._feedback = ErrorFeedback(self._codec) if self._codec is not None else None
+        self.stats.extra.update(uncompressed_bytes=0, compressed_bytes=0)
         if job.rank == 0:
             logic = ParameterServerLogic(job.world_size, self.staleness)
             self._server = _Server(self._pulled.clone(), logic, self._down, job.timeout_s, self._buffers,
-                                   tolerate_lost_workers=self.tolerant)
+                                   tolerate_lost_workers=self.tolerant, link=self.link,
+                                   codec=make_codec(self.compression, self.state.numel,
+                                                    [tuple(t.shape) for t in self.state.tensors])
+                                   if self.compression.enabled else None)
             self._thread = threading.Thread(target=self._serve, name="hetrain-ps", daemon=True)
             self._thread.start()
         self.stats.extra.update(ps_mode="sync" if self.staleness == 0 else f"async(staleness={self.staleness})")
@@ -182,13 +229,34 @@ class ParameterServer(SyncProtocol):
         if self.job.rank == 0:
             reply = self._push_local(delta)
         else:
-            header = torch.tensor([self.job.rank, _PUSH, self.stats.iterations], dtype=torch.int64)
+            message = self._feedback.encode(delta)[0] if self._feedback is not None else delta
+            nbytes = message.numel() * message.element_size()
+            self.stats.extra["uncompressed_bytes"] += delta.numel() * 4
+            self.stats.extra["compressed_bytes"] += nbytes
+            stamps = self.link.depart(nbytes + 8 * _HEADER_NUMEL, 0)
+            header = torch.tensor([self.job.rank, _PUSH, self.stats.iterations, *stamps], dtype=torch.int64)
             self._send(header, _TAG_HEADER)
-            self._send(delta, _TAG_DELTA)
-            reply = self._buffers.take()
-            self._wait(self._down.recv([reply], 0, _TAG_REPLY), f"the server's answer to push {self.stats.iterations}")
+            self._send(message, _TAG_DELTA)
+            reply = self._receive_answer()
         self._pulled = reply
         self.state.scatter(reply.to(self.job.device))
+
+    def _receive_answer(self) -> torch.Tensor:
+        """The server's answer to this worker's push: the global model (or what this worker holds of it)."""
+        what = f"the server's answer to push {self.stats.iterations}"
+        header = torch.zeros(3, dtype=torch.int64)
+        self._wait(self._down.recv([header], 0, _TAG_REPLY), what)
+        kind, *stamps = (int(v) for v in header)
+        if kind == _DELTA:
+            payload = self._codec.empty_payload("cpu")
+            self._wait(self._down.recv([payload], 0, _TAG_REPLY), what)
+            self.link.arrive(payload.numel() + 24, 0, stamps)
+            return torch.add(self._pulled, self._codec.decode(payload).to(self._pulled.dtype),
+                             out=self._buffers.take())
+        reply = self._buffers.take()
+        self._wait(self._down.recv([reply], 0, _TAG_REPLY), what)
+        self.link.arrive(reply.numel() * reply.element_size() + 24, 0, stamps)
+        return reply
 
     def _push_local(self, delta: torch.Tensor) -> torch.Tensor:
         server = self._server
@@ -229,17 +297,17 @@ class ParameterServer(SyncProtocol):
             return
         server = self._server
         remote_left = 0
-        header = torch.zeros(3, dtype=torch.int64)
+        header = torch.zeros(_HEADER_NUMEL, dtype=torch.int64)
         deaths_seen: set[int] = set()
         while remote_left < self.job.world_size - 1:
             try:
                 self._up.recv_anysource([header], _TAG_HEADER).wait(self.job.timeout)
-                worker, kind, _ = (int(v) for v in header)
+                worker, kind = int(header[0]), int(header[1])
                 if kind == _LEAVE:
                     remote_left += 1
                     server.leave(worker)
                     continue
-                self._receive_push(worker)
+                self._receive_push(worker, header)
             except Exception as exc:
                 new = wait_for_death_notice(self.dead_workers, deaths_seen) if self.dead_workers else set()
                 if new:  # a worker died (rank 0's loop stops waiting for it): serve the others
@@ -250,10 +318,18 @@ class ParameterServer(SyncProtocol):
                     server.cond.notify_all()
                 return
 
-    def _receive_push(self, worker: int) -> None:
-        """The delta that follows ``worker``'s push header, applied by the server."""
-        delta = self._buffers.take()
-        self._up.recv([delta], worker, _TAG_DELTA).wait(self.job.timeout)
+    def _receive_push(self, worker: int, header: torch.Tensor) -> None:
+        """The delta that follows ``worker``'s push ``header``, held for the link, applied by the server."""
+        stamps = (int(header[3]), int(header[4]))
+        if self._codec is not None:
+            payload = self._codec.empty_payload("cpu")
+            self._up.recv([payload], worker, _TAG_DELTA).wait(self.job.timeout)
+            self.link.arrive(payload.numel() + 8 * _HEADER_NUMEL, worker, stamps)
+            delta = self._buffers.take().copy_(self._codec.decode(payload))
+        else:
+            delta = self._buffers.take()
+            self._up.recv([delta], worker, _TAG_DELTA).wait(self.job.timeout)
+            self.link.arrive(delta.numel() * delta.element_size() + 8 * _HEADER_NUMEL, worker, stamps)
         self._server.push(worker, delta)
 
     def _serve_each_worker(self) -> None:
@@ -268,7 +344,7 @@ class ParameterServer(SyncProtocol):
 
     def _serve_worker(self, worker: int) -> None:
         server = self._server
-        header = torch.zeros(3, dtype=torch.int64)
+        header = torch.zeros(_HEADER_NUMEL, dtype=torch.int64)
         first = True
         while True:
             try:
@@ -281,7 +357,7 @@ class ParameterServer(SyncProtocol):
                 if int(header[1]) == _LEAVE:
                     server.leave(worker)
                     return
-                self._receive_push(worker)
+                self._receive_push(worker, header)
             except Exception as exc:
                 if isinstance(exc, DeathDuringCall) or self._reported_dead(worker):
                     return  # rank 0's loop drops it (_drop_the_dead)
@@ -317,7 +393,7 @@ class ParameterServer(SyncProtocol):
             self._join_server()
             final = self._server.model.clone()
         else:
-            self._send(torch.tensor([job.rank, _LEAVE, self.stats.iterations], dtype=torch.int64), _TAG_HEADER)
+            self._send(torch.tensor([job.rank, _LEAVE, self.stats.iterations, 0, 0], dtype=torch.int64), _TAG_HEADER)
             final = torch.empty_like(self._pulled)
         if job.world_size > 1:
             final = final.to(job.device)
@@ -335,6 +411,8 @@ class ParameterServer(SyncProtocol):
         self.stats.extra.update(pushes=self.stats.iterations)
         if self._server is not None:
             self.stats.extra.update(answers_in_flight_max=self._server.answers_in_flight_max())
+            self.stats.extra["uncompressed_bytes"] += self._server.answer_bytes_uncompressed
+            self.stats.extra["compressed_bytes"] += self._server.answer_bytes
 
     def _join_server(self) -> None:
         server, seen, deadline = self._server, -1, time.monotonic() + self.job.timeout_s

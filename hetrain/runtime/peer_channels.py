@@ -1,7 +1,11 @@
 """Tagged point-to-point messages between neighbours over torch.distributed.
 
-Each message is an int64 header ``[kind, iteration, count]`` optionally
-followed by a payload (the flat model). One receiver thread per (peer,
+Each message is an int64 header ``[kind, iteration, count, stamp, stamp]``
+optionally followed by a payload: the flat model (UPDATE, KEYFRAME) or its
+compressed difference from what the receiver holds (DELTA, ``delta_nbytes``
+bytes). The stamps carry the emulated link's timing
+(:mod:`hetrain.runtime.link`): every message is counted and, when the link is
+emulated, held on the receiving thread until the link would have delivered it. One receiver thread per (peer,
 channel) posts receives and hands each :class:`Message` to ``on_message``;
 sends are asynchronous, so communication overlaps the next computation.
 Messages between two workers on one channel arrive in the order they were sent.
@@ -36,10 +40,13 @@ import torch.distributed as dist
 
 from hetrain.errors import WorkerError
 from hetrain.runtime.job import JobView, private_group
+from hetrain.runtime.link import EmulatedLink
 from hetrain.runtime.pair_links import PairLinks
 from hetrain.runtime.send_window import DEFAULT_MAX_IN_FLIGHT, SendWindow
 
-UPDATE, TOKEN, STOP = 0, 1, 2
+UPDATE, TOKEN, STOP, KEYFRAME, DELTA = 0, 1, 2, 3, 4
+MODEL_KINDS = (UPDATE, KEYFRAME)  # messages whose payload is a whole model
+HEADER_NUMEL = 5
 CHANNEL_TAGS = {"update": 11, "token": 12}
 HANDSHAKE_TAG = 13
 HANDSHAKE_DEATH_NOTICE_S = 5.0  # a failed handshake waits this long for the launcher to report the peer dead
@@ -48,7 +55,8 @@ RECEIVER_TIMEOUT_FACTOR = 3
 
 @dataclass(frozen=True)
 class Message:
-    """One received message: ``kind`` is UPDATE (with ``payload``), TOKEN (``count`` tokens) or STOP."""
+    """One received message: ``kind`` is UPDATE, KEYFRAME or DELTA (with ``payload``; ``count``: the local
+    steps behind it), TOKEN (``count`` tokens) or STOP."""
 
     channel: str
     src: int
@@ -63,15 +71,20 @@ class PeerChannels:
                  on_message: Callable[[Message], None], on_error: Callable[[int, str], None], *,
                  max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, name: str = "peers", tolerate_lost_peers: bool = False,
                  incarnation: int = 0, peer_incarnations: list[int] | None = None,
-                 new_payload: Callable[[], torch.Tensor] | None = None):
+                 new_payload: Callable[[], torch.Tensor] | None = None, link: EmulatedLink | None = None,
+                 delta_nbytes: int = 0):
         """``on_message(message)`` and ``on_error(peer, text)`` run on receiver threads; ``max_in_flight``
         bounds the messages (both channels) outstanding to each peer. With ``tolerate_lost_peers`` a
         failed send is reported through ``on_error`` instead of raised (the protocol decides whether the
         peer died), and :meth:`forget` drops a peer known dead. ``incarnation``: this process's number
         for its rank; ``peer_incarnations``: the others' (both 0 unless replacements joined).
         ``new_payload()`` gives the buffer each update is received into (default: a fresh tensor; the
-        protocols pass their :class:`~hetrain.runtime.flat_state.FlatState`'s pooled ``empty``)."""
+        protocols pass their :class:`~hetrain.runtime.flat_state.FlatState`'s pooled ``empty``).
+        ``link``: the worker's emulated link (counts bytes; default: a fresh unconstrained one);
+        ``delta_nbytes``: the size of a DELTA payload (compression on)."""
         self.job = job
+        self.link = link if link is not None else EmulatedLink(None, job.rank)
+        self.delta_nbytes = delta_nbytes
         self.on_message = on_message
         self.on_error = on_error
         self.new_payload = new_payload or (lambda: torch.empty(payload_numel, dtype=payload_dtype, device=job.device))
@@ -234,15 +247,17 @@ class PeerChannels:
         device = self.job.device
         current = lambda: self._peer_incarnation.get(src, 0) == incarnation  # noqa: E731
         try:
-            link = self._link(src, incarnation)
+            route = self._link(src, incarnation)
             while True:
-                header = torch.empty(3, dtype=torch.int64, device=device)
-                self._recv(link, header, src, tag, f"a {channel} header")
-                kind, iteration, count = (int(v) for v in header.tolist())
+                header = torch.empty(HEADER_NUMEL, dtype=torch.int64, device=device)
+                self._recv(route, header, src, tag, f"a {channel} header")
+                kind, iteration, count, *stamps = (int(v) for v in header.tolist())
                 payload = None
-                if kind == UPDATE:
-                    payload = self.new_payload()
-                    self._recv(link, payload, src, tag, f"the model of iteration {iteration}")
+                if kind in MODEL_KINDS or kind == DELTA:
+                    payload = self.new_payload() if kind in MODEL_KINDS else \
+                        torch.empty(self.delta_nbytes, dtype=torch.uint8, device=device)
+                    self._recv(route, payload, src, tag, f"the model of iteration {iteration}")
+                self.link.arrive(_nbytes(header, payload), src, stamps)
                 if not current():
                     return  # a message from a process since replaced
                 self.on_message(Message(channel, src, kind, iteration, count, payload))
@@ -272,12 +287,13 @@ class PeerChannels:
              payload: torch.Tensor | None = None) -> None:
         """Post one message to each of ``dsts``; blocks only while a peer has a full window."""
         tag = CHANNEL_TAGS[channel]
-        header = torch.tensor([kind, iteration, count], dtype=torch.int64, device=self.job.device)
         for dst in dsts:
             if dst in self.forgotten:
                 continue
+            stamps = self.link.depart(HEADER_NUMEL * 8 + _nbytes(None, payload), dst)
+            header = torch.tensor([kind, iteration, count, *stamps], dtype=torch.int64, device=self.job.device)
 
-            def start(dst=dst):
+            def start(dst=dst, header=header):
                 group, index = self._link(dst)
                 works = [group.send([header], index, tag)]
                 if payload is not None:
@@ -331,3 +347,7 @@ class PeerChannels:
             window.close()
         self.group = None
         self._pairs.clear()
+
+
+def _nbytes(header: torch.Tensor | None, payload: torch.Tensor | None) -> int:
+    return sum(t.numel() * t.element_size() for t in (header, payload) if t is not None)

@@ -25,12 +25,13 @@ from hetrain.protocols.options import options_or_settings
 from hetrain.protocols.prague_options import PragueOptions, scheduler_for
 from hetrain.protocols.request_timing import ComputeEstimate, ask_after_s
 from hetrain.runtime.background_average import BackgroundAverage
+from hetrain.runtime.codecs import make_codec
 from hetrain.runtime.consensus import average_state
 from hetrain.runtime.gg_prefetch import GroupPrefetch
 from hetrain.runtime.gg_service import GGServer, LocalClient, SchedulerHost, SocketClient
 from hetrain.runtime.job import DEFAULT_TIMEOUT_S
 from hetrain.runtime.preduce import MemberDied, PReduce
-from hetrain.runtime.protocol import SyncProtocol
+from hetrain.runtime.protocol import SyncProtocol, pop_comm_keywords
 
 _STATUS_POLL_S = 0.02
 
@@ -43,9 +44,9 @@ class GroupProtocol(SyncProtocol):
     def __init__(self, model, optimizer, scheduler: GroupScheduler, *, communicator_cache: int,
                  local_scheduler: bool, process_group, timeout_s: float, on_failure: str = "abort",
                  dead_workers=None, gg_address: tuple[str, str] | None = None, gg_prefetch_ms: float = 0.0,
-                 preduce_overlap: bool = False):
+                 preduce_overlap: bool = False, **comm):
         super().__init__(model, optimizer, process_group=process_group, timeout_s=timeout_s,
-                         on_failure=on_failure, dead_workers=dead_workers)
+                         on_failure=on_failure, dead_workers=dead_workers, **comm)
         job = self.job
         if job.store is None and job.world_size > 1:
             raise UsageError(f"{self.name} needs the job's c10d store (torch.distributed initialised)")
@@ -53,8 +54,10 @@ class GroupProtocol(SyncProtocol):
         is_dead = (lambda rank: rank in self.dead or rank in self.dead_workers() or self._replaced(rank)) \
             if self.dead_workers else None
         self._running = None  # the group being reduced now (respawn: a member replaced since is gone)
+        codec = make_codec(self.compression, self.state.numel, [tuple(t.shape) for t in self.state.tensors]) \
+            if self.compression.enabled else None
         self.preduce = PReduce(job.store, job.rank, cache_size=communicator_cache, timeout_s=job.timeout_s,
-                               is_dead=is_dead)
+                               is_dead=is_dead, link=self.link, codec=codec, gossip_step=self.gossip_step)
         self._server = None
         self._groups_failed = 0
         self._local = local_scheduler or job.world_size == 1
@@ -105,11 +108,15 @@ class GroupProtocol(SyncProtocol):
 
     # -- the loop --------------------------------------------------------------
     def _apply_background(self) -> None:
-        """Wait for the previous step's background averages (if any) and apply them to the model."""
+        """Wait for the previous step's background averages (if any) and apply them to the model (through
+        the outer optimizer, if there is one: the exchange's outer step lands with its average)."""
         if self._background is not None and self._background.pending:
             flat = self.state.gather()
-            self._background.finish(flat)
+            self._background.finish(flat, self._outer.transform if self._outer is not None else None)
             self.state.scatter(flat)
+
+    def _outer_step_delayed(self) -> bool:
+        return self._background is not None
 
     def should_stop(self, local_done: bool) -> bool:
         """Each worker stops on its own (``finish`` drains); a stopping worker's model gets its last averages
@@ -128,24 +135,26 @@ class GroupProtocol(SyncProtocol):
         prefetch = self._prefetch
         groups = prefetch.take() if prefetch is not None and prefetch.pending else self.gg.request()
         self._gg_wait_s += time.perf_counter() - start
+        weight = self.steps_this_exchange if self.local_work == "auto" else None
         if groups and self._background is not None:
-            self._background.start(self.state.gather(), groups)
+            self._background.start(self.state.gather(), groups, weight)
         elif groups:
-            self._run(groups)
+            self._run(groups, weight)
         else:
             self._empty_syncs += 1
         if prefetch is not None:
-            self._compute.add(start - self._last_step_end)
+            self._compute.add(start - self._last_exchange_end)  # the local steps since the last exchange
             prefetch.schedule(time.perf_counter() + ask_after_s(self._compute.value, self._lead_ms))
         self._update_extra()
 
-    def _run(self, groups) -> None:
+    def _run(self, groups, weight: float | None = None) -> None:
         flat = self.state.gather()
-        self._reduce(flat, groups)
+        self._reduce(flat, groups, weight)
         self.state.scatter(flat)
 
-    def _reduce(self, flat, groups) -> None:
-        """Average ``flat`` in place over ``groups``, in order (on the worker's thread, or a background one)."""
+    def _reduce(self, flat, groups, weight: float | None = None) -> None:
+        """Average ``flat`` in place over ``groups``, in order (on the worker's thread, or a background one);
+        ``weight``: this worker's weight in each (``local_work="auto"``: its local steps)."""
         for group in groups:
             if self.on_failure == "respawn" and self._formed_before_a_replacement(group):
                 self.preduce.skip(group.members, group.comm_id)  # a member's process has been replaced since
@@ -154,7 +163,7 @@ class GroupProtocol(SyncProtocol):
             start = time.perf_counter()
             self._running = group
             try:
-                self.preduce(flat, group.members, group.comm_id, group.fresh)
+                self.preduce(flat, group.members, group.comm_id, group.fresh, weight)
             except MemberDied as exc:  # continue mode: the group's model average is lost, the job is not
                 self.dead.update(exc.dead)
                 self._groups_failed += 1
@@ -235,6 +244,8 @@ class GroupProtocol(SyncProtocol):
             gg_requests_early=self._prefetch.sent_early if self._prefetch is not None else 0,
             **({"overlap_wait_s": self._background.wait_s, "overlapped_syncs": self._background.started}
                if self._background is not None else {}),
+            uncompressed_bytes=self.preduce.uncompressed_bytes,
+            compressed_bytes=self.preduce.compressed_bytes,
             **self.preduce.stats(),
         )
 
@@ -273,6 +284,7 @@ class Prague(GroupProtocol):
     def __init__(self, model, optimizer=None, *, options: PragueOptions | None = None, seed: int = 0,
                  process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort",
                  dead_workers=None, gg_address: tuple[str, str] | None = None, **settings):
+        comm = pop_comm_keywords(settings)
         options = options_or_settings(PragueOptions, options, settings, "Prague")
         world = dist.get_world_size(process_group) if dist.is_initialized() else 1
         scheduler = scheduler_for(world, options, seed)
@@ -282,7 +294,8 @@ class Prague(GroupProtocol):
         super().__init__(model, optimizer, scheduler, communicator_cache=options.communicator_cache,
                          local_scheduler=options.local_schedule, process_group=process_group, timeout_s=timeout_s,
                          on_failure=on_failure, dead_workers=dead_workers, gg_address=gg_address,
-                         gg_prefetch_ms=options.gg_prefetch_ms, preduce_overlap=bool(options.preduce_overlap))
+                         gg_prefetch_ms=options.gg_prefetch_ms, preduce_overlap=bool(options.preduce_overlap),
+                         **comm)
         self.stats.extra["gg_mode"] = options.gg
 
     def _stop_wanted(self, local_done: bool) -> bool:

@@ -31,6 +31,13 @@ received, (s-1) x buffer, at most 8 x that (the rule and its measurements:
 results.
 NCCL (CUDA) groups always use the all-reduce.
 
+Emulated links and compression: with ``link`` (an
+:class:`~hetrain.runtime.link.EmulatedLink`) every call counts the bytes this
+member sends and receives and holds it for the time the emulated links take;
+with ``codec`` a member set's later calls send compressed differences from
+public copies the members keep (:mod:`hetrain.runtime.preduce_compressed`).
+``weight`` (every member passes its own) makes the average weighted.
+
 Eviction must happen at the same point on every member. Inside Prague the
 Group Generator passes ``comm_id`` (it replays each worker's cache, see
 :mod:`hetrain.protocols.comm_lru`). Standalone callers that omit ``comm_id`` must
@@ -47,11 +54,15 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from hetrain.comm.link_spec import ring_allreduce_bytes
 from hetrain.errors import UsageError, WorkerError
 from hetrain.protocols.comm_lru import CommunicatorLRU
 from hetrain.protocols.exchange_rule import DIRECT_MAX_BYTES, uses_direct_exchange
 from hetrain.protocols.options import OptionError
+from hetrain.runtime.codecs import Codec
 from hetrain.runtime.job import job_store
+from hetrain.runtime.link import EmulatedLink
+from hetrain.runtime.preduce_compressed import GroupReplicas, compressed_exchange
 from hetrain.runtime.watched_call import DeathDuringCall, call_unless_dead
 
 _DIAGNOSE_GRACE_S = 2.0  # how long a timed-out member waits for the others' arrival marks
@@ -94,6 +105,9 @@ class PReduce:
         namespace: str = "preduce",
         direct_max_bytes: int = DIRECT_MAX_BYTES,
         is_dead: Callable[[int], bool] | None = None,
+        link: EmulatedLink | None = None,
+        codec: Codec | None = None,
+        gossip_step: float = 1.0,
     ):
         if cache_size < 1:
             raise OptionError(f"{{cache_size}} must be >= 1, got {cache_size}")
@@ -111,13 +125,21 @@ class PReduce:
         self._comms: dict[tuple, object] = {}
         self._uses: dict[tuple, int] = {}
         self._generation: dict[tuple, int] = {}
+        self.link = link if link is not None else EmulatedLink(None, self.rank)
+        self.codec = codec
+        self.gossip_step = gossip_step
+        self._replicas: dict[tuple, GroupReplicas] = {}  # compression: each cached member set's public copies
         self.hits = self.misses = self.evictions = self.calls = 0
+        self.compressed_calls = 0
+        self.uncompressed_bytes = self.compressed_bytes = 0  # what this member sent, and its float32 size
 
-    def __call__(self, buf: torch.Tensor, members, comm_id: int | None = None, fresh=()) -> torch.Tensor:
+    def __call__(self, buf: torch.Tensor, members, comm_id: int | None = None, fresh=(),
+                 weight: float | None = None) -> torch.Tensor:
         """Replace ``buf`` (a flat tensor) by its average over ``members``; return it.
 
         ``fresh``: members whose buffer does not count (replacements that hold no model yet: they
         receive the others' average); every member must pass the same, and not all members.
+        ``weight``: this member's weight in a weighted average (every member passes one, or none does).
         """
         members = tuple(sorted(set(int(m) for m in members)))
         if self.rank not in members:
@@ -133,17 +155,21 @@ class PReduce:
             if comm_key not in self._comms:
                 self._comms[comm_key] = self._create_watching(members, comm_key, buf)
             comm, timeout = self._comms[comm_key], datetime.timedelta(seconds=self.timeout_s)
-            counted = [m not in fresh for m in members] if fresh else None
-            if self._direct(buf, len(members)):
-                self._watching(members, lambda: self._exchange(comm, work_buf, members.index(self.rank),
-                                                                 len(members), timeout, counted))
+            index, size = members.index(self.rank), len(members)
+            replicas = self._replicas.get(comm_key) if not fresh else None
+            if replicas is not None:
+                sent = self._watching(members, lambda: compressed_exchange(
+                    comm, work_buf, index, size, self.codec, replicas, self.gossip_step, weight, timeout))
+                self.compressed_calls += 1
+                self.link.collective(members, (size - 1) * sent, (size - 1) * sent, size - 1)
+                self._count(self._plain_bytes(buf, size), (size - 1) * sent)
             else:
-                if counted is not None and self.rank in fresh:
-                    work_buf.zero_()
-                self._watching(members, lambda: comm.allreduce([work_buf]).wait(timeout))
-                work_buf.div_(sum(counted) if counted is not None else len(members))
+                self._average(comm, work_buf, members, index, timeout, fresh, weight)
+                if self.codec is not None:  # the set's copies start from the average every member now holds
+                    self._replicas[comm_key] = GroupReplicas(work_buf, size)
         except MemberDied as exc:
             self._comms.pop(comm_key, None)  # abandoned mid-call: never used again (the GG drops the dead)
+            self._replicas.pop(comm_key, None)
             raise exc from None
         except Exception as exc:  # gloo/NCCL raise RuntimeError on timeouts and lost peers
             dead = self._dead_members(members, grace_s=_DEATH_NOTICE_S)
@@ -157,6 +183,40 @@ class PReduce:
         if work_buf is not buf:
             buf.copy_(work_buf)
         return buf
+
+    def _average(self, comm, work_buf: torch.Tensor, members: tuple, index: int, timeout, fresh, weight) -> None:
+        """The plain P-Reduce (a direct exchange or the ring all-reduce), weighted when ``weight`` is given."""
+        size = len(members)
+        counted = [m not in fresh for m in members] if fresh and weight is None else None
+        target = work_buf
+        if weight is not None:  # average [w x, w] and divide: one collective still
+            own = 0.0 if self.rank in fresh else float(weight)
+            target = torch.cat([work_buf.reshape(-1) * own, work_buf.new_tensor([own])])
+        nbytes = target.numel() * target.element_size()
+        if self._direct(target, size):
+            self._watching(members, lambda: self._exchange(comm, target, index, size, timeout, counted))
+            self.link.collective(members, (size - 1) * nbytes, (size - 1) * nbytes, 1)
+            self._count((size - 1) * nbytes, (size - 1) * nbytes)
+        else:
+            if counted is not None and self.rank in fresh:
+                target.zero_()
+            self._watching(members, lambda: comm.allreduce([target]).wait(timeout))
+            target.div_(sum(counted) if counted is not None else size)
+            ring = ring_allreduce_bytes(size, nbytes)
+            self.link.collective(members, ring, ring, 2 * (size - 1))
+            self._count(ring, ring)
+        if target is not work_buf:
+            work_buf.copy_((target[:-1] / target[-1]).view_as(work_buf))
+
+    def _plain_bytes(self, buf: torch.Tensor, size: int) -> float:
+        """Bytes a member sends in a plain P-Reduce of ``buf`` over ``size`` members."""
+        nbytes = buf.numel() * buf.element_size()
+        return (size - 1) * nbytes if self._direct(buf, size) else ring_allreduce_bytes(size, nbytes)
+
+    def _count(self, plain: float, sent: float) -> None:
+        """Record ``sent`` bytes, and what a plain P-Reduce would have sent (for the compression ratio)."""
+        self.uncompressed_bytes += int(plain)
+        self.compressed_bytes += int(sent)
 
     def _dead_members(self, members: tuple, grace_s: float = 0.0) -> list[int]:
         """Members known dead, waiting up to ``grace_s`` for the launcher's notice (a lost peer is
@@ -234,6 +294,7 @@ class PReduce:
 
     def _drop(self, key: tuple) -> None:
         self._uses.pop(key, None)
+        self._replicas.pop(key, None)
         comm = self._comms.pop(key, None)
         if comm is not None and hasattr(comm, "shutdown") and getattr(comm, "_is_nccl", False):
             comm.shutdown()
@@ -269,4 +330,7 @@ class PReduce:
             return []
 
     def stats(self) -> dict:
-        return {"cache_hits": self.hits, "cache_misses": self.misses, "cache_evictions": self.evictions}
+        stats = {"cache_hits": self.hits, "cache_misses": self.misses, "cache_evictions": self.evictions}
+        if self.codec is not None:
+            stats["compressed_preduces"] = self.compressed_calls
+        return stats

@@ -44,10 +44,26 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
+from hetrain.comm.compression_spec import CompressionSpec
+from hetrain.comm.link_spec import LinkSpec
+from hetrain.comm.local_work import MODES as LOCAL_WORK_MODES
+from hetrain.comm.local_work import StepTimer, steps_per_exchange
+from hetrain.comm.settings import CommSettings
 from hetrain.protocols.membership import ON_FAILURE
 from hetrain.protocols.options import OptionError
 from hetrain.runtime.flat_state import FlatState
 from hetrain.runtime.job import DEFAULT_TIMEOUT_S, JobView, model_device
+from hetrain.runtime.link import EmulatedLink
+from hetrain.runtime.outer_step import OuterStep
+from hetrain.runtime.speed_board import SpeedBoard
+
+# the communication keywords every protocol takes beside its own options (see the module docstring)
+COMM_KEYWORDS = ("sync_every", "outer_optimizer", "compression", "gossip_step", "local_work", "link")
+
+
+def pop_comm_keywords(settings: dict) -> dict:
+    """Take the communication keywords out of a public class's ``**settings`` (the rest are its options)."""
+    return {name: settings.pop(name) for name in COMM_KEYWORDS if name in settings}
 
 
 @dataclass
@@ -63,6 +79,7 @@ class ProtocolStats:
     updates_stale: int = 0
     updates_dropped: int = 0
     max_iteration_gap: int = 0
+    exchanges: int = 0  # synchronizations (every sync_every local steps)
     extra: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
@@ -78,7 +95,9 @@ class SyncProtocol:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
                  process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort",
-                 dead_workers: Callable[[], set[int]] | None = None):
+                 dead_workers: Callable[[], set[int]] | None = None, sync_every: int = 1,
+                 outer_optimizer: torch.optim.Optimizer | None = None, compression: str | CompressionSpec = "none",
+                 gossip_step: float | None = None, local_work: str = "fixed", link: LinkSpec | str | float | None = None):
         if on_failure not in ON_FAILURE:
             raise OptionError(f"{{on_failure}} must be one of {', '.join(ON_FAILURE)}, got {on_failure!r}")
         self.model = model
@@ -96,10 +115,46 @@ class SyncProtocol:
             self.dead = set(self.dead_workers()) - {self.job.rank}
         self.state = FlatState(model)
         self.stats = ProtocolStats()
+        self._setup_comm(model, sync_every, outer_optimizer, compression, gossip_step, local_work, link)
         self._hook = optimizer.register_step_post_hook(self._after_optimizer_step) if optimizer is not None else None
         self._finished = False
         self._released = False
         self._last_step_end = time.perf_counter()
+        self._last_exchange_end = self._last_step_end
+
+    def _setup_comm(self, model, sync_every, outer_optimizer, compression, gossip_step, local_work, link) -> None:
+        if not isinstance(sync_every, int) or sync_every < 1:
+            raise OptionError(f"{{sync_every}} must be a positive integer, got {sync_every!r}")
+        if local_work not in LOCAL_WORK_MODES:
+            raise OptionError(f"{{local_work}} must be one of {', '.join(LOCAL_WORK_MODES)}, got {local_work!r}")
+        if gossip_step is not None and not 0 < gossip_step <= 1:
+            raise OptionError(f"{{gossip_step}} must be in (0, 1], got {gossip_step}")
+        if link is not None and not isinstance(link, LinkSpec):
+            link = LinkSpec.parse(link)
+        if link is not None:
+            link.check_workers(self.job.world_size)
+        self.sync_every = sync_every
+        self.local_work = local_work
+        self.compression = CompressionSpec.parse(compression)
+        shapes = [tuple(t.shape) for t in self.state.tensors]
+        self.gossip_step = float(gossip_step) if gossip_step is not None else \
+            self.compression.default_gossip_step(self.state.numel, shapes)
+        self.link = EmulatedLink(link, self.job.rank)
+        self._outer = OuterStep(model, self.state, outer_optimizer) if outer_optimizer is not None else None
+        self._check_comm()
+        self._local_steps = 0  # local steps since the last exchange
+        self._steps_this_exchange = sync_every
+        self._step_timer = StepTimer()
+        self._speeds = SpeedBoard(self.job) if local_work == "auto" and self.job.world_size > 1 else None
+
+    def _check_comm(self) -> None:
+        """Raise OptionError for communication settings this protocol's options refuse (their ``check_comm``)."""
+        options = getattr(self, "options", None)
+        if options is not None:
+            options.check_comm(CommSettings(
+                sync_every=self.sync_every, local_work=self.local_work, compression=self.compression,
+                gossip_step=self.gossip_step, outer="none" if self._outer is None else "sgd",
+                link=self.link.spec or LinkSpec()))
 
     # -- the PyTorch-facing surface ---------------------------------------------------------
     @property
@@ -120,19 +175,67 @@ class SyncProtocol:
     def restart_clock(self) -> None:
         """Mark now as the start of the next iteration's compute (e.g. after a barrier)."""
         self._last_step_end = time.perf_counter()
+        if self._local_steps == 0:
+            self._last_exchange_end = self._last_step_end
+            if self._outer is not None:
+                self._outer.capture_if_unset()  # the model training starts from is the first anchor
 
     def step(self) -> None:
-        """Synchronise after an optimizer step (called by the step post-hook when an optimizer was given)."""
+        """Count a local step (called by the step post-hook when an optimizer was given); every
+        ``sync_every`` of them (or as ``local_work="auto"`` sizes it), synchronise."""
         if self._finished:
             raise RuntimeError(f"{self.name}: step() after finish()")
         now = time.perf_counter()
-        self.stats.compute_s += now - self._last_step_end
+        step_s = now - self._last_step_end
+        self.stats.compute_s += step_s
         self.stats.iterations += 1
         self.stats.iteration += 1  # the one place it counts; Hop's _sync overwrites it with its logic's
+        self._local_steps += 1
+        self._step_timer.add(step_s)
+        if self._local_steps < self._steps_this_exchange:
+            self._last_step_end = time.perf_counter()
+            return
         self._sync()
+        if self._outer is not None and not self._outer_step_delayed():
+            self._outer.apply()
+        self.stats.exchanges += 1
+        self._local_steps = 0
+        self._steps_this_exchange = self._next_local_steps()
         end = time.perf_counter()
         self.stats.wait_s += end - now
-        self._last_step_end = end
+        self._last_step_end = self._last_exchange_end = end
+
+    def _next_local_steps(self) -> int:
+        """Local steps before the next exchange: ``sync_every``, or sized to this worker's speed (auto)."""
+        if self.local_work != "auto":
+            return self.sync_every
+        own = self._step_timer.step_s
+        fastest = own
+        if self._speeds is not None:
+            self._speeds.publish(own)
+            fastest = self._speeds.fastest(own, exclude=self.dead)
+        steps = steps_per_exchange(self.sync_every, own, fastest)
+        self.stats.extra["local_steps_last"] = steps
+        return steps
+
+    def _outer_step_delayed(self) -> bool:
+        """Whether this protocol applies the outer step itself, when a delayed average lands (Prague's overlap)."""
+        return False
+
+    @property
+    def steps_this_exchange(self) -> int:
+        """Local steps behind the model this worker sends at its next (or current) exchange."""
+        return self._local_steps or self._steps_this_exchange
+
+    def compression_stats(self) -> dict:
+        """Bytes this worker sent and received, and what compression saved: ``bytes_sent``,
+        ``bytes_received``, ``compression`` and ``compression_ratio`` (float32 bytes over bytes sent)."""
+        link = self.link.counters()
+        uncompressed = self.stats.extra.get("uncompressed_bytes", 0)
+        return {"compression": str(self.compression), "bytes_sent": link["bytes_sent"],
+                "bytes_received": link["bytes_received"],
+                "compression_ratio": uncompressed / self.stats.extra["compressed_bytes"]
+                if self.stats.extra.get("compressed_bytes") else 1.0}
 
     def should_stop(self, local_done: bool) -> bool:
         """Whether to leave the loop; ``local_done`` is this worker's own wish.
@@ -172,6 +275,12 @@ class SyncProtocol:
             self.stats.extra["workers_known_dead"] = sorted(self.dead)
         pool = self.state.pool
         self.stats.extra.update(flat_buffers_reused=pool.reused, flat_buffers_allocated=pool.allocated)
+        self.stats.extra.update(self.link.counters())
+        self.stats.extra.update(sync_every=self.sync_every, local_work=self.local_work,
+                                compression=str(self.compression),
+                                compression_ratio=self.compression_stats()["compression_ratio"])
+        if self._outer is not None:
+            self.stats.extra["outer_steps"] = self._outer.steps
         return self.stats.as_dict()
 
     def new_deaths(self) -> set[int]:
@@ -213,14 +322,20 @@ class SyncProtocol:
 
     def state_dict(self) -> dict:
         """The protocol's own state (counters and, per protocol, what resuming needs); not the model's."""
-        return {"protocol": self.name, "iteration": self.stats.iteration, "iterations": self.stats.iterations,
-                **self._extra_state()}
+        state = {"protocol": self.name, "iteration": self.stats.iteration, "iterations": self.stats.iterations,
+                 "local_steps": self._local_steps, **self._extra_state()}
+        if self._outer is not None:
+            state["outer"] = self._outer.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("protocol") != self.name:
             raise ValueError(f"a {state.get('protocol')!r} state cannot be loaded into {self.name}")
         self.stats.iteration = int(state["iteration"])  # the counter goes on; ``iterations`` counts this run
         self.stats.extra["iterations_before_resume"] = int(state["iterations"])
+        self._local_steps = int(state.get("local_steps", 0))
+        if self._outer is not None and state.get("outer") is not None:
+            self._outer.load_state_dict(state["outer"])
         self._load_extra_state(state)
 
     # -- for subclasses -----------------------------------------------------------------------

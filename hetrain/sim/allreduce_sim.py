@@ -29,7 +29,7 @@ class AllReduceSim:
             self.rec.computed(i, now, duration, k)
             longest = max(longest, duration)
         engine.log("computed", -1, k)
-        _, end = net.collective(now + longest, range(n), setup.model_bytes)
+        _, end = net.collective(now + longest, range(n), setup.message_bytes)
         if math.enabled:
             import numpy as np
 

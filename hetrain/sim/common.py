@@ -36,6 +36,23 @@ class SimSetup:
     timelines: bool = False
     progress: Callable[[int], None] | None = None  # called with the number of new gradients
     kills: tuple = ()  # (time_s, worker): workers that die then (``--fail``), survivors continue
+    local_steps: list | None = None  # per worker: local steps per exchange (``--sync-every``; None: 1 each)
+    message_bytes: float | None = None  # one model message as sent (compressed); None: model_bytes
+
+    def __post_init__(self):
+        if self.local_steps is None:
+            self.local_steps = [1] * self.num_workers
+        if self.message_bytes is None:
+            self.message_bytes = self.model_bytes
+        self._steps_done = [0] * self.num_workers
+
+    def work(self, worker: int) -> tuple[float, int]:
+        """(compute seconds, local steps) of ``worker``'s next exchange: its local steps, each
+        ``compute_s`` times the slowdown factor of that step."""
+        steps, first = self.local_steps[worker], self._steps_done[worker]
+        self._steps_done[worker] = first + steps
+        factor = self.slowdown.factor
+        return sum(self.compute_s * factor(worker, first + j) for j in range(steps)), steps
 
 
 @dataclass
@@ -84,15 +101,15 @@ class Recorder:
                 event["recovery_s"] = time_s - event["t_s"]
         self._awaiting = still
 
-    def computed(self, worker: int, start_s: float, duration_s: float, iteration: int) -> None:
-        """Worker computed one gradient (iteration ``iteration``) in [start_s, start_s + duration_s]."""
-        self.iterations[worker] += 1
+    def computed(self, worker: int, start_s: float, duration_s: float, iteration: int, steps: int = 1) -> None:
+        """Worker computed ``steps`` gradients (exchange ``iteration``) in [start_s, start_s + duration_s]."""
+        self.iterations[worker] += steps
         self.compute_s[worker] += duration_s
-        self.done += 1
+        self.done += steps
         if self.timeline is not None:
             self.timeline[worker].append((start_s, start_s + duration_s, iteration))
         if self.progress is not None:
-            self._pending += 1
+            self._pending += steps
             if self._pending >= 256:
                 self.progress(self._pending)
                 self._pending = 0

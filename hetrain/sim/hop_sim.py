@@ -66,25 +66,26 @@ class HopSim:
             return
         w.start()
         self.state[i] = COMPUTING
-        duration = self.setup.compute_s * self.setup.slowdown.factor(i, w.iteration)
+        duration, steps = self.setup.work(i)
         self.compute_start[i] = engine.now
         engine.log("start", i, w.iteration)
-        engine.after(duration, self._computed, i, duration)
+        engine.after(duration, self._computed, i, duration, steps)
 
-    def _computed(self, i: int, duration: float) -> None:
+    def _computed(self, i: int, duration: float, steps: int = 1) -> None:
         if self.state[i] == DEAD:
             return  # killed mid-computation: the work is lost
         setup = self.setup
         engine, net, math = setup.engine, setup.network, setup.math
         w = self.workers[i]
         k = w.iteration
-        self.rec.computed(i, self.compute_start[i], duration, k)
+        self.rec.computed(i, self.compute_start[i], duration, k, steps)
         engine.log("computed", i, k)
         payload = None
         if math.enabled:
-            math.local_step(i)
+            for _ in range(steps):
+                math.local_step(i)
             payload = math.snapshot(i)
-        now, nbytes = engine.now, setup.model_bytes
+        now, nbytes = engine.now, setup.message_bytes
         for m in w.out_neighbors:
             engine.at(net.send(now, i, m, nbytes), self._update_arrives, m, i, k, payload)
         self.last_sent[i] = (k, payload)
@@ -172,7 +173,8 @@ class HopSim:
                     k, payload = self.last_sent[i]
                     net, now = self.setup.network, engine.now
                     for m in new_out:
-                        engine.at(net.send(now, i, m, self.setup.model_bytes), self._update_arrives, m, i, k, payload)
+                        engine.at(net.send(now, i, m, self.setup.model_bytes),  # a keyframe: the whole model
+                                  self._update_arrives, m, i, k, payload)
                 if self.state[i] == WAITING:
                     self._try_complete(i)
                 elif self.state[i] == IDLE:

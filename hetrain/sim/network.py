@@ -26,12 +26,20 @@ message costs CPU time; why, with the measurements, in docs/simulator.md);
 otherwise a ring all-reduce over its group. A collective starts when every member's links
 are free and holds them until it ends (members cannot send anything else
 meanwhile).
+
+An emulated network (``--link-mbps``, ``--link-latency-ms``: a
+:class:`~hetrain.comm.link_spec.LinkSpec`, the runtime's own) adds to this what the
+runtime's emulation adds to the real loopback: a message's path latency, its
+bytes over each end's own link rate (a constrained worker's link instead of the
+default bandwidth), and for a collective :meth:`LinkSpec.collective_s` of the
+bytes each member sends.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hetrain.comm.link_spec import LinkSpec, ring_allreduce_bytes
 from hetrain.protocols.exchange_rule import uses_direct_exchange
 
 # Loopback gloo on the 2-core development machine: one-way send/recv of 8 bytes took 46 us
@@ -97,8 +105,9 @@ def preduce_s(num_members: int, nbytes: float, params: NetworkParams) -> float:
 class Network:
     """Link state of ``num_workers`` workers (plus any extra endpoints, e.g. a server)."""
 
-    def __init__(self, params: NetworkParams, num_endpoints: int):
+    def __init__(self, params: NetworkParams, num_endpoints: int, link: LinkSpec | None = None):
         self.params = params
+        self.link = link if link is not None and link.enabled else None
         self.latency_s = params.latency_s
         self.bytes_per_s = params.bytes_per_s
         self.egress_free = [0.0] * num_endpoints
@@ -108,15 +117,20 @@ class Network:
 
     def send(self, now: float, src: int, dst: int, nbytes: float) -> float:
         """Book a message on src's egress and dst's ingress; return its arrival time (s)."""
-        transfer = nbytes / self.bytes_per_s
+        transfer = in_transfer = nbytes / self.bytes_per_s
+        latency = self.latency_s
+        if self.link is not None:
+            transfer += self.link.transfer_s(src, nbytes)
+            in_transfer += self.link.transfer_s(dst, nbytes)
+            latency += self.link.path_latency_s(src, dst)
         egress = self.egress_free
         t0 = egress[src] if egress[src] > now else now
         egress[src] = t0 + transfer
-        start = t0 + self.latency_s
+        start = t0 + latency
         ingress = self.ingress_free
         if ingress[dst] > start:
             start = ingress[dst]
-        arrival = start + transfer
+        arrival = max(start + in_transfer, t0 + transfer + latency)
         ingress[dst] = arrival
         self.messages += 1
         self.bytes_sent += nbytes
@@ -130,6 +144,9 @@ class Network:
         n = len(members)
         direct = preduce and n > 1 and uses_direct_exchange(nbytes, n)
         end = start + (direct_exchange_s if direct else ring_allreduce_s)(n, nbytes, self.params)
+        if self.link is not None and n > 1:  # what the runtime's emulation holds every member for
+            sent = (n - 1) * nbytes if direct else ring_allreduce_bytes(n, nbytes)
+            end += self.link.collective_s(members, sent, sent, 1 if direct else 2 * (n - 1))
         for m in members:
             self.egress_free[m] = end
             self.ingress_free[m] = end

@@ -86,14 +86,14 @@ class GroupSim:
             self.leaving[i] = True
             self._run_groups(i, self.scheduler.leave(i, setup.engine.now))
             return
-        duration = setup.compute_s * setup.slowdown.factor(i, self.iteration[i])
+        duration, steps = setup.work(i)
         now = self.compute_start[i] = setup.engine.now
         estimate = self.estimate[i].value
         if self.prefetch_ms > 0 and estimate is not None and ask_after_s(estimate, self.prefetch_ms) < duration:
             setup.engine.after(ask_after_s(estimate, self.prefetch_ms), self._ask_early, i)
             self.prefetch[i] = "scheduled"
         self.estimate[i].add(duration)
-        setup.engine.at(now + duration, self._computed, i, duration)
+        setup.engine.at(now + duration, self._computed, i, duration, steps)
 
     def _ask_early(self, i: int) -> None:
         if i in self.dead or self.prefetch[i] != "scheduled":
@@ -110,16 +110,17 @@ class GroupSim:
         shard_of = getattr(self.scheduler, "endpoint", None)
         return self.gg_endpoint + (shard_of(i, self.setup.engine.now) if shard_of else 0)
 
-    def _computed(self, i: int, duration: float) -> None:
+    def _computed(self, i: int, duration: float, steps: int = 1) -> None:
         if i in self.dead:
             return  # killed mid-computation: the work is lost
         setup = self.setup
         engine = setup.engine
         k = self.iteration[i]
-        self.rec.computed(i, self.compute_start[i], duration, k)
+        self.rec.computed(i, self.compute_start[i], duration, k, steps)
         engine.log("computed", i, k)
         if setup.math.enabled:
-            setup.math.local_step(i)
+            for _ in range(steps):
+                setup.math.local_step(i)
             setup.math.maybe_evaluate(engine.now, self.rec.done)
         self.iteration[i] = k + 1
         if self.in_background[i]:  # the previous step's groups are still running: sync after them
@@ -220,7 +221,7 @@ class GroupSim:
             now += setup.network.params.new_group_ms / 1000.0
             self.communicators_created += 1
         self.running.add(group.seq)
-        start, end = setup.network.collective(now, group.members, setup.model_bytes, preduce=True)
+        start, end = setup.network.collective(now, group.members, setup.message_bytes, preduce=True)
         self.preduce_s += end - start
         engine.log("preduce", -1, (group.seq, group.members))
         engine.at(end, self._group_done, group)

@@ -35,18 +35,18 @@ class ParameterServerSim:
             self._carry_out(self.logic.leave(i))
             self.rec.finished(i, setup.engine.now)
             return
-        duration = setup.compute_s * setup.slowdown.factor(i, self.logic.pushes[i])
+        duration, steps = setup.work(i)
         self.compute_start[i] = setup.engine.now
-        setup.engine.after(duration, self._computed, i, duration)
+        setup.engine.after(duration, self._computed, i, duration, steps)
 
-    def _computed(self, i: int, duration: float) -> None:
+    def _computed(self, i: int, duration: float, steps: int = 1) -> None:
         if i in self.rec.dead:
             return
         setup = self.setup
-        self.rec.computed(i, self.compute_start[i], duration, self.logic.pushes[i])
+        self.rec.computed(i, self.compute_start[i], duration, self.logic.pushes[i], steps)
         grad = setup.math.worker_gradient(i) if setup.math.enabled else None
         now = setup.engine.now
-        arrival = now if i == self.server else setup.network.send(now, i, self.server, setup.model_bytes)
+        arrival = now if i == self.server else setup.network.send(now, i, self.server, setup.message_bytes)
         setup.engine.at(arrival, self._push_arrives, i, grad)
 
     def _push_arrives(self, i: int, grad) -> None:
@@ -67,7 +67,7 @@ class ParameterServerSim:
         setup = self.setup
         model = self.model.copy() if self.model is not None else None
         now = setup.engine.now
-        arrival = now if j == self.server else setup.network.send(now, self.server, j, setup.model_bytes)
+        arrival = now if j == self.server else setup.network.send(now, self.server, j, setup.message_bytes)
         setup.engine.at(arrival, self._pull_arrives, j, model)
 
     def _pull_arrives(self, j: int, model) -> None:

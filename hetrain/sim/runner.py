@@ -56,6 +56,10 @@ def refuse_unmodelled(config: RunConfig) -> None:
     if config.target_loss is not None:
         raise OptionError("the simulator reports accuracy, not validation loss; {target_loss} applies to "
                           "hetrain train's lm workload (use {target_accuracy})")
+    comm = config.comm_settings()
+    if comm.outer != "none":
+        raise OptionError("the simulator does not model an {outer_optimizer} (its math averages models); "
+                          "measure it with hetrain train")
     from hetrain.faults import parse_fail
 
     unmodelled = parse_fail(config.fail, config.seed).unmodelled()
@@ -102,7 +106,13 @@ def simulate(config: RunConfig, options: SimOptions = SimOptions(), model_params
     if compute_ms <= 0 and config.iterations is None:
         raise OptionError("a {time_budget_s} run needs {compute_ms} > 0 (zero-time iterations never end)")
     params = model_params_for(config, options.math, model_params)
-    iterations = config.iterations if config.iterations is not None else UNBOUNDED
+    comm = config.comm_settings()
+    if options.math == "digits" and (comm.compression.enabled or (config.protocol == "ps" and comm.sync_every > 1)):
+        raise OptionError("{math} digits models plain averaging of local steps (not compression, nor the "
+                          "parameter server's local steps); simulate their time and bytes with {math} none")
+    local_steps = _local_steps(config, slowdown, compute_ms)
+    exchanges = None if config.iterations is None else -(-config.iterations // comm.sync_every)
+    iterations = exchanges if exchanges is not None else UNBOUNDED
     expected_iterations = min(iterations, int(config.time_budget_s / (compute_ms / 1000.0)) + 1
                               if config.time_budget_s else iterations)
     total = n * expected_iterations
@@ -121,8 +131,9 @@ def simulate(config: RunConfig, options: SimOptions = SimOptions(), model_params
     extra_endpoints = config.protocol_options().scheduler_endpoints()
     bar, update = _progress_bar(total, options.progress, f"simulate {config.protocol} x{n}")
     setup = SimSetup(n, iterations, compute_ms / 1000.0, slowdown, 4.0 * params, engine,
-                     Network(options.network, n + extra_endpoints), math, config.seed, budget_s,
-                     options.timelines, update, kills)
+                     Network(options.network, n + extra_endpoints, comm.link), math, config.seed, budget_s,
+                     options.timelines, update, kills, local_steps=local_steps,
+                     message_bytes=comm.compression.payload_nbytes(params))
     started = time.perf_counter()
     try:
         result = _protocol_sim(config, setup).run()
@@ -143,6 +154,8 @@ def simulate(config: RunConfig, options: SimOptions = SimOptions(), model_params
         "time_budget_s": config.time_budget_s,
         "math": options.math,
         "network": options.network.as_dict(),
+        **comm.as_dict(),
+        "local_steps": local_steps,
         "engine_events": engine.events,
         "messages": setup.network.messages,
         "sim_runtime_s": runtime_s,
@@ -172,6 +185,18 @@ def simulate(config: RunConfig, options: SimOptions = SimOptions(), model_params
     if options.trace:
         record["trace"] = engine.trace
     return record
+
+
+def _local_steps(config: RunConfig, slowdown, compute_ms: float) -> list[int]:
+    """Each worker's local steps per exchange: ``sync_every``, or (``local_work`` auto) sized to its expected
+    speed as the runtime sizes it to its measured one."""
+    from hetrain.comm.local_work import steps_per_exchange
+
+    comm, n = config.comm_settings(), config.num_workers
+    if comm.local_work != "auto":
+        return [comm.sync_every] * n
+    step_s = [compute_ms * slowdown.expected_factor(i) for i in range(n)]
+    return [steps_per_exchange(comm.sync_every, s, min(step_s)) for s in step_s]
 
 
 def _kills(config: RunConfig, compute_ms: float, slowdown) -> tuple:

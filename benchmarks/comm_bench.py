@@ -1,0 +1,189 @@
+"""Communication benchmark: local steps, compression and work sized to speed, over an emulated slow link.
+
+    .venv/bin/python benchmarks/comm_bench.py digits --out runs/comm     # 8 workers, one 5x slower, 1 Mbit/s
+    .venv/bin/python benchmarks/comm_bench.py table --out runs/comm      # H x compression for hop and prague
+    .venv/bin/python benchmarks/comm_bench.py lm --out runs/comm         # the byte-level GPT, 4 workers, 100 Mbit/s
+    .venv/bin/python benchmarks/comm_bench.py digits --budget 30         # a quick look
+
+``digits``: ``--compute-ms 50 --link-mbps 1`` (the MLP's message is 19 KB: 0.15 s on that link),
+each decentralized protocol plain and with ``--sync-every 8 --compress int8``. Goals: 95% test
+accuracy (averaged model) at least 3x sooner, bytes per sample at least 20x fewer.
+
+``table``: the same setting; hop and prague at H in {1, 4, 16, 64} x {none, int8, topk:0.01}.
+
+``lm``: real compute (no ``--compute-ms``), 4 workers, worker 0 2x slower, ``--link-mbps 100``:
+plain hop, allreduce (DDP) and hop with ``--sync-every 16 --compress int8 --local-work auto``.
+Goals: time to the validation loss target at least 5x sooner than plain hop and 10x sooner than
+allreduce, bytes per sample at least 50x fewer, and validation loss within 0.02 nats/byte of
+plain hop's at equal samples (the new run's loss when it had processed as many samples as
+plain hop did in its whole run).
+
+Every run is a real ``hetrain train`` job of ``--budget`` seconds (default 120; lm 300). Writes
+OUT/<bench>.json and OUT/<bench>.md after every run (``--skip-done`` reuses runs whose
+metrics.json exists) and each run's record under OUT/<bench>/<name>/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from hetrain.config import RunConfig
+from hetrain.jobs.run import run_training
+
+DIGITS = dict(workload="mlp", num_workers=8, slowdown="0:5x", compute_ms=50.0, link_mbps="1")
+LM = dict(workload="lm", num_workers=4, slowdown="0:2x", link_mbps="100", eval_interval_s=10.0)
+DECENTRALIZED = ("dpsgd", "hop", "prague", "adpsgd")
+COMM_FIELDS = ("sync_every", "compression", "local_work", "outer_optimizer")
+
+
+def samples_at(metrics: dict, t_s: float) -> float:
+    """Samples the job had processed by training time ``t_s`` (its 5 s windows, summed over workers)."""
+    total, start = 0.0, 0.0
+    for point in metrics.get("throughput_series", []):
+        end = point["t_s"]
+        if end > start:
+            total += point["samples_per_s"] * (min(end, t_s) - start) if t_s > start else 0.0
+        start = end
+    if t_s > start:  # past the last full window: the run's mean rate
+        total += metrics["samples_per_s"] * (t_s - start)
+    return total
+
+
+def loss_at_samples(metrics: dict, samples: float) -> float | None:
+    """Validation loss of the averaged model at the first curve point with at least ``samples`` behind it."""
+    for point in metrics.get("accuracy_curve", []):
+        if point.get("loss_avg_model") is not None and samples_at(metrics, point["t_s"]) >= samples:
+            return point["loss_avg_model"]
+    return None
+
+
+def row_of(bench: str, name: str, metrics: dict) -> dict:
+    config = metrics.get("config", {})
+    return {
+        "bench": bench, "name": name, "protocol": metrics["protocol"],
+        **{k: config.get(k) for k in COMM_FIELDS},
+        "wall_time_s": metrics["wall_time_s"], "samples_per_s": metrics["samples_per_s"],
+        "heterogeneity_efficiency": metrics["heterogeneity_efficiency"],
+        "time_to_target_s": metrics["time_to_target_s"],
+        "target": metrics.get("target_loss") if metrics.get("target_loss") is not None else metrics["target_accuracy"],
+        "bytes_sent_per_sample": metrics.get("bytes_sent_per_sample"),
+        "compression_ratio": metrics.get("compression_ratio"),
+        "final_accuracy_avg_model": metrics["final_accuracy_avg_model"],
+        "final_loss_avg_model": metrics["final_loss_avg_model"],
+        "total_samples": metrics["total_iterations"] * config.get("batch_size", 32),
+        "link_s_max_worker": metrics.get("link_s_max_worker"),
+    }
+
+
+def _f(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| run | protocol | H | compression | local work | samples/s | efficiency | time to target (s) "
+             "| bytes/sample | compression ratio | final loss | final accuracy |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['name']} | {r['protocol']} | {r['sync_every']} | {r['compression']} | {r['local_work']} "
+                     f"| {_f(r['samples_per_s'], '.1f')} | {_f(r['heterogeneity_efficiency'], '.3f')} "
+                     f"| {_f(r['time_to_target_s'], '.1f')} | {_f(r['bytes_sent_per_sample'], '.1f')} "
+                     f"| {_f(r['compression_ratio'], '.1f')} | {_f(r['final_loss_avg_model'], '.4f')} "
+                     f"| {_f(r['final_accuracy_avg_model'], '.4f')} |")
+    return "\n".join(lines) + "\n"
+
+
+def ratio(base, new) -> float | None:
+    return base / new if base and new else None
+
+
+def goals(bench: str, rows: list[dict], runs: dict) -> list[str]:
+    """The issue's goals, as lines of text: each figure, its goal, met or missed."""
+    by = {r["name"]: r for r in rows}
+    lines = []
+    if bench == "digits":
+        for protocol in DECENTRALIZED:
+            plain, fast = by.get(f"{protocol}-plain"), by.get(f"{protocol}-h8-int8")
+            if not plain or not fast:
+                continue
+            sooner = ratio(plain["time_to_target_s"], fast["time_to_target_s"])
+            fewer = ratio(plain["bytes_sent_per_sample"], fast["bytes_sent_per_sample"])
+            lines.append(f"{protocol}: 95% {_f(sooner, '.2f')}x sooner (goal 3x: "
+                         f"{'met' if sooner and sooner >= 3 else 'MISSED'}), bytes/sample {_f(fewer, '.1f')}x fewer "
+                         f"(goal 20x: {'met' if fewer and fewer >= 20 else 'MISSED'})"
+                         + ("" if plain["time_to_target_s"] else " (plain never reached 95%: a lower bound)"))
+    if bench == "lm" and "hop-plain" in by and "hop-h16-int8-auto" in by:
+        plain, fast = by["hop-plain"], by["hop-h16-int8-auto"]
+        sooner = ratio(plain["time_to_target_s"], fast["time_to_target_s"])
+        fewer = ratio(plain["bytes_sent_per_sample"], fast["bytes_sent_per_sample"])
+        loss = loss_at_samples(runs["hop-h16-int8-auto"], plain["total_samples"])
+        gap = None if loss is None or plain["final_loss_avg_model"] is None else loss - plain["final_loss_avg_model"]
+        lines.append(f"vs plain hop: {_f(sooner, '.2f')}x sooner to the target (goal 5x: "
+                     f"{'met' if sooner and sooner >= 5 else 'MISSED'}), bytes/sample {_f(fewer, '.1f')}x fewer "
+                     f"(goal 50x: {'met' if fewer and fewer >= 50 else 'MISSED'}), loss at plain hop's "
+                     f"{plain['total_samples']:.0f} samples {_f(loss, '.4f')} vs {_f(plain['final_loss_avg_model'], '.4f')}"
+                     f" (gap {_f(gap, '+.4f')}, goal within 0.02: {'met' if gap is not None and gap <= 0.02 else 'MISSED'})")
+        if "allreduce-plain" in by:
+            base = by["allreduce-plain"]["time_to_target_s"]
+            sooner = ratio(base, fast["time_to_target_s"])
+            lines.append(f"vs allreduce: {_f(sooner, '.2f')}x sooner to the target (goal 10x: "
+                         f"{'met' if sooner and sooner >= 10 else 'MISSED'})"
+                         + ("" if base else " (allreduce never reached it: no ratio)"))
+    return lines
+
+
+def plan(bench: str) -> list[tuple[str, dict]]:
+    """(run name, RunConfig fields) for a benchmark."""
+    if bench == "digits":
+        return [(f"{p}-{tag}", dict(DIGITS, protocol=p, **extra)) for p in DECENTRALIZED
+                for tag, extra in (("plain", {}), ("h8-int8", dict(sync_every=8, compression="int8")))]
+    if bench == "table":
+        return [(f"{p}-h{h}-{c.replace(':', '')}", dict(DIGITS, protocol=p, sync_every=h, compression=c))
+                for p in ("hop", "prague") for h in (1, 4, 16, 64) for c in ("none", "int8", "topk:0.01")]
+    if bench == "lm":
+        return [("hop-h16-int8-auto", dict(LM, protocol="hop", sync_every=16, compression="int8", local_work="auto")),
+                ("hop-plain", dict(LM, protocol="hop")), ("allreduce-plain", dict(LM, protocol="allreduce"))]
+    raise SystemExit(f"unknown benchmark {bench!r}: digits, table or lm")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("bench", choices=("digits", "table", "lm"))
+    parser.add_argument("--out", default="runs/comm")
+    parser.add_argument("--budget", type=float, default=None, help="seconds per run (default 120; lm 300)")
+    parser.add_argument("--only", default=None, help="comma-separated run names to run (default: all)")
+    parser.add_argument("--skip-done", action="store_true", help="reuse runs whose metrics.json exists")
+    parser.add_argument("--timeout", type=float, default=120.0, help="per-wait timeout of the runs (seconds)")
+    args = parser.parse_args()
+    budget = args.budget or (300.0 if args.bench == "lm" else 120.0)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    wanted = set(args.only.split(",")) if args.only else None
+    rows, runs = [], {}
+    for name, fields in plan(args.bench):
+        if wanted is not None and name not in wanted:
+            continue
+        run_dir = out / args.bench / name
+        if args.skip_done and (run_dir / "metrics.json").exists():
+            metrics = json.loads((run_dir / "metrics.json").read_text())
+        else:
+            config = RunConfig(time_budget_s=budget, timeout_s=args.timeout, **fields)
+            began = time.time()
+            print(f"== {args.bench}/{name}: {budget:.0f} s", file=sys.stderr)
+            metrics = run_training(config, str(run_dir), progress=True, label=name)
+            print(f"   done in {time.time() - began:.0f} s", file=sys.stderr)
+        runs[name] = metrics
+        rows.append(row_of(args.bench, name, metrics))
+        text = markdown(rows) + "\n" + "\n".join(f"- {line}" for line in goals(args.bench, rows, runs)) + "\n"
+        (out / f"{args.bench}.json").write_text(json.dumps({"rows": rows, "goals": goals(args.bench, rows, runs)},
+                                                           indent=2) + "\n")
+        (out / f"{args.bench}.md").write_text(text)
+    print(markdown(rows) + "\n" + "\n".join(goals(args.bench, rows, runs)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""Local steps between exchanges, sized to each worker's speed (``local_work="auto"``).
+
+With ``sync_every`` H a worker takes H optimizer steps on its own between two
+exchanges with the others (Local SGD, DiLoCo). Under ``local_work="fixed"``
+every worker takes H; under ``"auto"`` a worker takes a number proportional
+to its speed, ``round(H * fastest_step_s / own_step_s)`` (at least 1, at most
+H), re-measured at every exchange, so a worker twice as slow takes half as
+many steps and unequal workers reach each exchange at about the same time.
+Averages are then weighted by the local steps behind each model
+(:func:`weights_by_steps`): a model that took more samples counts more.
+"""
+
+from __future__ import annotations
+
+MODES = ("fixed", "auto")
+STEP_TIME_EMA = 0.3  # weight of the newest step in a worker's running step time
+
+
+def steps_per_exchange(sync_every: int, own_step_s: float | None, fastest_step_s: float | None) -> int:
+    """Local steps before the next exchange for a worker of ``own_step_s`` when the fastest takes
+    ``fastest_step_s`` (either unknown: ``sync_every``)."""
+    if not own_step_s or not fastest_step_s or own_step_s <= 0:
+        return sync_every
+    return max(1, min(sync_every, round(sync_every * fastest_step_s / own_step_s)))
+
+
+class StepTimer:
+    """A worker's running step time (seconds of compute per local step, waits excluded)."""
+
+    def __init__(self):
+        self.step_s: float | None = None
+
+    def add(self, seconds: float) -> None:
+        self.step_s = seconds if self.step_s is None else self.step_s + STEP_TIME_EMA * (seconds - self.step_s)
+
+
+def weights_by_steps(self_weight: float, weights: list[float], own_steps: int, steps: list[int]) -> tuple:
+    """Mixing weights scaled by the local steps behind each model and renormalized to sum to 1:
+    (self weight, [weights])."""
+    scaled = [w * s for w, s in zip(weights, steps)]
+    own = self_weight * own_steps
+    total = own + sum(scaled)
+    if total <= 0:
+        return self_weight, list(weights)
+    return own / total, [w / total for w in scaled]

@@ -1,0 +1,258 @@
+"""Local steps, outer optimizers, compression and emulated links on real multi-process jobs (gloo)."""
+
+import time
+
+import pytest
+import torch
+from torch import nn
+
+import hetrain
+from hetrain.comm.link_spec import LinkSpec
+from hetrain.jobs.local_job import run_local
+from hetrain.protocols.options import OptionError
+from hetrain.runtime.job import JobView
+from hetrain.runtime.link import EmulatedLink
+from hetrain.runtime.peer_channels import STOP, UPDATE, PeerChannels
+
+
+class Quadratic(nn.Module):
+    """A model whose gradient is elementwise, so its results are bit-identical on any CPU."""
+
+    def __init__(self, seed: int):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(64, generator=torch.Generator().manual_seed(100 + seed),
+                                          dtype=torch.float64))
+
+    def loss(self, step: int, seed: int) -> torch.Tensor:
+        target = torch.randn(64, generator=torch.Generator().manual_seed(1000 * step + seed), dtype=torch.float64)
+        return ((self.w - target) ** 2).sum()
+
+
+def _make(protocol: str, model, optimizer, **comm):
+    return {"dpsgd": lambda: hetrain.DPSGD(model, optimizer, topology="ring", **comm),
+            "hop": lambda: hetrain.Hop(model, optimizer, topology="ring", backup=0, staleness=0, skip_threshold=0,
+                                       max_ig=2, **comm),
+            "prague": lambda: hetrain.Prague(model, optimizer, gg="static", group_size=2, preduce_overlap=0, **comm),
+            "adpsgd": lambda: hetrain.ADPSGD(model, optimizer, **comm),
+            "ps": lambda: hetrain.ParameterServer(model, optimizer, staleness=0, **comm)}[protocol]()
+
+
+# ----- H = 1, no compression: today's protocols, bit for bit --------------------------------------------
+# (first four values and the sum of each worker's final model, before finish(), as the code before local
+# steps and compression existed computed them: commit 69bf4ad, the same job)
+GOLDEN = {
+    "dpsgd": [([0.18265860595444003, 0.21281729473606678, -0.3590814969191242, 0.1336110187928689], -1.7772552462263147),
+              ([0.15094193215880858, 0.13225126395316059, -0.47160502035747137, 0.0545677037022704], -2.788627914426153),
+              ([0.17062974253273233, 0.3253508328123891, -0.2650116753973885, 0.1757526949325817], -2.674805831413793),
+              ([0.12421753560185683, 0.21450594017157382, -0.2840656244674471, 0.16471827262278707], -0.8538231928412567)],
+    "prague": [([0.19994221636669096, 0.1094564518259767, -0.5108180951494375, 0.04758738021681575], -2.5249185156455294),
+               ([0.19994221636669096, 0.1094564518259767, -0.5108180951494375, 0.04758738021681575], -2.5249185156455294),
+               ([0.11428169175722781, 0.3330062140106185, -0.17906381342127806, 0.21673746480843828], -1.5223375768082297),
+               ([0.11428169175722781, 0.3330062140106185, -0.17906381342127806, 0.21673746480843828], -1.5223375768082297)],
+    "ps": [([-0.20551702001874964, 0.2708444293301979, 0.23788944508895776, 0.25215208108060894], -1.506858475690269)] * 4,
+}
+GOLDEN["hop"] = GOLDEN["dpsgd"]  # Hop without backup workers, staleness or skipping mixes as D-PSGD does
+
+
+def _deterministic_job(ctx, protocol, explicit):
+    model = Quadratic(ctx.rank)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    comm = {"sync_every": 1, "compression": "none", "local_work": "fixed", "link": None} if explicit else {}
+    sync = _make(protocol, model, optimizer, **comm)
+    for step in range(12):
+        optimizer.zero_grad()
+        model.loss(step, ctx.rank).backward()
+        optimizer.step()
+    before = model.w.detach().clone()
+    sync.finish()
+    return [float(v) for v in before[:4]], float(before.sum())
+
+
+@pytest.mark.parametrize("protocol", ["dpsgd", "hop", "prague", "ps"])
+def test_h1_without_compression_reproduces_the_protocols_bit_for_bit(protocol):
+    assert [tuple(r) for r in run_local(_deterministic_job, 4, (protocol, True), timeout_s=30)] == \
+        [tuple(r) for r in GOLDEN[protocol]]
+
+
+# ----- pseudo-gradients and the outer optimizer ----------------------------------------------------------
+H = 4
+
+
+def _one_exchange(ctx, protocol, outer_kind):
+    """Every worker holds the same model and data: the exchange's average is each one's own model."""
+    model = Quadratic(0)
+    reference = Quadratic(0)
+    inner = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    reference_inner = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
+    outer_args = {"lr": 1.0} if outer_kind == "sgd" else {"lr": 0.7, "momentum": 0.9, "nesterov": True}
+    outer = torch.optim.SGD(model.parameters(), **outer_args)
+    sync = _make(protocol, model, inner, sync_every=H, outer_optimizer=outer)
+    anchor = reference.w.detach().clone()
+    for step in range(H):  # the reference: H plain local steps, no exchange
+        for net, opt in ((model, inner), (reference, reference_inner)):
+            opt.zero_grad()
+            net.loss(step, 0).backward()
+            opt.step()  # the model's optimizer step runs the exchange at step H
+    after = model.w.detach().clone()
+    local = reference.w.detach().clone()
+    # torch's own outer step on the averaged pseudo-gradient (here: the one local pseudo-gradient)
+    expected = anchor.clone().requires_grad_(True)
+    expected_outer = torch.optim.SGD([expected], **outer_args)
+    expected.grad = anchor - local
+    expected_outer.step()
+    sync.finish()  # (tensors through the launcher's queue need their sender alive: numpy instead)
+    return after.numpy(), local.numpy(), expected.detach().numpy(), sync.metrics()
+
+
+@pytest.mark.parametrize("protocol, workers", [("dpsgd", 3), ("hop", 3), ("prague", 2), ("adpsgd", 2), ("ps", 2)])
+@pytest.mark.parametrize("outer_kind", ["sgd", "nesterov"])
+def test_one_exchange_of_pseudo_gradients(protocol, workers, outer_kind):
+    for *arrays, metrics in run_local(_one_exchange, workers, (protocol, outer_kind), timeout_s=30):
+        after, local, expected = (torch.from_numpy(a) for a in arrays)
+        assert metrics["exchanges"] == 1 and metrics["iterations"] == H and metrics["outer_steps"] == 1
+        if outer_kind == "sgd":  # lr 1, no momentum: the average itself, i.e. H plain local steps
+            assert torch.allclose(after, local, rtol=0, atol=1e-12)
+        else:
+            assert torch.allclose(after, expected, rtol=0, atol=1e-12)
+            assert not torch.allclose(after, local, atol=1e-3)  # the outer step did something
+
+
+# ----- compression ---------------------------------------------------------------------------------------
+def _gossip(ctx, protocol, compression, steps):
+    model = Quadratic(ctx.rank)
+    with torch.no_grad():
+        model.w.add_(10.0 * ctx.rank)
+    start = model.w.detach().clone()
+    sync = _make(protocol, model, None, compression=compression)
+    for _ in range(steps):  # averaging only: no gradients
+        time.sleep(0.01)  # a step's compute (else AD-PSGD's passives, which wait on nobody, finish first)
+        sync.step()
+    before = model.w.detach().clone()
+    sync.finish()
+    return start.numpy(), before.numpy(), sync.metrics()
+
+
+@pytest.mark.parametrize("protocol", ["dpsgd", "hop", "prague", "adpsgd"])
+@pytest.mark.parametrize("compression", ["int8", "topk:0.1"])
+def test_compressed_gossip_reaches_consensus_and_keeps_the_mean(protocol, compression):
+    results = run_local(_gossip, 4, (protocol, compression, 60), timeout_s=30)
+    starts = torch.stack([torch.from_numpy(s) for s, _, _ in results])
+    models = torch.stack([torch.from_numpy(b) for _, b, _ in results])
+    spread_start = float((starts - starts.mean(0)).norm())
+    spread = float((models - models.mean(0)).norm())
+    assert spread < 0.1 * spread_start  # mixed before finish(): compression did not stop consensus
+    # doubly-stochastic mixing (the ring's, a group's) keeps the mean, compressed or not
+    assert torch.allclose(models.mean(0), starts.mean(0), atol=1e-2 * spread_start)
+    ratios = [m["compression_ratio"] for _, _, m in results]
+    assert min(ratios) > 1.5, ratios  # keyframes (the first message to each peer) are sent in full
+
+
+def _ps_compressed(ctx, compression):
+    model = Quadratic(ctx.rank)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    sync = hetrain.ParameterServer(model, optimizer, staleness=0, compression=compression)
+    for step in range(40):
+        optimizer.zero_grad()
+        model.loss(step, ctx.rank).backward()
+        optimizer.step()
+    mine = model.w.detach().clone()
+    sync.finish()
+    return mine.numpy(), model.w.detach().numpy(), sync.metrics()
+
+
+def test_the_parameter_server_compresses_both_ways_and_its_workers_follow_the_global_model():
+    results = run_local(_ps_compressed, 3, ("int8",), timeout_s=30)
+    final = torch.from_numpy(results[0][1])
+    for mine, _, _ in results:
+        assert float((torch.from_numpy(mine) - final).norm()) < 0.05 * float(final.norm())  # each holds the global model, nearly
+    assert results[1][2]["compression_ratio"] > 3.5  # a worker's pushes: int8
+    assert results[0][2]["compression_ratio"] > 3.0  # rank 0: the answers (the first to each in full)
+
+
+def _ddp(ctx, compression):
+    model = nn.Linear(32, 32, bias=True)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    sync = hetrain.AllReduce(model, optimizer, compression=compression)
+    x = torch.randn(8, 32, generator=torch.Generator().manual_seed(ctx.rank))
+    for _ in range(8):
+        optimizer.zero_grad()
+        sync.module(x).pow(2).mean().backward()
+        optimizer.step()
+    sync.finish()
+    return sync.metrics()
+
+
+@pytest.mark.parametrize("compression, ratio", [("bf16", 2.0), ("powersgd:2", 4.0)])
+def test_allreduce_compresses_with_torchs_own_hooks(compression, ratio):
+    for metrics in run_local(_ddp, 2, (compression,), timeout_s=30):
+        assert metrics["bytes_sent"] > 0 and metrics["compression_ratio"] >= ratio
+
+
+def test_allreduce_refuses_what_ddp_cannot_do():
+    model = nn.Linear(2, 2)
+    for kwargs, message in (({"compression": "int8"}, "torch's own hooks"), ({"sync_every": 4}, "every step")):
+        with pytest.raises(OptionError, match=message):
+            hetrain.AllReduce(model, **kwargs)
+
+
+# ----- the emulated link ---------------------------------------------------------------------------------
+MESSAGES, NUMEL, MBPS = 8, 3125, 1.0  # 8 messages of 12.5 KB at 1 Mbit/s: 0.8 s
+
+
+def _message_train(ctx):
+    job = JobView.of(None, torch.device("cpu"), 30.0, "link-test")
+    link = EmulatedLink(LinkSpec.parse(MBPS), ctx.rank)
+    arrivals = []
+    channels = PeerChannels(job, NUMEL, torch.float32, lambda m: arrivals.append(time.time()),
+                            lambda peer, error: arrivals.append(error), link=link)
+    peer = 1 - ctx.rank
+    channels.handshake([peer], [peer])
+    channels.listen("update", [peer] if ctx.rank == 1 else [])
+    if ctx.rank == 0:
+        began = time.time()
+        for k in range(MESSAGES):
+            channels.send("update", [1], UPDATE, k, 1, torch.zeros(NUMEL))
+        channels.send("update", [1], STOP)
+        channels.flush()
+        result = began
+    else:
+        channels.join()
+        result = arrivals
+    channels.close()
+    return result, link.counters()
+
+
+def test_a_message_train_takes_its_bytes_over_the_link_rate():
+    (began, sent), (arrivals, received) = run_local(_message_train, 2, timeout_s=30)
+    nbytes = sent["bytes_sent"]
+    assert nbytes == received["bytes_received"] >= MESSAGES * NUMEL * 4
+    expected_s = nbytes * 8 / (MBPS * 1e6)
+    took = arrivals[-1] - began
+    assert took == pytest.approx(expected_s, rel=0.10), (took, expected_s)
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:-1])]  # messages arrive one transfer apart
+    assert min(gaps) > 0.5 * (NUMEL * 4 * 8 / (MBPS * 1e6))
+
+
+# ----- work sized to speed --------------------------------------------------------------------------------
+def _auto(ctx):
+    model = Quadratic(ctx.rank)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    sync = hetrain.Hop(model, optimizer, topology="ring", sync_every=8, local_work="auto")
+    steps_seen = []
+    deadline = time.monotonic() + 4.0
+    while not sync.should_stop(time.monotonic() > deadline):
+        time.sleep(0.04 if ctx.rank == 0 else 0.01)  # worker 0 computes 4x slower
+        optimizer.zero_grad()
+        model.loss(0, ctx.rank).backward()
+        optimizer.step()
+        steps_seen.append(sync.steps_this_exchange)
+    sync.finish()
+    return sync.metrics()
+
+
+def test_auto_local_work_gives_a_slower_worker_fewer_local_steps():
+    results = run_local(_auto, 3, timeout_s=30)
+    slow, fast = results[0], results[1:]
+    assert slow["local_steps_last"] <= 3 and all(m["local_steps_last"] >= 6 for m in fast)
+    # they reach exchanges together: exchange counts within a few of each other, not 4x apart
+    assert slow["exchanges"] >= 0.6 * min(m["exchanges"] for m in fast)
