@@ -9,6 +9,10 @@
 each decentralized protocol plain and with ``--sync-every 8 --compress int8``. Goals: 95% test
 accuracy (averaged model) at least 3x sooner, bytes per sample at least 20x fewer.
 
+``digits-auto``: the same, with ``--local-work auto`` added (the slow worker takes fewer local
+steps): D-PSGD waits for every neighbour at every exchange, so without it a 5x straggler bounds
+its speed-up, whatever the link.
+
 ``table``: the same setting; hop and prague at H in {1, 4, 16, 64} x {none, int8, topk:0.01}.
 
 ``lm``: real compute (no ``--compute-ms``), 4 workers, worker 0 2x slower, ``--link-mbps 100``:
@@ -104,9 +108,10 @@ def goals(bench: str, rows: list[dict], runs: dict) -> list[str]:
     """The issue's goals, as lines of text: each figure, its goal, met or missed."""
     by = {r["name"]: r for r in rows}
     lines = []
-    if bench == "digits":
+    if bench in ("digits", "digits-auto"):
         for protocol in DECENTRALIZED:
-            plain, fast = by.get(f"{protocol}-plain"), by.get(f"{protocol}-h8-int8")
+            plain = by.get(f"{protocol}-plain") or _digits_plain(runs, protocol)
+            fast = by.get(f"{protocol}-h8-int8") or by.get(f"{protocol}-h8-int8-auto")
             if not plain or not fast:
                 continue
             sooner = ratio(plain["time_to_target_s"], fast["time_to_target_s"])
@@ -135,8 +140,16 @@ def goals(bench: str, rows: list[dict], runs: dict) -> list[str]:
     return lines
 
 
+def _digits_plain(runs: dict, protocol: str) -> dict | None:
+    """The ``digits`` benchmark's plain run of ``protocol`` (``digits-auto`` compares against it)."""
+    return runs.get(("digits", f"{protocol}-plain"))
+
+
 def plan(bench: str) -> list[tuple[str, dict]]:
     """(run name, RunConfig fields) for a benchmark."""
+    if bench == "digits-auto":
+        return [(f"{p}-h8-int8-auto", dict(DIGITS, protocol=p, sync_every=8, compression="int8", local_work="auto"))
+                for p in DECENTRALIZED]
     if bench == "digits":
         return [(f"{p}-{tag}", dict(DIGITS, protocol=p, **extra)) for p in DECENTRALIZED
                 for tag, extra in (("plain", {}), ("h8-int8", dict(sync_every=8, compression="int8")))]
@@ -151,7 +164,7 @@ def plan(bench: str) -> list[tuple[str, dict]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("bench", choices=("digits", "table", "lm"))
+    parser.add_argument("bench", choices=("digits", "digits-auto", "table", "lm"))
     parser.add_argument("--out", default="runs/comm")
     parser.add_argument("--budget", type=float, default=None, help="seconds per run (default 120; lm 300)")
     parser.add_argument("--only", default=None, help="comma-separated run names to run (default: all)")
@@ -163,6 +176,12 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     wanted = set(args.only.split(",")) if args.only else None
     rows, runs = [], {}
+    if args.bench == "digits-auto":  # compared with the digits benchmark's plain runs, when they exist
+        for protocol in DECENTRALIZED:
+            path = out / "digits" / f"{protocol}-plain" / "metrics.json"
+            if path.exists():
+                runs[("digits", f"{protocol}-plain")] = row_of("digits", f"{protocol}-plain",
+                                                               json.loads(path.read_text()))
     for name, fields in plan(args.bench):
         if wanted is not None and name not in wanted:
             continue

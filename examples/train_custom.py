@@ -40,7 +40,9 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="rank 0 writes a JSON report here")
     args = parser.parse_args()
 
-    device = hetrain.init(timeout_s=60)  # reads RANK, WORLD_SIZE, MASTER_ADDR... set by torchrun
+    # reads RANK, WORLD_SIZE, MASTER_ADDR... set by torchrun. Hop's channels need gloo (NCCL does not match
+    # messages by tag); with a GPU the model stays on it and messages go through the host.
+    device = hetrain.init(backend="gloo", timeout_s=60, device="cuda" if torch.cuda.is_available() else "cpu")
     rank, world_size = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)  # same initial model everywhere
     model = TinyRegressor().to(device)

@@ -3,7 +3,7 @@
 Use it in your own training loop (launched by torchrun), like torch's own averagers::
 
     import hetrain
-    device = hetrain.init()                    # joins the torchrun job (gloo on CPU, NCCL on GPU)
+    device = hetrain.init()                    # joins the torchrun job (gloo on CPU, NCCL on GPU: see README)
     with hetrain.Hop(model, optimizer, topology="ring") as sync:   # process_group=None: the world
         for x, y in loader:
             optimizer.zero_grad(); loss_fn(model(x), y).backward()

@@ -55,6 +55,7 @@ class RunConfig:
     target_loss: float | None = None  # lm: time_to_target_s is to this validation loss (None: 2.5 for lm)
     eval_interval_s: float | None = None  # None: the workload's (0.5 s; 5 s for lm)
     device: str = "cpu"
+    backend: str | None = None  # nccl | gloo; None: nccl for cuda, gloo for cpu (gloo with cuda: through the host)
     timeout_s: float = 60.0
     heartbeat_timeout_s: float = 30.0  # a local worker silent this long is hung (0: never; hetrain.jobs.heartbeat)
     checkpoint_dir: str | None = None  # each worker's state is written here (atomically)
@@ -174,6 +175,12 @@ class RunConfig:
             raise OptionError("{checkpoint_every_s} and {resume} need {checkpoint_dir}: where checkpoints live")
         if self.device not in ("cpu", "cuda"):
             raise OptionError(f"{{device}} must be cpu or cuda, got {self.device!r}")
+        if self.backend not in (None, "nccl", "gloo"):
+            raise OptionError(f"{{backend}} must be nccl or gloo, got {self.backend!r}")
+        if self.backend == "nccl" and self.device != "cuda":
+            raise OptionError("{backend} nccl runs on GPUs: add {device} cuda, or use {backend} gloo on the CPU")
+        if self.resolved_backend() == "nccl":
+            self._check_nccl(spec)
         unknown = sorted(set(self.options) - set(spec.option_names()))
         if unknown:
             raise OptionError(f"{self.protocol} takes no option {unknown[0]!r}; it takes "
@@ -181,9 +188,26 @@ class RunConfig:
         self.protocol_options().check_comm(self.comm_settings())
         return self
 
+    def resolved_backend(self) -> str:
+        """The process group's backend: ``backend``, or NCCL on GPUs and gloo on the CPU."""
+        return self.backend or ("nccl" if self.device == "cuda" else "gloo")
+
+    def _check_nccl(self, spec) -> None:
+        """What NCCL cannot do is refused here, naming the way out (docs/decisions.md, "The GPU path")."""
+        if self.on_failure in ("continue", "respawn"):
+            raise OptionError(f"{{on_failure}} {self.on_failure} cannot work on NCCL: its watchdog tears down "
+                              "a process whose peer died; use {on_failure} abort (with checkpoints to restart "
+                              "from), or {backend} gloo")
+        reason = self._options_with_defaults().nccl_refusal()
+        if reason and self.num_workers > 1:
+            raise OptionError(f"{self.protocol} {reason}: use {{backend}} gloo (the model stays on the GPU, "
+                              "messages go through the host), or prague, adpsgd, ps or allreduce on NCCL")
+
     def resolved_on_failure(self) -> str:
-        """``on_failure``, or the protocol's default for these options."""
-        return self.on_failure or self._options_with_defaults().default_on_failure()
+        """``on_failure``, or the protocol's default for these options (abort on NCCL: a death ends the job)."""
+        if self.on_failure:
+            return self.on_failure
+        return "abort" if self.resolved_backend() == "nccl" else self._options_with_defaults().default_on_failure()
 
     def protocol_options(self):
         """The protocol's options object (defaults filled in), validated for this run's workers; built once."""

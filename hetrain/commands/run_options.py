@@ -108,7 +108,11 @@ def add_runtime_options(parser: argparse.ArgumentParser, defaults: RunConfig) ->
     g = parser.add_argument_group("runtime")
     g.add_argument("--eval-interval", type=float, default=defaults.eval_interval_s, dest="eval_interval_s",
                    help="seconds between model snapshots for accuracy/loss over time (default 0.5; lm 5)")
-    g.add_argument("--device", choices=("cpu", "cuda"), default=defaults.device, help="cpu (gloo) or cuda (NCCL)")
+    g.add_argument("--device", choices=("cpu", "cuda"), default=defaults.device,
+                   help="cpu, or cuda (a GPU per worker under NCCL; with --backend gloo workers may share GPUs)")
+    g.add_argument("--backend", choices=("nccl", "gloo"), default=defaults.backend,
+                   help="the process group's backend (default: nccl for cuda, gloo for cpu); gloo with --device "
+                        "cuda keeps the model on the GPU and moves messages through the host")
     g.add_argument("--timeout", type=float, default=defaults.timeout_s, dest="timeout_s",
                    help="seconds any blocking wait may last before the job fails")
     g.add_argument("--heartbeat-timeout", type=float, default=defaults.heartbeat_timeout_s,
@@ -164,7 +168,7 @@ def config_from_args(args: argparse.Namespace, **overrides) -> RunConfig:
         gossip_step=args.gossip_step, outer_optimizer=args.outer_optimizer, outer_lr=args.outer_lr,
         outer_momentum=args.outer_momentum, link_mbps=args.link_mbps, link_latency_ms=args.link_latency_ms,
     )
-    for name in ("eval_interval_s", "device", "timeout_s", "heartbeat_timeout_s", "checkpoint_dir",
+    for name in ("eval_interval_s", "device", "backend", "timeout_s", "heartbeat_timeout_s", "checkpoint_dir",
                  "checkpoint_every_s", "resume"):
         if hasattr(args, name):
             fields[name] = getattr(args, name)

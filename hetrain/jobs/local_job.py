@@ -86,6 +86,7 @@ def run_local(
     args: tuple = (),
     *,
     backend: str = "gloo",
+    device: str = "cpu",
     timeout_s: float = 60.0,
     job_timeout_s: float | None = None,
     on_message: Callable[[int, Any], None] | None = None,
@@ -103,6 +104,8 @@ def run_local(
     ``report(message)`` method that sends a picklable message to the parent,
     where ``on_message(rank, message)`` receives it (e.g. for a progress bar),
     and ``stop_requested()``, which turns True after Ctrl-C.
+    ``backend``: the process group's (gloo or nccl); ``device``: where each worker's ``ctx.device`` is
+    (``cuda``: GPU rank modulo the GPUs).
     ``timeout_s`` bounds each blocking wait inside the job; ``job_timeout_s``
     bounds the whole job (default: no bound beyond the per-wait timeouts).
     ``log_path``: where a failed job writes every worker's full traceback.
@@ -115,7 +118,8 @@ def run_local(
     """
     if on_failure not in ON_FAILURE_MODES:
         raise ValueError(f"on_failure must be abort, continue or respawn, got {on_failure!r}")
-    return LocalJob(fn, args, num_workers, backend=backend, timeout_s=timeout_s, job_timeout_s=job_timeout_s,
+    return LocalJob(fn, args, num_workers, backend=backend, device=device, timeout_s=timeout_s,
+                    job_timeout_s=job_timeout_s,
                     on_failure=on_failure, log_path=log_path,
                     faults=[Fault(rank, "train", t) for t, rank in kills or []] + list(faults or []),
                     heartbeat_timeout_s=heartbeat_timeout_s, on_message=on_message,
@@ -125,7 +129,7 @@ def run_local(
 class LocalJob:
     """The launcher's watch loop over one job's workers: results, progress, deaths, joins and the end."""
 
-    def __init__(self, fn, args: tuple, num_workers: int, *, backend: str, timeout_s: float,
+    def __init__(self, fn, args: tuple, num_workers: int, *, backend: str, timeout_s: float, device: str = "cpu",
                  job_timeout_s: float | None, on_failure: str, log_path, faults: list[Fault],
                  heartbeat_timeout_s: float, on_message, on_death, on_join):
         self.n = num_workers
@@ -143,7 +147,7 @@ class LocalJob:
         self.tmp = tempfile.mkdtemp(prefix="hetrain-job-")
         self.workers = WorkerProcesses(WorkerSpec(
             fn=fn, args=args, rank=0, world_size=num_workers, store_path=os.path.join(self.tmp, "store"),
-            backend=backend, timeout_s=timeout_s, on_failure=on_failure, launcher_pid=os.getpid(),
+            backend=backend, device=device, timeout_s=timeout_s, on_failure=on_failure, launcher_pid=os.getpid(),
             launched_at=0.0))
         self.channels = self.workers.channels
         self.done: dict[int, Any] = {}

@@ -44,6 +44,10 @@ def check_run_config(config: RunConfig) -> RunConfig:
     parse_slowdown(config.slowdown, config.seed).check_workers(config.num_workers)
     if config.device == "cuda" and not torch.cuda.is_available():
         raise OptionError("{device} cuda was asked for, but this machine has no CUDA device; use {device} cpu")
+    if config.resolved_backend() == "nccl" and config.num_workers > torch.cuda.device_count():
+        raise OptionError(f"NCCL runs one worker per GPU: {config.num_workers} workers, "
+                          f"{torch.cuda.device_count()} GPU(s); use {{num_workers}} {torch.cuda.device_count()}, "
+                          "or {backend} gloo (workers share GPUs, messages go through the host)")
     return config
 
 
@@ -80,7 +84,7 @@ def run_training(config: RunConfig, out_dir: str | None, progress: bool = True, 
     try:
         results = run_local(
             train_worker, config.num_workers, (config, services, data),
-            backend="nccl" if config.device == "cuda" else "gloo",
+            backend=config.resolved_backend(), device=config.device,
             timeout_s=config.timeout_s, job_timeout_s=_job_timeout_s(config), on_message=bar.update,
             log_path=out / "errors.log" if out is not None else None,
             on_failure=config.resolved_on_failure(), faults=_faults(config),
@@ -122,7 +126,7 @@ def run_training_torchrun(config: RunConfig, out_dir: str | None) -> dict | None
 
     die_with_parent(os.getppid())  # torchrun's agent: no orphan if it is killed
     launched_at, connecting = process_started_at(), time.time()
-    device = init("nccl" if config.device == "cuda" else "gloo", timeout_s=config.timeout_s)
+    device = init(config.resolved_backend(), timeout_s=config.timeout_s, device=config.device)
     phases = {"launched_at": launched_at, "import_s": connecting - launched_at, "connect_s": time.time() - connecting}
     ctx = WorkerContext(dist.get_rank(), dist.get_world_size(), device, config.timeout_s, phases=phases)
     config = config.replace(num_workers=ctx.world_size)

@@ -25,6 +25,8 @@ from hetrain.jobs.emulation import ComputeEmulator
 from hetrain.jobs.meter import WindowMeter, peak_rss_mb, tcp_connections
 from hetrain.jobs.phases import PhaseClock
 from hetrain.jobs.snapshots import SnapshotKeeper
+from hetrain.runtime.device_thread import synchronize
+from hetrain.runtime.job import model_device
 from hetrain.slowdown import parse_slowdown
 
 CALIBRATION_ITERATIONS = 3  # timed, after one warm-up, unless they take longer than:
@@ -32,18 +34,23 @@ CALIBRATION_BUDGET_S = 0.25  # a slow model (the LM on busy cores: 2 s a step) i
 PROGRESS_INTERVAL_S = 0.25
 
 
-def measure_math_s(model: nn.Module, sampler, iterations: int = CALIBRATION_ITERATIONS,
-                   budget_s: float = CALIBRATION_BUDGET_S) -> float:
+def measure_math_s(model: nn.Module, sampler, device: torch.device | None = None,
+                   iterations: int = CALIBRATION_ITERATIONS, budget_s: float = CALIBRATION_BUDGET_S) -> float:
     """Median seconds of one forward+backward on this worker's batches (no step, grads cleared).
 
-    One warm-up pass, then up to ``iterations`` timed ones, stopping early once the timed ones
-    add up to ``budget_s``: start-up costs at most 4 iterations' math, and 2 for a slow model.
+    The batches go to ``device`` first (default: the model's), as in training. One warm-up pass, then up to ``iterations``
+    timed ones, stopping early once the timed ones add up to ``budget_s``: start-up costs at most 4
+    iterations' math, and 2 for a slow model. On a GPU the kernels are waited for (their launch
+    returns at once).
     """
+    device = device if device is not None else model_device(model)
     times = []
     for index in range(iterations + 1):
-        x, y = sampler.next()
+        x, y = (t.to(device) for t in sampler.next())
+        synchronize(device)
         began = time.perf_counter()
         loss_fn(model(x), y).backward()
+        synchronize(device)
         times.append(time.perf_counter() - began)
         if index >= 1 and sum(times[1:]) >= budget_s:
             break
@@ -65,7 +72,7 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
     model = build_model(config.workload, config.model_params, config.seed).to(ctx.device)
     sampler = make_sampler(config.workload, data, ctx.rank, ctx.world_size, config.batch_size, config.seed)
     slowdown = parse_slowdown(config.slowdown, config.seed).check_workers(ctx.world_size)
-    math_s = measure_math_s(model, sampler)
+    math_s = measure_math_s(model, sampler, ctx.device)
     base_s = config.compute_ms / 1000.0 if config.compute_ms else math_s  # 0 or None: real compute
 
     optimizer = make_optimizer(config.resolved_optimizer(), model.parameters(), config.resolved_lr(),
@@ -89,6 +96,7 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
     checkpoints = checkpoint.CheckpointTimer(config.checkpoint_every_s) if config.checkpoint_dir else None
     state = protocol.state
     snapshots = SnapshotKeeper(config.resolved_eval_interval_s(), state.nbytes)
+    host_copy = lambda: state.gather().cpu()  # noqa: E731 (snapshots wait on the host, not the GPU)
     meter = WindowMeter()
     emulator = ComputeEmulator(math_s)
     stop_requested = ctx.stop_requested or (lambda: False)
@@ -103,7 +111,7 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
     computed = 0
     while True:
         elapsed = time.perf_counter() - t0
-        snapshots.maybe_take(elapsed, protocol.stats.iteration, state.gather)
+        snapshots.maybe_take(elapsed, protocol.stats.iteration, host_copy)
         if ctx.report is not None and elapsed - last_report >= PROGRESS_INTERVAL_S:
             ctx.report({"iteration": protocol.stats.iteration, "computed": computed, "t_s": elapsed})
             last_report = elapsed
@@ -124,6 +132,7 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
         math_began = time.perf_counter()
         loss = loss_fn(protocol.module(x), y)
         loss.backward()
+        synchronize(ctx.device)  # the math's kernels, not their launch (GPU)
         stepped = time.perf_counter()
         optimizer.step()
         emulator.note_overhead(math_began - began + time.perf_counter() - stepped)
@@ -137,7 +146,7 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
     clock.lap(None)
     x_test, y_test = data.x_test.to(ctx.device), data.y_test.to(ctx.device)
     local_accuracy, local_loss = evaluate(model, x_test, y_test)
-    snapshots.take_final(loop_s, protocol.stats.iteration, state.gather)
+    snapshots.take_final(loop_s, protocol.stats.iteration, host_copy)
     connections_training = tcp_connections()  # before the final average over the whole job
     ctx.enter_phase("finish")
     protocol.finish()
@@ -178,6 +187,7 @@ def _save(config: RunConfig, rank: int, model, optimizer, sampler, protocol) -> 
     checkpoint.save_worker(config.checkpoint_dir, rank, {
         "model": model.state_dict(), "optimizer": optimizer.state_dict(), "sampler": sampler.state_dict(),
         "rng": torch.get_rng_state(), "protocol": protocol.state_dict(),
+        **({"cuda_rng": torch.cuda.get_rng_state(model_device(model))} if model_device(model).type == "cuda" else {}),
     })
 
 
@@ -187,4 +197,6 @@ def _restore(state: dict, model, optimizer, sampler, protocol) -> None:
     optimizer.load_state_dict(state["optimizer"])
     sampler.load_state_dict(state["sampler"])
     torch.set_rng_state(state["rng"])
+    if "cuda_rng" in state and model_device(model).type == "cuda":
+        torch.cuda.set_rng_state(state["cuda_rng"], model_device(model))
     protocol.load_state_dict(state["protocol"])

@@ -59,6 +59,7 @@ class WorkerSpec:
     clock_offset_s: float = 0.0
     start_iteration: int = 0
     hold_phases: tuple = ()  # phases a --fail fault awaits this process at (it waits there to be signalled)
+    device: str = "cpu"  # cuda: this rank's GPU is rank modulo the GPUs (one each under NCCL)
 
     @property
     def name(self) -> str:
@@ -111,7 +112,7 @@ def worker_main(spec: WorkerSpec, channels: JobChannels) -> None:
 
         from hetrain.jobs.context import LauncherMembership, WorkerContext
         from hetrain.jobs.start_gate import StartGate
-        from hetrain.runtime.job import prefer_lazy_connections
+        from hetrain.runtime.job import prefer_lazy_connections, select_gpu
         from hetrain.testing.mutants import apply_from_env
 
         apply_from_env()  # tests only: HETRAIN_MUTANT=no-comm proves the protocol tests can fail
@@ -122,11 +123,7 @@ def worker_main(spec: WorkerSpec, channels: JobChannels) -> None:
         store = dist.FileStore(spec.store_path, spec.world_size)
         timeout = datetime.timedelta(seconds=spec.timeout_s)
         dist.init_process_group(spec.backend, store=store, rank=rank, world_size=spec.world_size, timeout=timeout)
-        if spec.backend == "nccl":
-            torch.cuda.set_device(rank % torch.cuda.device_count())
-            device = torch.device("cuda", rank % torch.cuda.device_count())
-        else:
-            device = torch.device("cpu")
+        device = select_gpu(rank) if spec.device == "cuda" else torch.device("cpu")
         report = lambda message: channels.messages.put((rank, message))  # noqa: E731
         membership = None if spec.on_failure == "abort" else LauncherMembership(
             channels.dead, channels.incarnations, rank, spec.incarnation, report, channels.closing.wait)

@@ -23,12 +23,14 @@ from collections.abc import Callable
 import torch
 
 from hetrain.errors import WorkerError
+from hetrain.runtime.device_thread import device_thread
 
 
 class BackgroundAverage:
     """At most one step's averaging in flight; ``reduce(flat, groups)`` averages ``flat`` in place."""
 
-    def __init__(self, reduce: Callable[..., None], who: str, timeout_s: float):
+    def __init__(self, reduce: Callable[..., None], who: str, timeout_s: float, device=None):
+        self._device = device
         self._reduce = reduce
         self._who = who
         self._timeout_s = timeout_s
@@ -49,9 +51,8 @@ class BackgroundAverage:
         if self._thread is not None:
             raise RuntimeError(f"{self._who}: a step's averaging is already in flight")
         self._snapshot, self._average, self._error = snapshot, snapshot.clone(), None
-        self._thread = threading.Thread(target=self._run, args=(groups, *args), daemon=True,
-                                        name="hetrain-background-average")
-        self._thread.start()
+        self._thread = device_thread(self._run, args=(groups, *args), name="hetrain-background-average",
+                                     device=self._device)
         self.started += 1
 
     def _run(self, groups: list, *args) -> None:

@@ -51,11 +51,13 @@ def prefer_lazy_connections() -> None:
     os.environ.setdefault(GLOO_LAZY_ENV, "1")
 
 
-def init(backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> torch.device:
+def init(backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, device: str | None = None) -> torch.device:
     """Join the job torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR, ...); return this worker's device.
 
     Initialises the default process group if needed (NCCL when CUDA is available,
     else gloo, unless ``backend`` says) and, with NCCL, selects ``LOCAL_RANK``'s GPU.
+    ``device="cuda"`` with gloo puts the model on a GPU too (``LOCAL_RANK`` modulo the GPUs:
+    several ranks may share one) and moves tensors through the host to communicate.
 
     It imports ``torch._dynamo`` first. Imported after the default group exists (the first
     optimizer a script creates imports it), it takes 10 references to that group (torch 2.13), so
@@ -76,11 +78,18 @@ def init(backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> to
         else:
             dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]),
                                     world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
-    if dist.get_backend() == "nccl":
+    if dist.get_backend() == "nccl" or device == "cuda":
         local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank()))
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
+        return select_gpu(local_rank)
     return torch.device("cpu")
+
+
+def select_gpu(rank: int) -> torch.device:
+    """This process's GPU: ``rank`` modulo the GPUs (NCCL jobs are refused more ranks than GPUs before
+    they start), made the current device so that threads and kernels default to it."""
+    device = torch.device("cuda", rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
 
 
 def _attempt_store(timeout: datetime.timedelta):
@@ -109,6 +118,7 @@ class JobView:
     store: object  # a namespace of the job's store for this protocol instance (None: one worker, no store)
     local_rank: int = 0
     local_world_size: int = 1
+    backend: str = "gloo"  # the group's: nccl, or gloo (also for CUDA models: tensors travel through the host)
 
     @classmethod
     def of(cls, process_group, device: torch.device, timeout_s: float, kind: str) -> JobView:
@@ -132,7 +142,8 @@ class JobView:
         store = dist.PrefixStore(f"{kind}/{group_tag}/{instance}/", base) if base is not None else None
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", size))
         local_rank = int(os.environ.get("LOCAL_RANK", rank % max(1, local_world)))
-        return cls(process_group, rank, size, device, timeout_s, store, local_rank, local_world)
+        backend = str(dist.get_backend(process_group)).lower()
+        return cls(process_group, rank, size, device, timeout_s, store, local_rank, local_world, backend)
 
     @property
     def timeout(self) -> datetime.timedelta:
@@ -141,6 +152,16 @@ class JobView:
     @property
     def multi_node(self) -> bool:
         return self.local_world_size < self.world_size
+
+    @property
+    def nccl(self) -> bool:
+        return self.backend == "nccl"
+
+    @property
+    def wire_device(self) -> torch.device:
+        """Where tensors must be to be sent over the job's backend: the GPU under NCCL, else the host
+        (gloo's point-to-point and all-gather take CPU tensors only)."""
+        return self.device if self.nccl else torch.device("cpu")
 
 
 def model_device(model: torch.nn.Module) -> torch.device:
@@ -155,11 +176,11 @@ def private_group(job: JobView, name: str, timeout_s: float | None = None, *, cp
     Used for point-to-point channels and servers: p2p with fixed tags on a group
     that also runs collectives can be matched against a collective's messages.
     Every member calls it with the same ``name`` at the same point. NCCL when the
-    model is on a GPU, unless ``cpu`` (gloo, for CPU tensors).
+    job's backend is, unless ``cpu`` (gloo, for CPU tensors).
     """
     timeout = datetime.timedelta(seconds=timeout_s or job.timeout_s)
     store = dist.PrefixStore(f"{name}/", job.store)
-    if job.device.type == "cuda" and not cpu:
+    if job.nccl and not cpu:
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
         return dist.ProcessGroupNCCL(store, job.rank, job.world_size, options)
@@ -180,7 +201,7 @@ def pair_group(job: JobView, name: str, peer: int, incarnations: tuple[int, int]
     inc = dict(zip((job.rank, peer), incarnations))
     store = dist.PrefixStore(f"{name}/pair/{lo}-{hi}/{inc[lo]}-{inc[hi]}/", job.store)
     index = 0 if job.rank == lo else 1
-    if job.device.type == "cuda" and not cpu:
+    if job.nccl and not cpu:
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
         return dist.ProcessGroupNCCL(store, index, 2, options)

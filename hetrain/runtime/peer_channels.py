@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 from hetrain.errors import WorkerError
+from hetrain.runtime.device_thread import device_thread
 from hetrain.runtime.job import JobView, private_group
 from hetrain.runtime.link import EmulatedLink
 from hetrain.runtime.pair_links import PairLinks
@@ -88,6 +89,9 @@ class PeerChannels:
         self.on_message = on_message
         self.on_error = on_error
         self.new_payload = new_payload or (lambda: torch.empty(payload_numel, dtype=payload_dtype, device=job.device))
+        self._staged = job.wire_device != job.device  # a GPU model over gloo: payloads travel through the host
+        if self._staged:
+            self._wire_payload = lambda: torch.empty(payload_numel, dtype=payload_dtype, device=job.wire_device)
         self.max_in_flight = max_in_flight
         self.tolerate_lost_peers = tolerate_lost_peers
         self.forgotten: set[int] = set()
@@ -136,8 +140,8 @@ class PeerChannels:
         neighbour has joined the peer group (:meth:`_await_registered`). Returns the peers to
         forget: dead, or replaced, before the exchange.
         """
-        token = torch.zeros(1, dtype=torch.int64, device=self.job.device)
-        inbox = {src: torch.empty(1, dtype=torch.int64, device=self.job.device) for src in in_neighbors}
+        token = torch.zeros(1, dtype=torch.int64, device=self.job.wire_device)
+        inbox = {src: torch.empty(1, dtype=torch.int64, device=self.job.wire_device) for src in in_neighbors}
         # each exchange posted when called: with lazy connections, posting to a peer that never
         # registered (dead before it connected) blocks the caller until the timeout
         def send(dst: int):
@@ -182,7 +186,7 @@ class PeerChannels:
                 outcome[index] = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
 
         for i, (peer, post) in enumerate(exchanges):
-            threading.Thread(target=run, args=(i, post), daemon=True, name=f"hetrain-handshake-{peer}").start()
+            device_thread(run, args=(i, post), name=f"hetrain-handshake-{peer}", device=self.job.device)
         deadline = time.monotonic() + self.job.timeout_s
         while True:
             dead = set(dead_workers())
@@ -230,9 +234,8 @@ class PeerChannels:
             incarnation = self._peer_incarnation.get(src, 0)
             if (channel, src, incarnation) in self._threads or src in self.forgotten:
                 continue
-            thread = threading.Thread(target=self._receive_loop, args=(channel, src, incarnation), daemon=True,
-                                      name=f"hetrain-recv-{channel}-{src}")
-            thread.start()
+            thread = device_thread(self._receive_loop, args=(channel, src, incarnation),
+                                   name=f"hetrain-recv-{channel}-{src}", device=self.job.device)
             self._threads[(channel, src, incarnation)] = thread
 
     def forget(self, peer: int) -> None:
@@ -244,7 +247,7 @@ class PeerChannels:
 
     def _receive_loop(self, channel: str, src: int, incarnation: int) -> None:
         tag = CHANNEL_TAGS[channel]
-        device = self.job.device
+        device = self.job.wire_device
         current = lambda: self._peer_incarnation.get(src, 0) == incarnation  # noqa: E731
         try:
             route = self._link(src, incarnation)
@@ -254,9 +257,13 @@ class PeerChannels:
                 kind, iteration, count, *stamps = (int(v) for v in header.tolist())
                 payload = None
                 if kind in MODEL_KINDS or kind == DELTA:
-                    payload = self.new_payload() if kind in MODEL_KINDS else \
-                        torch.empty(self.delta_nbytes, dtype=torch.uint8, device=device)
+                    if kind == DELTA:
+                        payload = torch.empty(self.delta_nbytes, dtype=torch.uint8, device=device)
+                    else:
+                        payload = self._wire_payload() if self._staged else self.new_payload()
                     self._recv(route, payload, src, tag, f"the model of iteration {iteration}")
+                    if self._staged:
+                        payload = payload.to(self.job.device)
                 self.link.arrive(_nbytes(header, payload), src, stamps)
                 if not current():
                     return  # a message from a process since replaced
@@ -287,11 +294,13 @@ class PeerChannels:
              payload: torch.Tensor | None = None) -> None:
         """Post one message to each of ``dsts``; blocks only while a peer has a full window."""
         tag = CHANNEL_TAGS[channel]
+        if payload is not None and payload.device != self.job.wire_device:
+            payload = payload.to(self.job.wire_device)  # a GPU model over gloo: one host copy for every peer
         for dst in dsts:
             if dst in self.forgotten:
                 continue
             stamps = self.link.depart(HEADER_NUMEL * 8 + _nbytes(None, payload), dst)
-            header = torch.tensor([kind, iteration, count, *stamps], dtype=torch.int64, device=self.job.device)
+            header = torch.tensor([kind, iteration, count, *stamps], dtype=torch.int64, device=self.job.wire_device)
 
             def start(dst=dst, header=header):
                 group, index = self._link(dst)
@@ -314,7 +323,7 @@ class PeerChannels:
         window = self._windows.get(dst)
         if window is None:
             window = SendWindow(f"worker {self.job.rank}", dst, max_in_flight=self.max_in_flight,
-                                timeout_s=self.job.timeout_s)
+                                timeout_s=self.job.timeout_s, device=self.job.device)
             self._windows[dst] = window
         return window
 

@@ -57,7 +57,8 @@ class GroupProtocol(SyncProtocol):
         codec = make_codec(self.compression, self.state.numel, [tuple(t.shape) for t in self.state.tensors]) \
             if self.compression.enabled else None
         self.preduce = PReduce(job.store, job.rank, cache_size=communicator_cache, timeout_s=job.timeout_s,
-                               is_dead=is_dead, link=self.link, codec=codec, gossip_step=self.gossip_step)
+                               is_dead=is_dead, link=self.link, codec=codec, gossip_step=self.gossip_step,
+                               backend=job.backend)
         self._server = None
         self._groups_failed = 0
         self._local = local_scheduler or job.world_size == 1
@@ -77,7 +78,7 @@ class GroupProtocol(SyncProtocol):
             GroupPrefetch(self.gg.request, f"worker {job.rank}", job.timeout_s)
         self._compute = ComputeEstimate()
         # run a step's P-Reduces while the next step computes (not for a replacement's first groups)
-        self._background = BackgroundAverage(self._reduce, f"worker {job.rank}", job.timeout_s) \
+        self._background = BackgroundAverage(self._reduce, f"worker {job.rank}", job.timeout_s, job.device) \
             if preduce_overlap else None
         self._groups_run = 0
         self._members_run = 0

@@ -29,7 +29,8 @@ buffer is at most ``direct_max_bytes`` (default 512 KiB) and the bytes
 received, (s-1) x buffer, at most 8 x that (the rule and its measurements:
 :mod:`hetrain.protocols.exchange_rule`); both give every member bit-identical
 results.
-NCCL (CUDA) groups always use the all-reduce.
+NCCL groups always use the all-reduce. Under gloo a GPU buffer is averaged
+through a host copy (gloo's point-to-point and all-gather take CPU tensors).
 
 Emulated links and compression: with ``link`` (an
 :class:`~hetrain.runtime.link.EmulatedLink`) every call counts the bytes this
@@ -108,6 +109,7 @@ class PReduce:
         link: EmulatedLink | None = None,
         codec: Codec | None = None,
         gossip_step: float = 1.0,
+        backend: str | None = None,
     ):
         if cache_size < 1:
             raise OptionError(f"{{cache_size}} must be >= 1, got {cache_size}")
@@ -121,6 +123,8 @@ class PReduce:
         self.namespace = namespace
         self.direct_max_bytes = direct_max_bytes
         self.is_dead = is_dead
+        self.backend = (backend or (str(dist.get_backend()) if dist.is_initialized() else "gloo")).lower()
+        self._nccl: set[tuple] = set()  # keys of NCCL communicators (shut down when evicted)
         self.cache = CommunicatorLRU(cache_size)
         self._comms: dict[tuple, object] = {}
         self._uses: dict[tuple, int] = {}
@@ -146,6 +150,10 @@ class PReduce:
             raise UsageError(f"worker {self.rank} called P-Reduce on group {list(members)} it is not in")
         if len(members) == 1:
             return buf
+        if buf.is_cuda and self.backend != "nccl":  # gloo: through a host copy
+            host = buf.cpu()
+            self(host, members, comm_id, fresh, weight)
+            return buf.copy_(host)
         comm_key = self._lookup(members, comm_id, buf)
         uses = self._uses[comm_key]
         self._uses[comm_key] = uses + 1
@@ -246,7 +254,7 @@ class PReduce:
             raise MemberDied(self.rank, members, sorted(exc.dead)) from None
 
     def _direct(self, buf: torch.Tensor, size: int) -> bool:
-        return not buf.is_cuda and uses_direct_exchange(buf.numel() * buf.element_size(), size, self.direct_max_bytes)
+        return self.backend != "nccl" and uses_direct_exchange(buf.numel() * buf.element_size(), size, self.direct_max_bytes)
 
     def skip(self, members, comm_id: int | None = None) -> None:
         """Record a group this worker will not run (formed with a process since replaced), so its
@@ -296,19 +304,19 @@ class PReduce:
         self._uses.pop(key, None)
         self._replicas.pop(key, None)
         comm = self._comms.pop(key, None)
-        if comm is not None and hasattr(comm, "shutdown") and getattr(comm, "_is_nccl", False):
-            comm.shutdown()
+        if comm is not None and key in self._nccl:
+            self._nccl.discard(key)
+            comm.shutdown()  # NCCL communicators hold GPU memory until shut down
 
     def _create(self, members: tuple, key: tuple, buf: torch.Tensor):
         prefix = dist.PrefixStore(self._prefix(key), self.store)
         index, size = members.index(self.rank), len(members)
         timeout = datetime.timedelta(seconds=self.timeout_s)
-        if buf.is_cuda:
+        if self.backend == "nccl":
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = timeout
-            comm = dist.ProcessGroupNCCL(prefix, index, size, options)
-            comm._is_nccl = True
-            return comm
+            self._nccl.add(key)  # (an attribute set on the pybind object raised on torch 2.13)
+            return dist.ProcessGroupNCCL(prefix, index, size, options)
         return dist.ProcessGroupGloo(prefix, index, size, timeout)
 
     def _prefix(self, key: tuple) -> str:

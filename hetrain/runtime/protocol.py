@@ -51,6 +51,7 @@ from hetrain.comm.local_work import StepTimer, steps_per_exchange
 from hetrain.comm.settings import CommSettings
 from hetrain.protocols.membership import ON_FAILURE
 from hetrain.protocols.options import OptionError
+from hetrain.runtime.device_thread import synchronize
 from hetrain.runtime.flat_state import FlatState
 from hetrain.runtime.job import DEFAULT_TIMEOUT_S, JobView, model_device
 from hetrain.runtime.link import EmulatedLink
@@ -185,6 +186,7 @@ class SyncProtocol:
         ``sync_every`` of them (or as ``local_work="auto"`` sizes it), synchronise."""
         if self._finished:
             raise RuntimeError(f"{self.name}: step() after finish()")
+        synchronize(self.job.device)  # on a GPU: the step's kernels count as compute, not as the wait after
         now = time.perf_counter()
         step_s = now - self._last_step_end
         self.stats.compute_s += step_s
@@ -201,6 +203,7 @@ class SyncProtocol:
         self.stats.exchanges += 1
         self._local_steps = 0
         self._steps_this_exchange = self._next_local_steps()
+        synchronize(self.job.device)  # the exchange's kernels (NCCL's wait only orders the stream)
         end = time.perf_counter()
         self.stats.wait_s += end - now
         self._last_step_end = self._last_exchange_end = end

@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Callable
 
 from hetrain.errors import WorkerError
+from hetrain.runtime.device_thread import device_thread
 
 DEFAULT_MAX_IN_FLIGHT = 8
 
@@ -41,7 +42,7 @@ class SendWindow:
     """
 
     def __init__(self, owner: str, peer: int, *, max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
-                 timeout_s: float = 60.0):
+                 timeout_s: float = 60.0, device=None):
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
         self.owner = owner
@@ -54,8 +55,7 @@ class SendWindow:
         self._cond = threading.Condition()
         self._error: str | None = None
         self._closing = False
-        self._thread = threading.Thread(target=self._reap, daemon=True, name=f"hetrain-send-{peer}")
-        self._thread.start()
+        self._thread = device_thread(self._reap, name=f"hetrain-send-{peer}", device=device)
 
     @property
     def in_flight(self) -> int:

@@ -9,10 +9,12 @@ it held is never used again) and raises :class:`DeathDuringCall`.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
+import torch
+
 from hetrain.errors import WorkerError
+from hetrain.runtime.device_thread import device_thread
 
 POLL_S = 0.05
 
@@ -36,8 +38,9 @@ def call_unless_dead(call: Callable[[], object], deaths: Callable[[], set[int]],
         except Exception as exc:  # re-raised below unless a death explains it
             result["error"] = exc
 
-    thread = threading.Thread(target=run, daemon=True, name=name)
-    thread.start()
+    # on the caller's GPU, if it has one (CUDA's current device is per thread)
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_initialized() else None
+    thread = device_thread(run, name=name, device=device)
     while thread.is_alive():
         thread.join(POLL_S)
         dead = deaths()
