@@ -78,73 +78,82 @@ def test_h1_without_compression_reproduces_the_protocols_bit_for_bit(protocol):
 H = 4
 
 
-def _one_exchange(ctx, protocol, outer_kind):
-    """Every worker holds the same model and data: the exchange's average is each one's own model."""
-    model = Quadratic(0)
-    reference = Quadratic(0)
-    inner = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    reference_inner = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
-    outer_args = {"lr": 1.0} if outer_kind == "sgd" else {"lr": 0.7, "momentum": 0.9, "nesterov": True}
-    outer = torch.optim.SGD(model.parameters(), **outer_args)
-    sync = _make(protocol, model, inner, sync_every=H, outer_optimizer=outer)
-    anchor = reference.w.detach().clone()
-    for step in range(H):  # the reference: H plain local steps, no exchange
-        for net, opt in ((model, inner), (reference, reference_inner)):
-            opt.zero_grad()
-            net.loss(step, 0).backward()
-            opt.step()  # the model's optimizer step runs the exchange at step H
-    after = model.w.detach().clone()
-    local = reference.w.detach().clone()
-    # torch's own outer step on the averaged pseudo-gradient (here: the one local pseudo-gradient)
-    expected = anchor.clone().requires_grad_(True)
-    expected_outer = torch.optim.SGD([expected], **outer_args)
-    expected.grad = anchor - local
-    expected_outer.step()
-    sync.finish()  # (tensors through the launcher's queue need their sender alive: numpy instead)
-    return after.numpy(), local.numpy(), expected.detach().numpy(), sync.metrics()
+def _one_exchange(ctx, protocol):
+    """Every worker holds the same model and data, so the exchange's average is each one's own model.
+    Two protocol instances one after the other: outer SGD of lr 1 without momentum, then Nesterov."""
+    results = {}
+    for outer_kind, outer_args in (("sgd", {"lr": 1.0}), ("nesterov", {"lr": 0.7, "momentum": 0.9, "nesterov": True})):
+        model, reference = Quadratic(0), Quadratic(0)
+        inner = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        reference_inner = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
+        outer = torch.optim.SGD(model.parameters(), **outer_args)
+        sync = _make(protocol, model, inner, sync_every=H, outer_optimizer=outer)
+        anchor = reference.w.detach().clone()
+        for step in range(H):  # the reference: H plain local steps, no exchange
+            if protocol == "adpsgd" and ctx.rank % 2 and step == H - 1:
+                # a passive serves the pairs queued for it when it syncs: let the active's request be
+                # queued first, or it serves the pair later, with a model past its own outer step
+                time.sleep(0.5)
+            for net, opt in ((model, inner), (reference, reference_inner)):
+                opt.zero_grad()
+                net.loss(step, 0).backward()
+                opt.step()  # the model's optimizer step runs the exchange at step H
+        after, local = model.w.detach().clone(), reference.w.detach().clone()
+        # torch's own outer step on the averaged pseudo-gradient (here: the one local pseudo-gradient)
+        expected = anchor.clone().requires_grad_(True)
+        expected.grad = anchor - local
+        torch.optim.SGD([expected], **outer_args).step()
+        sync.finish()  # (tensors through the launcher's queue need their sender alive: numpy instead)
+        results[outer_kind] = (after.numpy(), local.numpy(), expected.detach().numpy(), sync.metrics())
+    return results
 
 
 @pytest.mark.parametrize("protocol, workers", [("dpsgd", 3), ("hop", 3), ("prague", 2), ("adpsgd", 2), ("ps", 2)])
-@pytest.mark.parametrize("outer_kind", ["sgd", "nesterov"])
-def test_one_exchange_of_pseudo_gradients(protocol, workers, outer_kind):
-    for *arrays, metrics in run_local(_one_exchange, workers, (protocol, outer_kind), timeout_s=30):
-        after, local, expected = (torch.from_numpy(a) for a in arrays)
-        assert metrics["exchanges"] == 1 and metrics["iterations"] == H and metrics["outer_steps"] == 1
-        if outer_kind == "sgd":  # lr 1, no momentum: the average itself, i.e. H plain local steps
-            assert torch.allclose(after, local, rtol=0, atol=1e-12)
-        else:
-            assert torch.allclose(after, expected, rtol=0, atol=1e-12)
-            assert not torch.allclose(after, local, atol=1e-3)  # the outer step did something
+def test_one_exchange_of_pseudo_gradients(protocol, workers):
+    for results in run_local(_one_exchange, workers, (protocol,), timeout_s=30):
+        for outer_kind, (*arrays, metrics) in results.items():
+            after, local, expected = (torch.from_numpy(a) for a in arrays)
+            assert metrics["exchanges"] == 1 and metrics["iterations"] == H and metrics["outer_steps"] == 1
+            if outer_kind == "sgd":  # lr 1, no momentum: the average itself, i.e. H plain local steps
+                assert torch.allclose(after, local, rtol=0, atol=1e-12)
+            else:
+                assert torch.allclose(after, expected, rtol=0, atol=1e-12)
+                assert not torch.allclose(after, local, atol=1e-3)  # the outer step did something
 
 
 # ----- compression ---------------------------------------------------------------------------------------
-def _gossip(ctx, protocol, compression, steps):
-    model = Quadratic(ctx.rank)
-    with torch.no_grad():
-        model.w.add_(10.0 * ctx.rank)
-    start = model.w.detach().clone()
-    sync = _make(protocol, model, None, compression=compression)
-    for _ in range(steps):  # averaging only: no gradients
-        time.sleep(0.01)  # a step's compute (else AD-PSGD's passives, which wait on nobody, finish first)
-        sync.step()
-    before = model.w.detach().clone()
-    sync.finish()
-    return start.numpy(), before.numpy(), sync.metrics()
+def _gossip(ctx, protocol, steps):
+    """Averaging only (no gradients), with int8 and then with top-10% messages."""
+    results = {}
+    for compression in ("int8", "topk:0.1"):
+        model = Quadratic(ctx.rank)
+        with torch.no_grad():
+            model.w.add_(10.0 * ctx.rank)
+        start = model.w.detach().clone()
+        sync = _make(protocol, model, None, compression=compression)
+        for _ in range(steps):
+            time.sleep(0.01)  # a step's compute (else AD-PSGD's passives, which wait on nobody, finish first)
+            sync.step()
+        before = model.w.detach().clone()
+        sync.finish()
+        results[compression] = (start.numpy(), before.numpy(), sync.metrics())
+    return results
 
 
 @pytest.mark.parametrize("protocol", ["dpsgd", "hop", "prague", "adpsgd"])
-@pytest.mark.parametrize("compression", ["int8", "topk:0.1"])
-def test_compressed_gossip_reaches_consensus_and_keeps_the_mean(protocol, compression):
-    results = run_local(_gossip, 4, (protocol, compression, 60), timeout_s=30)
-    starts = torch.stack([torch.from_numpy(s) for s, _, _ in results])
-    models = torch.stack([torch.from_numpy(b) for _, b, _ in results])
-    spread_start = float((starts - starts.mean(0)).norm())
-    spread = float((models - models.mean(0)).norm())
-    assert spread < 0.1 * spread_start  # mixed before finish(): compression did not stop consensus
-    # doubly-stochastic mixing (the ring's, a group's) keeps the mean, compressed or not
-    assert torch.allclose(models.mean(0), starts.mean(0), atol=1e-2 * spread_start)
-    ratios = [m["compression_ratio"] for _, _, m in results]
-    assert min(ratios) > 1.5, ratios  # keyframes (the first message to each peer) are sent in full
+def test_compressed_gossip_reaches_consensus_and_keeps_the_mean(protocol):
+    by_worker = run_local(_gossip, 4, (protocol, 60), timeout_s=30)
+    for compression in ("int8", "topk:0.1"):
+        results = [worker[compression] for worker in by_worker]
+        starts = torch.stack([torch.from_numpy(s) for s, _, _ in results])
+        models = torch.stack([torch.from_numpy(b) for _, b, _ in results])
+        spread_start = float((starts - starts.mean(0)).norm())
+        spread = float((models - models.mean(0)).norm())
+        assert spread < 0.1 * spread_start, compression  # mixed before finish(): compression did not stop it
+        # doubly-stochastic mixing (the ring's, a group's) keeps the mean, compressed or not
+        assert torch.allclose(models.mean(0), starts.mean(0), atol=1e-2 * spread_start)
+        ratios = [m["compression_ratio"] for _, _, m in results]
+        assert min(ratios) > 1.5, (compression, ratios)  # keyframes (the first message to a peer) go in full
 
 
 def _ps_compressed(ctx, compression):
