@@ -30,6 +30,7 @@ TABLE_COLUMNS = (
     ("stale / dropped", "stale_dropped", "{}"),
     ("last/first quarter samples/s", "rate_drift", "{:.3f}"),
     ("peak RSS/worker MB", "peak_rss_mb_max_worker", "{:.0f}"),
+    ("bytes sent/sample", "bytes_sent_per_sample", "{:.0f}"),
 )
 
 

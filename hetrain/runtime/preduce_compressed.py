@@ -46,7 +46,7 @@ def compressed_exchange(comm, buf: torch.Tensor, index: int, size: int, codec: C
     weights = []
     for member, received in enumerate(gathered):
         publics[member].add_(codec.decode(received[:-4]).to(publics[member].dtype))
-        weights.append(float(received[-4:].view(torch.float32)))
+        weights.append(float(received[-4:].clone().view(torch.float32)))  # (a copy: 4-byte aligned)
     total = sum(weights)
     target = torch.zeros_like(buf)
     for public, w in zip(publics, weights):

@@ -18,13 +18,14 @@ from hetrain.runtime.peer_channels import STOP, UPDATE, PeerChannels
 class Quadratic(nn.Module):
     """A model whose gradient is elementwise, so its results are bit-identical on any CPU."""
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, size: int = 64):
         super().__init__()
-        self.w = nn.Parameter(torch.randn(64, generator=torch.Generator().manual_seed(100 + seed),
+        self.w = nn.Parameter(torch.randn(size, generator=torch.Generator().manual_seed(100 + seed),
                                           dtype=torch.float64))
 
     def loss(self, step: int, seed: int) -> torch.Tensor:
-        target = torch.randn(64, generator=torch.Generator().manual_seed(1000 * step + seed), dtype=torch.float64)
+        target = torch.randn(self.w.numel(), generator=torch.Generator().manual_seed(1000 * step + seed),
+                             dtype=torch.float64)
         return ((self.w - target) ** 2).sum()
 
 
@@ -129,7 +130,7 @@ def _gossip(ctx, protocol, steps):
     """Averaging only (no gradients), with int8 and then with top-10% messages."""
     results = {}
     for compression in ("int8", "topk:0.1"):
-        model = Quadratic(ctx.rank)
+        model = Quadratic(ctx.rank, size=61)  # int8 of 61 values is 65 bytes: the gathered weight is unaligned
         with torch.no_grad():
             model.w.add_(10.0 * ctx.rank)
         start = model.w.detach().clone()
