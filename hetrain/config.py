@@ -198,10 +198,6 @@ class RunConfig:
             raise OptionError(f"{{on_failure}} {self.on_failure} cannot work on NCCL: its watchdog tears down "
                               "a process whose peer died; use {on_failure} abort (with checkpoints to restart "
                               "from), or {backend} gloo")
-        reason = self._options_with_defaults().nccl_refusal()
-        if reason and self.num_workers > 1:
-            raise OptionError(f"{self.protocol} {reason}: use {{backend}} gloo (the model stays on the GPU, "
-                              "messages go through the host), or prague, adpsgd, ps or allreduce on NCCL")
 
     def resolved_on_failure(self) -> str:
         """``on_failure``, or the protocol's default for these options (abort on NCCL: a death ends the job)."""

@@ -78,10 +78,6 @@ class HopConfig:
         return HopConfig(self.backup, self.staleness, max_ig, self.skip_threshold)
 
 
-# Hop's and D-PSGD's channels match messages by tag, which NCCL ignores (docs/decisions.md, "The GPU path")
-NCCL_TAGS = "sends tagged point-to-point messages, which NCCL does not match by tag"
-
-
 @dataclass(frozen=True)
 class HopOptions(ProtocolOptions):
     """Hop's arguments (None: Hop's default for the topology, see :meth:`config_for`).
@@ -126,9 +122,6 @@ class HopOptions(ProtocolOptions):
                           else min(HOP_DEFAULT_SKIP_THRESHOLD, max_ig - 2))
         return HopConfig(backup, staleness, max_ig, skip_threshold or None).validated_for(topology)
 
-    def nccl_refusal(self) -> str | None:
-        return NCCL_TAGS
-
     def validate(self, num_workers: int) -> HopOptions:
         self.resolve(num_workers)
         return self
@@ -149,9 +142,6 @@ class DPSGDOptions(ProtocolOptions):
 
     def config_for(self, topology: Topology) -> HopConfig:
         return HopConfig()
-
-    def nccl_refusal(self) -> str | None:
-        return NCCL_TAGS
 
     def validate(self, num_workers: int) -> DPSGDOptions:
         self.resolve(num_workers)

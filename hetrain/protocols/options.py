@@ -76,10 +76,6 @@ class ProtocolOptions:
         """Whether every worker computes its groups itself, so no Group Generator is served."""
         return False
 
-    def nccl_refusal(self) -> str | None:
-        """Why this protocol cannot run its messages over NCCL (None: it can)."""
-        return None
-
     def check_comm(self, comm) -> None:
         """Raise OptionError if this protocol cannot honour ``comm`` (a :class:`~hetrain.comm.settings.CommSettings`)."""
 

@@ -87,10 +87,6 @@ class Hop(SyncProtocol):
         self.options = options_or_settings(self.options_class, options, settings, type(self).__name__)
         super().__init__(model, optimizer, process_group=process_group, timeout_s=timeout_s,
                          on_failure=on_failure, dead_workers=dead_workers, **comm)
-        reason = self.options.nccl_refusal()
-        if reason and self.job.nccl and self.job.world_size > 1:
-            raise UsageError(f"{type(self).__name__} {reason}: build the job's group with gloo (a GPU model's "
-                             "messages then go through the host)")
         self.topology = self.options.topology_for(self.job.world_size)
         self.config = self.options.config_for(self.topology)
         if self.topology.num_workers != self.job.world_size:

@@ -10,10 +10,13 @@ channel) posts receives and hands each :class:`Message` to ``on_message``;
 sends are asynchronous, so communication overlaps the next computation.
 Messages between two workers on one channel arrive in the order they were sent.
 
-The channels use a process group of their own, built on the job's store
-(:func:`hetrain.runtime.job.private_group`): p2p messages with fixed tags on a
-group that also runs collectives could be matched against a collective's.
-Every member constructs its PeerChannels at the same point.
+Two planes (:mod:`hetrain.runtime.data_plane`): headers, tokens and the handshake
+travel over gloo on the host (the control plane: tags, timeouts), payloads over the
+data plane, received only once their header has arrived, so that no backend's tag
+matching is relied on (NCCL has none). The control plane is a process group of its
+own, built on the job's store (:func:`hetrain.runtime.job.private_group`): p2p
+messages with fixed tags on a group that also runs collectives could be matched
+against a collective's. Every member constructs its PeerChannels at the same point.
 
 Every receive waits at most three times ``timeout_s`` (the protocol's own,
 more informative timeout fires first); a receiver that times out or loses its
@@ -39,6 +42,7 @@ import torch
 import torch.distributed as dist
 
 from hetrain.errors import WorkerError
+from hetrain.runtime.data_plane import DataPlane
 from hetrain.runtime.device_thread import device_thread
 from hetrain.runtime.job import JobView, private_group
 from hetrain.runtime.link import EmulatedLink
@@ -49,6 +53,7 @@ UPDATE, TOKEN, STOP, KEYFRAME, DELTA = 0, 1, 2, 3, 4
 MODEL_KINDS = (UPDATE, KEYFRAME)  # messages whose payload is a whole model
 HEADER_NUMEL = 5
 CHANNEL_TAGS = {"update": 11, "token": 12}
+PAYLOAD_CHANNEL = "update"  # the one channel whose messages carry payloads
 HANDSHAKE_TAG = 13
 HANDSHAKE_DEATH_NOTICE_S = 5.0  # a failed handshake waits this long for the launcher to report the peer dead
 RECEIVER_TIMEOUT_FACTOR = 3
@@ -73,7 +78,7 @@ class PeerChannels:
                  max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, name: str = "peers", tolerate_lost_peers: bool = False,
                  incarnation: int = 0, peer_incarnations: list[int] | None = None,
                  new_payload: Callable[[], torch.Tensor] | None = None, link: EmulatedLink | None = None,
-                 delta_nbytes: int = 0):
+                 delta_nbytes: int = 0, data_layout: str | None = None):
         """``on_message(message)`` and ``on_error(peer, text)`` run on receiver threads; ``max_in_flight``
         bounds the messages (both channels) outstanding to each peer. With ``tolerate_lost_peers`` a
         failed send is reported through ``on_error`` instead of raised (the protocol decides whether the
@@ -82,7 +87,8 @@ class PeerChannels:
         ``new_payload()`` gives the buffer each update is received into (default: a fresh tensor; the
         protocols pass their :class:`~hetrain.runtime.flat_state.FlatState`'s pooled ``empty``).
         ``link``: the worker's emulated link (counts bytes; default: a fresh unconstrained one);
-        ``delta_nbytes``: the size of a DELTA payload (compression on)."""
+        ``delta_nbytes``: the size of a DELTA payload (compression on). ``data_layout``: the data plane's
+        (:func:`~hetrain.runtime.data_plane.data_plane_layout`; default: the environment's, else the backend's)."""
         self.job = job
         self.link = link if link is not None else EmulatedLink(None, job.rank)
         self.delta_nbytes = delta_nbytes
@@ -98,7 +104,7 @@ class PeerChannels:
         self.name = name
         self.incarnation = incarnation
         self._peer_incarnation = dict(enumerate(peer_incarnations or []))
-        self._pairs = PairLinks(job, name)  # two-member groups: after a replacement joins, or tolerating deaths
+        self._pairs = PairLinks(job, name, cpu=True)  # two-member groups: after a replacement joins, or tolerating deaths
         self._threads: dict[tuple[str, int, int], threading.Thread] = {}
         self._windows: dict[int, SendWindow] = {}
         self._receive_timeout = job.timeout * RECEIVER_TIMEOUT_FACTOR
@@ -107,7 +113,9 @@ class PeerChannels:
         # holding the group's other lazy connections, deadlocked Hop under respawn: 3 of 4 runs with 8
         # workers; the handshake instead never connects to a peer already known dead.)
         shared = incarnation == 0 and job.world_size > 1  # one worker alone (no torch.distributed) has no peers
-        self.group = private_group(job, name, RECEIVER_TIMEOUT_FACTOR * job.timeout_s) if shared else None
+        self.group = private_group(job, name, RECEIVER_TIMEOUT_FACTOR * job.timeout_s, cpu=True) if shared else None
+        self.data = DataPlane(job, name, self._link, RECEIVER_TIMEOUT_FACTOR * job.timeout_s, incarnation=incarnation,
+                              layout=data_layout)
         self._registered = dist.PrefixStore(f"{name}-registered/", job.store) if shared and job.store else None
         if self._registered is not None:  # this process is in the shared group: peers may connect to it
             self._registered.set(str(job.rank), "1")
@@ -140,8 +148,8 @@ class PeerChannels:
         neighbour has joined the peer group (:meth:`_await_registered`). Returns the peers to
         forget: dead, or replaced, before the exchange.
         """
-        token = torch.zeros(1, dtype=torch.int64, device=self.job.wire_device)
-        inbox = {src: torch.empty(1, dtype=torch.int64, device=self.job.wire_device) for src in in_neighbors}
+        token = torch.zeros(1, dtype=torch.int64)
+        inbox = {src: torch.empty(1, dtype=torch.int64) for src in in_neighbors}
         # each exchange posted when called: with lazy connections, posting to a peer that never
         # registered (dead before it connected) blocks the caller until the timeout
         def send(dst: int):
@@ -154,16 +162,37 @@ class PeerChannels:
 
         exchanges = [(dst, lambda dst=dst: send(dst)) for dst in out_neighbors]
         exchanges += [(src, lambda src=src: recv(src)) for src in in_neighbors]
+        data_exchanges = self._data_warmups(out_neighbors, in_neighbors) if self.data.layout == "split" else []
         peers = sorted(set(out_neighbors + in_neighbors))
         if dead_workers is None:
             try:
-                for work in [post() for _, post in exchanges]:
+                works = [post() for _, post in exchanges]
+                works += [post() for _, _, post in sorted(data_exchanges, key=lambda e: e[0])]
+                for work in works:
                     work.wait(self.job.timeout)
             except Exception as exc:
                 raise WorkerError(f"worker {self.job.rank} could not reach its neighbours {peers} within "
                                   f"{self.job.timeout_s:.0f} s: {str(exc).splitlines()[0][:160]}") from None
             return set()
+        exchanges += [(peer, post) for _, peer, post in data_exchanges]
         return self._exchange_skipping_dead(exchanges, peers, dead_workers)
+
+    def _data_warmups(self, out_neighbors: list[int], in_neighbors: list[int]) -> list[tuple]:
+        """One small payload to each out-neighbour and from each in-neighbour over the split data plane,
+        as (key, peer, post). NCCL builds a pair's communicator in its first send or receive, blocking
+        until the peer makes the same call: posted in order of ``key`` (the pair's lower rank, higher
+        rank, direction), the same on both sides, the smallest pair not yet built always has both its
+        members calling for it, so one thread builds every pair without a deadlock."""
+        rank, device = self.job.rank, self.data.device()
+        probe = torch.zeros(1, device=device)
+        inbox = {src: torch.empty(1, device=device) for src in in_neighbors}
+
+        def key(src: int, dst: int) -> tuple[int, int, bool]:
+            return min(src, dst), max(src, dst), src < dst
+
+        warmups = [(key(rank, dst), dst, lambda dst=dst: self.data.send(probe, dst)) for dst in out_neighbors]
+        warmups += [(key(src, rank), src, lambda src=src: self.data.recv(inbox[src], src)) for src in in_neighbors]
+        return warmups
 
     def _exchange_skipping_dead(self, exchanges: list, peers: list[int], dead_workers) -> set[int]:
         """Post and wait for each (peer, post) on a thread of its own; give up on those of peers found dead
@@ -247,13 +276,13 @@ class PeerChannels:
 
     def _receive_loop(self, channel: str, src: int, incarnation: int) -> None:
         tag = CHANNEL_TAGS[channel]
-        device = self.job.wire_device
+        device = self.data.device()
         current = lambda: self._peer_incarnation.get(src, 0) == incarnation  # noqa: E731
         try:
             route = self._link(src, incarnation)
             while True:
-                header = torch.empty(HEADER_NUMEL, dtype=torch.int64, device=device)
-                self._recv(route, header, src, tag, f"a {channel} header")
+                header = torch.empty(HEADER_NUMEL, dtype=torch.int64)
+                self._wait(route[0].recv([header], route[1], tag), src, f"a {channel} header")
                 kind, iteration, count, *stamps = (int(v) for v in header.tolist())
                 payload = None
                 if kind in MODEL_KINDS or kind == DELTA:
@@ -261,7 +290,7 @@ class PeerChannels:
                         payload = torch.empty(self.delta_nbytes, dtype=torch.uint8, device=device)
                     else:
                         payload = self._wire_payload() if self._staged else self.new_payload()
-                    self._recv(route, payload, src, tag, f"the model of iteration {iteration}")
+                    self._wait(self.data.recv(payload, src, incarnation), src, f"the model of iteration {iteration}")
                     if self._staged:
                         payload = payload.to(self.job.device)
                 self.link.arrive(_nbytes(header, payload), src, stamps)
@@ -274,9 +303,7 @@ class PeerChannels:
             if src not in self.forgotten and current():
                 self.on_error(src, str(exc))
 
-    def _recv(self, link: tuple, tensor: torch.Tensor, src: int, tag: int, what: str) -> None:
-        group, index = link
-        work = group.recv([tensor], index, tag)
+    def _wait(self, work, src: int, what: str) -> None:
         try:
             work.wait(self._receive_timeout)
         except Exception as exc:
@@ -294,19 +321,22 @@ class PeerChannels:
              payload: torch.Tensor | None = None) -> None:
         """Post one message to each of ``dsts``; blocks only while a peer has a full window."""
         tag = CHANNEL_TAGS[channel]
-        if payload is not None and payload.device != self.job.wire_device:
-            payload = payload.to(self.job.wire_device)  # a GPU model over gloo: one host copy for every peer
+        if payload is not None and channel != PAYLOAD_CHANNEL:
+            raise ValueError(f"payloads travel on the {PAYLOAD_CHANNEL!r} channel only (one data-plane order "
+                             f"per pair), not {channel!r}")
+        if payload is not None and payload.device != self.data.device():
+            payload = payload.to(self.data.device())  # a GPU model over gloo: one host copy for every peer
         for dst in dsts:
             if dst in self.forgotten:
                 continue
             stamps = self.link.depart(HEADER_NUMEL * 8 + _nbytes(None, payload), dst)
-            header = torch.tensor([kind, iteration, count, *stamps], dtype=torch.int64, device=self.job.wire_device)
+            header = torch.tensor([kind, iteration, count, *stamps], dtype=torch.int64)
 
-            def start(dst=dst, header=header):
+            def start(dst=dst, header=header):  # under the peer's window lock: header and payload in one order
                 group, index = self._link(dst)
                 works = [group.send([header], index, tag)]
                 if payload is not None:
-                    works.append(group.send([payload], index, tag))
+                    works.append(self.data.send(payload, dst, self._peer_incarnation.get(dst, 0)))
                 return works
 
             try:
@@ -355,6 +385,7 @@ class PeerChannels:
         for window in self._windows.values():
             window.close()
         self.group = None
+        self.data.close()
         self._pairs.clear()
 
 

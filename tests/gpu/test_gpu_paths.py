@@ -25,7 +25,7 @@ def _train(tmp_path, *args):
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_one_nccl_rank_per_gpu_trains(tmp_path, protocol):
-    workers = torch.cuda.device_count() if protocol not in ("dpsgd", "hop") else 1  # hop's tags: gloo only
+    workers = torch.cuda.device_count()
     metrics = _train(tmp_path, "--protocol", protocol, "--workers", str(workers))
     assert metrics["final_accuracy_avg_model"] > 0.5
 
@@ -86,3 +86,14 @@ def test_preduce_over_nccl_on_two_gpus():
 
     for device, mean in run_local(_preduce_on_gpu, 2, ("none",), backend="nccl", device="cuda", timeout_s=60):
         assert device == "cuda" and mean == pytest.approx(0.5)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs a GPU per rank")
+@pytest.mark.parametrize("compression", ["none", "int8"])
+def test_hop_payloads_over_nccl_on_two_gpus(compression):
+    """Headers over gloo, payloads over NCCL's split data plane (one group per direction)."""
+    from hetrain.jobs.local_job import run_local
+
+    results = run_local(_hop_on_gpu, 2, (compression,), backend="nccl", device="cuda", timeout_s=60)
+    assert all(device == "cuda" for device, _, _ in results)
+    assert all(final == pytest.approx(0.5, abs=1e-3) for _, _, final in results)

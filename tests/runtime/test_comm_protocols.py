@@ -10,6 +10,7 @@ import hetrain
 from hetrain.comm.link_spec import LinkSpec
 from hetrain.jobs.local_job import run_local
 from hetrain.protocols.options import OptionError
+from hetrain.runtime.data_plane import LAYOUT_ENV
 from hetrain.runtime.job import JobView
 from hetrain.runtime.link import EmulatedLink
 from hetrain.runtime.peer_channels import STOP, UPDATE, PeerChannels
@@ -72,8 +73,11 @@ def _deterministic_job(ctx, protocol):
     return [float(v) for v in before[:4]], float(before.sum())
 
 
-@pytest.mark.parametrize("protocol", ["dpsgd", "hop", "prague", "ps"])
-def test_h1_without_compression_reproduces_the_protocols_bit_for_bit(protocol):
+@pytest.mark.parametrize("protocol, layout", [("dpsgd", "shared"), ("hop", "shared"), ("prague", None), ("ps", None),
+                                              ("dpsgd", "split"), ("hop", "split")])
+def test_h1_without_compression_reproduces_the_protocols_bit_for_bit(protocol, layout, monkeypatch):
+    if layout:  # the peer channels' data plane: NCCL's layout (a group per direction) run over gloo
+        monkeypatch.setenv(LAYOUT_ENV, layout)
     assert [tuple(r) for r in run_local(_deterministic_job, 4, (protocol,), timeout_s=30)] == \
         [tuple(r) for r in GOLDEN[protocol]]
 

@@ -33,8 +33,7 @@ def test_messages_travel_on_the_backends_device():
 
 
 @pytest.mark.parametrize("fields, message", [
-    (dict(protocol="hop", device="cuda"), "does not match by tag: use {backend} gloo"),
-    (dict(protocol="dpsgd", device="cuda", backend="nccl"), "does not match by tag"),
+    (dict(protocol="hop", device="cuda", on_failure="respawn"), "watchdog tears down"),
     (dict(protocol="prague", device="cuda", on_failure="continue"), "watchdog tears down"),
     (dict(protocol="prague", device="cpu", backend="nccl"), "runs on GPUs"),
     (dict(protocol="prague", backend="mpi"), "must be nccl or gloo"),
@@ -50,3 +49,6 @@ def test_nccl_jobs_abort_on_a_death_unless_told_gloo():
     assert RunConfig(protocol="prague", device="cuda", backend="gloo", iterations=3).resolved_on_failure() == "continue"
     assert RunConfig(protocol="hop", device="cuda", backend="gloo", num_workers=4, iterations=3).validate()
     assert RunConfig(protocol="hop", device="cuda", num_workers=1, iterations=3).validate()  # one rank: no messages
+    for protocol in ("hop", "dpsgd"):  # their payloads over NCCL's split data plane, headers over gloo
+        config = RunConfig(protocol=protocol, device="cuda", num_workers=4, iterations=3).validate()
+        assert config.resolved_backend() == "nccl" and config.resolved_on_failure() == "abort"
