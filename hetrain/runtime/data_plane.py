@@ -79,13 +79,20 @@ class DataPlane:
         towards_higher = self.job.rank < peer if sending else peer < self.job.rank
         return (self._upward if towards_higher else self._downward), peer, 0
 
+    def _check_device(self, payload: torch.Tensor, peer: int) -> None:
+        if payload.device != self.device():  # gloo would read a GPU pointer as host memory; NCCL refuses
+            raise ValueError(f"worker {self.job.rank}: a payload for worker {peer} is on {payload.device}, but "
+                             f"this job's {self.job.backend} messages travel on {self.device()}")
+
     def send(self, payload: torch.Tensor, dst: int, incarnation: int | None = None):
         """Post ``payload`` to ``dst`` (after or with its header); returns the work."""
+        self._check_device(payload, dst)
         group, index, tag = self._route(dst, incarnation, sending=True)
         return group.send([payload], index, tag)
 
     def recv(self, payload: torch.Tensor, src: int, incarnation: int | None = None):
         """Post the receive of ``src``'s next payload into ``payload`` (only once its header arrived)."""
+        self._check_device(payload, src)
         group, index, tag = self._route(src, incarnation, sending=False)
         return group.recv([payload], index, tag)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hetrain.jobs.local_job import run_local
-from hetrain.runtime.data_plane import LAYOUT_ENV, data_plane_layout
+from hetrain.runtime.data_plane import LAYOUT_ENV, DataPlane, data_plane_layout
 from hetrain.runtime.job import JobView
 from hetrain.runtime.peer_channels import DELTA, STOP, TOKEN, UPDATE, PeerChannels
 
@@ -93,3 +93,12 @@ def test_a_payload_on_the_token_channel_is_refused():
                             lambda m: None, lambda p, t: None)
     with pytest.raises(ValueError, match="'update' channel only"):
         channels.send("token", [], TOKEN, 0, 1, torch.zeros(4))
+
+
+def test_a_payload_off_the_wire_device_is_refused():
+    """What reaches the backend is on the job's wire device (the host under gloo): a GPU tensor would be
+    read as host memory by gloo's point-to-point (``meta`` stands in for it here)."""
+    plane = DataPlane(_view("gloo"), "peers", lambda peer, incarnation: (None, peer), 5.0, layout="shared")
+    for post in (plane.send, plane.recv):
+        with pytest.raises(ValueError, match="on meta, but this job's gloo messages travel on cpu"):
+            post(torch.empty(3, device="meta"), 1)
