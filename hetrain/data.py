@@ -147,7 +147,6 @@ EVAL_CHUNK = 128  # samples per forward pass when evaluating (a 25M synthetic mo
 
 
 @torch.no_grad()
-@torch.no_grad()
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
     """(accuracy, mean cross-entropy loss) of ``model`` on ``x``, ``y`` (every prediction counts; no autograd)."""
     was_training = model.training
