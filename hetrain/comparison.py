@@ -47,7 +47,8 @@ def run_comparison(configs: list[RunConfig], out_dir: str, progress: bool = True
     runs = []
     for index, config in enumerate(configs):
         label = f"[{index + 1}/{len(configs)}] {config.protocol}"
-        runs.append(run_training(config, str(out / config.protocol), progress=progress, label=label))
+        runs.append(run_training(config, str(out / config.protocol), progress=progress, label=label,
+                                 log_shared_dir=str(out)))  # --log mlflow: one store, a run per protocol
         if runs[-1].get("interrupted"):
             break
     summary = summarize(runs)

@@ -74,6 +74,8 @@ class RunConfig:
     outer_momentum: float | None = None  # None: DiLoCo's 0.9
     link_mbps: str | None = None
     link_latency_ms: str | None = None
+    # where the run's figures over time go: csv, tensorboard, wandb, mlflow (hetrain.integrations.scalar_writers)
+    log: tuple[str, ...] = ("csv",)
 
     def replace(self, **changes) -> RunConfig:
         return dataclasses.replace(self, **changes)
@@ -181,6 +183,9 @@ class RunConfig:
             raise OptionError("{backend} nccl runs on GPUs: add {device} cuda, or use {backend} gloo on the CPU")
         if self.resolved_backend() == "nccl":
             self._check_nccl(spec)
+        from hetrain.integrations.scalar_writers import check_log_kinds
+
+        check_log_kinds(self.log)
         unknown = sorted(set(self.options) - set(spec.option_names()))
         if unknown:
             raise OptionError(f"{self.protocol} takes no option {unknown[0]!r}; it takes "

@@ -107,3 +107,20 @@ def test_hetrain_has_no_import_cycle():
 def test_hetrain_has_no_import_cycle_through_deferred_imports_either():
     cycle = find_cycle(import_graph(deferred=True))
     assert cycle is None, "import cycle (counting imports inside functions): " + " -> ".join(cycle)
+
+
+def test_import_hetrain_and_its_help_import_no_optional_package():
+    """The extras (tensorboard, wandb, mlflow) are imported only when a run asks for them (--log)."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, hetrain\n"
+             "from hetrain.cli import main\n"
+             "for argv in (['--help'], ['train', '--help'], ['compare', '--help']):\n"
+             "    try:\n"
+             "        main(argv)\n"
+             "    except SystemExit:\n"
+             "        pass\n"
+             "print(sorted({m.split('.')[0] for m in sys.modules} & {'tensorboard', 'wandb', 'mlflow'}))\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "[]"

@@ -119,6 +119,9 @@ def add_runtime_options(parser: argparse.ArgumentParser, defaults: RunConfig) ->
                    dest="heartbeat_timeout_s",
                    help="seconds without a heartbeat after which a local worker is declared hung, killed and "
                         "handled as a death (default 30; 0: off)")
+    g.add_argument("--log", default=",".join(defaults.log), metavar="KINDS",
+                   help="where the figures over time go, comma-separated: csv (OUT/scalars.csv), tensorboard, "
+                        "wandb (offline), mlflow (a file store in OUT), or none (default csv; docs/logging.md)")
     c = parser.add_argument_group("checkpoints")
     c.add_argument("--checkpoint-dir", default=None,
                    help="write each worker's model, optimizer, data position, RNG and protocol state here")
@@ -172,5 +175,9 @@ def config_from_args(args: argparse.Namespace, **overrides) -> RunConfig:
                  "checkpoint_every_s", "resume"):
         if hasattr(args, name):
             fields[name] = getattr(args, name)
+    if hasattr(args, "log"):
+        from hetrain.integrations.scalar_writers import parse_log_kinds
+
+        fields["log"] = parse_log_kinds(args.log)
     fields.update(overrides)
     return RunConfig(**fields)

@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from hetrain.config import RunConfig
 from hetrain.data import Dataset, load_dataset
+from hetrain.integrations.scalar_writers import check_log_packages
 from hetrain.jobs import checkpoint
 from hetrain.jobs.capacity import efficiency_basis, lost_worker_iteration_s
 from hetrain.jobs.evaluation import evaluation_curve
@@ -41,6 +42,7 @@ from hetrain.slowdown import parse_slowdown
 def check_run_config(config: RunConfig) -> RunConfig:
     """Every check that can be made before a process starts; raises UsageError."""
     config.validate()
+    check_log_packages(config.log)
     parse_slowdown(config.slowdown, config.seed).check_workers(config.num_workers)
     if config.device == "cuda" and not torch.cuda.is_available():
         raise OptionError("{device} cuda was asked for, but this machine has no CUDA device; use {device} cpu")
@@ -52,11 +54,13 @@ def check_run_config(config: RunConfig) -> RunConfig:
 
 
 def run_training(config: RunConfig, out_dir: str | None, progress: bool = True, label: str | None = None,
-                 launched_at: float | None = None) -> dict:
+                 launched_at: float | None = None, log_shared_dir: str | None = None) -> dict:
     """Start the local job, then evaluate and record it; returns the metrics record.
 
     ``launched_at``: the ``time.time()`` the job counts its start-up from (default: now; ``hetrain
     train`` passes its own process's start, so ``startup_s`` covers the whole command).
+    ``log_shared_dir``: where ``config.log``'s stores shared by several runs go (MLflow's; default
+    ``out_dir``: :func:`hetrain.integrations.scalar_writers.make_writers`).
     """
     launched_at = time.time() if launched_at is None else launched_at
     check_run_config(config)
@@ -68,16 +72,45 @@ def run_training(config: RunConfig, out_dir: str | None, progress: bool = True, 
         checkpoint.start(config.checkpoint_dir, config, config.resume)
     data = load_dataset(config.workload, config.seed)  # once, here: no worker imports scikit-learn
     bar = _ProgressBar(config, label or config.protocol, enabled=progress)
+    logger = _run_logger(config, out, log_shared_dir)
+    try:
+        return _run_local_job(config, out, data, bar, logger, launched_at)
+    finally:
+        if logger is not None:
+            logger.close()
+
+
+def _run_logger(config: RunConfig, out, shared_dir: str | None):
+    """The launcher's writer of ``config.log`` (None without an output directory or kinds)."""
+    if out is None or not config.log:
+        return None
+    from hetrain.integrations.run_logger import RunLogger
+    from hetrain.integrations.scalar_writers import make_writers
+
+    writer = make_writers(config.log, out, config.protocol, dict(vars(config)), shared_dir=shared_dir)
+    return RunLogger(writer, config.num_workers, config.batch_size)
+
+
+def _run_local_job(config: RunConfig, out, data: Dataset, bar, logger, launched_at: float) -> dict:
     gg = _launcher_gg(config)  # served here, so no worker's death takes it down
     services = {"gg_address": (f"{gg.host}:{gg.port}", gg.secret)} if gg is not None else {}
 
+    def on_message(rank: int, message) -> None:
+        bar.update(rank, message)
+        if logger is not None:
+            logger.on_message(rank, message)
+
     def on_death(rank: int) -> None:
         bar.lost(rank)
+        if logger is not None:
+            logger.on_death(rank)
         if gg is not None:  # the Group Generator stops grouping the dead
             gg.handle({"op": "leave", "worker": rank})
 
     def on_join(rank: int, incarnation: int) -> None:
         bar.joined(rank)
+        if logger is not None:
+            logger.on_join(rank)
         if gg is not None:  # its replacement may be grouped again, with fresh communicators
             gg.handle({"op": "rejoin", "worker": rank, "incarnation": incarnation})
 
@@ -85,7 +118,7 @@ def run_training(config: RunConfig, out_dir: str | None, progress: bool = True, 
         results = run_local(
             train_worker, config.num_workers, (config, services, data),
             backend=config.resolved_backend(), device=config.device,
-            timeout_s=config.timeout_s, job_timeout_s=_job_timeout_s(config), on_message=bar.update,
+            timeout_s=config.timeout_s, job_timeout_s=_job_timeout_s(config), on_message=on_message,
             log_path=out / "errors.log" if out is not None else None,
             on_failure=config.resolved_on_failure(), faults=_faults(config),
             heartbeat_timeout_s=config.heartbeat_timeout_s, on_death=on_death, on_join=on_join,
@@ -94,9 +127,12 @@ def run_training(config: RunConfig, out_dir: str | None, progress: bool = True, 
         bar.close()
         if gg is not None:
             gg.close()
-    return finalize_run(config, results, out, interrupted=results.interrupted, deaths=results.deaths,
-                        joins=results.joins, gg_stats=gg.scheduler.stats() if gg is not None else None,
-                        data=data, launched_at=launched_at, results_at=results.finished_at)
+    metrics = finalize_run(config, results, out, interrupted=results.interrupted, deaths=results.deaths,
+                           joins=results.joins, gg_stats=gg.scheduler.stats() if gg is not None else None,
+                           data=data, launched_at=launched_at, results_at=results.finished_at)
+    if logger is not None:
+        logger.finish(metrics)
+    return metrics
 
 
 def _launcher_gg(config: RunConfig):
@@ -154,8 +190,15 @@ def run_training_torchrun(config: RunConfig, out_dir: str | None) -> dict | None
     dist.barrier()
     if ctx.rank != 0:
         return None
-    return finalize_run(config, gathered, out, launched_at=min(r["worker"]["launched_at"] for r in gathered),
-                        results_at=results_at)
+    metrics = finalize_run(config, gathered, out, launched_at=min(r["worker"]["launched_at"] for r in gathered),
+                           results_at=results_at)
+    logger = _run_logger(config, out, None)  # no live reports under torchrun: the record's figures only
+    if logger is not None:
+        try:
+            logger.finish(metrics)
+        finally:
+            logger.close()
+    return metrics
 
 
 def finalize_run(config: RunConfig, results: list[dict | None], out, interrupted: bool = False,

@@ -18,6 +18,7 @@ from torch import nn
 
 from hetrain.config import RunConfig
 from hetrain.data import Dataset, build_model, evaluate, load_dataset, loss_fn, make_optimizer, make_sampler
+from hetrain.integrations.protocol_logger import worker_figures
 from hetrain.jobs import checkpoint
 from hetrain.jobs.capacity import standalone_iteration_s
 from hetrain.jobs.context import WorkerContext
@@ -113,7 +114,8 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
         elapsed = time.perf_counter() - t0
         snapshots.maybe_take(elapsed, protocol.stats.iteration, host_copy)
         if ctx.report is not None and elapsed - last_report >= PROGRESS_INTERVAL_S:
-            ctx.report({"iteration": protocol.stats.iteration, "computed": computed, "t_s": elapsed})
+            ctx.report({"iteration": protocol.stats.iteration, "computed": computed, "t_s": elapsed,
+                        "figures": worker_figures(protocol)})  # for --log (hetrain.integrations.run_logger)
             last_report = elapsed
         local_done = (config.iterations is not None and protocol.stats.iteration >= config.iterations) or (
             config.time_budget_s is not None and elapsed >= config.time_budget_s
@@ -155,7 +157,8 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
         checkpoints.mark()
     consensus_accuracy, consensus_loss = evaluate(model, x_test, y_test)
     if ctx.report is not None:
-        ctx.report({"iteration": protocol.stats.iteration, "computed": computed, "t_s": loop_s, "done": True})
+        ctx.report({"iteration": protocol.stats.iteration, "computed": computed, "t_s": loop_s, "done": True,
+                    "figures": worker_figures(protocol)})
     worker = protocol.metrics()
     standalone_s = standalone_iteration_s(config, slowdown, ctx.rank, math_s, worker["compute_s"], worker["iterations"])
     worker.update(rank=ctx.rank, standalone_iteration_s=standalone_s, math_s=math_s, loop_s=loop_s,

@@ -196,6 +196,7 @@ class SyncProtocol:
         self._step_timer.add(step_s)
         if self._local_steps < self._steps_this_exchange:
             self._last_step_end = time.perf_counter()
+            self._after_step_loggers()
             return
         self._sync()
         if self._outer is not None and not self._outer_step_delayed():
@@ -207,6 +208,27 @@ class SyncProtocol:
         end = time.perf_counter()
         self.stats.wait_s += end - now
         self._last_step_end = self._last_exchange_end = end
+        self._after_step_loggers()
+
+    _step_loggers: tuple = ()  # what log_to attached (hetrain.integrations.protocol_logger)
+
+    def log_to(self, writer, every: int = 1, prefix: str | None = None):
+        """Write this worker's figures (wait fraction, exchanges, bytes sent; Hop and D-PSGD: queue length
+        and staleness) to ``writer`` after every ``every``-th step, tagged ``worker{rank}/...`` (or ``prefix``).
+
+        ``writer``: anything with ``add_scalar(tag, value, step)`` (TensorBoard's SummaryWriter, hetrain's
+        writers); the step is the worker's iteration. Returns the
+        :class:`~hetrain.integrations.protocol_logger.ProtocolLogger` (call it to write now; ``stop()``).
+        """
+        from hetrain.integrations.protocol_logger import ProtocolLogger
+
+        logger = ProtocolLogger(self, writer, every, prefix)
+        self._step_loggers = (*self._step_loggers, logger)
+        return logger
+
+    def _after_step_loggers(self) -> None:
+        for logger in self._step_loggers:
+            logger.after_step()
 
     def _next_local_steps(self) -> int:
         """Local steps before the next exchange: ``sync_every``, or sized to this worker's speed (auto)."""

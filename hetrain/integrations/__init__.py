@@ -1,0 +1,1 @@
+"""Integrations with other tools (Lightning, Accelerate, ...); each is imported only when used."""
