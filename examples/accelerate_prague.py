@@ -1,0 +1,77 @@
+"""An Accelerate training loop synchronized by hetrain's Prague (``HetrainSync``, shaped like ``LocalSGD``).
+
+    accelerate launch --multi_gpu --num_processes 4 examples/accelerate_prague.py
+    accelerate launch --multi_gpu --num_processes 4 examples/accelerate_prague.py --protocol hop
+    torchrun --standalone --nproc-per-node 4 examples/accelerate_prague.py     # the same thing
+
+On a machine without GPUs, ``--multi_gpu`` is what starts several processes (Accelerate
+runs torchrun), and the script's ``Accelerator(cpu=True)`` makes them a multi-CPU job on
+gloo; ``--cpu --num_processes 4`` starts one process only (Accelerate 1.16's multi-CPU
+launch goes through MPI and ``--mpirun_hostfile``). Add ``--main_process_port`` to run two
+jobs side by side. A small conv net with BatchNorm learns scikit-learn's digits; the loop is
+Accelerate's usual one. With ``--out DIR`` every process writes ``rank<R>.pt`` (its final weights) and ``rank<R>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from hetrain.data import load_dataset
+from hetrain.integrations.accelerate import HetrainSync  # before Accelerator(): see its docstring
+from hetrain.registry import PROTOCOL_NAMES
+
+
+def make_model() -> nn.Module:
+    torch.manual_seed(0)  # the same initial model on every process
+    return nn.Sequential(
+        nn.Unflatten(1, (1, 8, 8)),
+        nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(16 * 4 * 4, 10))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--protocol", choices=PROTOCOL_NAMES, default="prague")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+
+    accelerator = Accelerator(cpu=True)
+    data = load_dataset("digits")
+    loader = DataLoader(TensorDataset(data.x_train, data.y_train), batch_size=32, shuffle=True)
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+
+    with HetrainSync(accelerator, model, optimizer, protocol=args.protocol) as sync:
+        for _ in range(args.epochs):
+            model.train()
+            for x, y in loader:
+                optimizer.zero_grad()
+                accelerator.backward(nn.functional.cross_entropy(model(x), y))
+                optimizer.step()  # then the protocol synchronizes (Prague: a group's P-Reduce)
+
+    net = accelerator.unwrap_model(model).eval()
+    with torch.no_grad():
+        accuracy = (net(data.x_test).argmax(1) == data.y_test).float().mean().item()
+    rank = accelerator.process_index
+    accelerator.print(f"{args.protocol}: test accuracy {accuracy:.4f} (every process holds the same model)")
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        torch.save(net.state_dict(), out / f"rank{rank}.pt")
+        (out / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "test_accuracy": accuracy,
+                                                          "metrics": sync.metrics()}, default=str))
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+
+
+if __name__ == "__main__":
+    main()

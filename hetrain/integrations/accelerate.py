@@ -1,0 +1,120 @@
+"""hetrain's protocols around an Accelerate training loop, in the shape of Accelerate's ``LocalSGD``.
+
+    import hetrain.integrations.accelerate as hetrain_accelerate   # before Accelerator(): see below
+    accelerator = Accelerator(cpu=True)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    with hetrain_accelerate.HetrainSync(accelerator, model, optimizer, protocol="prague") as sync:
+        for x, y in loader:
+            optimizer.zero_grad(); accelerator.backward(loss_fn(model(x), y)); optimizer.step()
+    # leaving the block drained the protocol: every process holds the consensus model
+
+Launch it as any multi-process Accelerate script: ``accelerate launch --multi_gpu --num_processes 4
+train.py`` (on CPUs too, with ``Accelerator(cpu=True)``: see examples/accelerate_prague.py) or torchrun.
+Inside the block the model Accelerate wrapped in DistributedDataParallel runs as
+``no_sync()`` does (no gradient all-reduce) and without DDP's buffer broadcast, and the
+protocol, built around ``accelerator.unwrap_model(model)`` and the optimizer Accelerate
+wraps, synchronizes after each real optimizer step (steps Accelerate skips while
+accumulating gradients do not count). Accelerate's data loaders broadcast rank 0's random
+state at the start of every epoch (a collective: the fast processes would wait there for the
+slow one, and one waiting there while its group waits for it in the protocol deadlocks):
+inside the block they are synchronized once, on entry, and then each process's generators
+go on alike (every epoch draws one permutation on every process). ``protocol="allreduce"`` leaves Accelerate's own
+DDP in charge (it is All-Reduce). ``enabled=False`` makes the block a no-op, as with
+``LocalSGD``. Keywords are the protocol's settings (as for ``hetrain.Hop`` etc.).
+
+Importing this module does what ``hetrain.init()`` does before the process group exists
+(prefer lazy gloo connections, import ``torch._dynamo``: see hetrain.runtime.job.init), so
+import it before creating the ``Accelerator``. ``on_failure`` other than ``"abort"`` is
+refused: Accelerate's launchers (torchrun, mpirun) stop every process when one dies.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hetrain.integrations.extras import require
+
+require("accelerate", "accelerate", "HetrainSync")
+
+import torch  # noqa: E402
+import torch._dynamo  # noqa: E402, F401 (before the process group: see hetrain.runtime.job.init)
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+
+from hetrain.errors import UsageError  # noqa: E402
+from hetrain.registry import get_spec  # noqa: E402
+from hetrain.runtime.job import DEFAULT_TIMEOUT_S, prefer_lazy_connections  # noqa: E402
+from hetrain.runtime.protocol import SyncProtocol  # noqa: E402
+
+__all__ = ["HetrainSync"]
+
+PASS_THROUGH = "allreduce"  # Accelerate's own DistributedDataParallel already is this protocol
+
+if not torch.distributed.is_initialized():
+    prefer_lazy_connections()
+
+
+class HetrainSync:
+    """Synchronize an Accelerate loop with one of hetrain's protocols (see the module docstring)."""
+
+    def __init__(self, accelerator, model: torch.nn.Module, optimizer, protocol: str = "hop", *,
+                 enabled: bool = True, timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort",
+                 seed: int = 0, **options: Any):
+        self.spec = get_spec(protocol)
+        if on_failure != "abort":
+            raise UsageError(f"HetrainSync: on_failure={on_failure!r} cannot work under Accelerate's launchers "
+                             "(torchrun, mpirun): they stop every process when one dies")
+        self.accelerator = accelerator
+        self.model = model
+        self.optimizer = optimizer
+        self.protocol = protocol
+        self.enabled = enabled and protocol != PASS_THROUGH and accelerator.num_processes > 1
+        self.timeout_s = timeout_s
+        self.on_failure = on_failure
+        self.seed = seed
+        self.options = options
+        self.sync: SyncProtocol | None = None
+        self._ddp_settings: tuple | None = None
+        self._loaders: list[tuple] = []  # (prepared data loader, its rng_types) while the block runs
+
+    def __enter__(self) -> HetrainSync:
+        if not self.enabled:
+            return self
+        if isinstance(self.model, DistributedDataParallel):
+            ddp = self.model
+            self._ddp_settings = (ddp.require_backward_grad_sync, ddp.broadcast_buffers)
+            ddp.require_backward_grad_sync = False  # what ddp.no_sync() does, for the whole block
+            ddp.broadcast_buffers = False  # each rank keeps its own BatchNorm statistics; the protocol averages them
+        self._sync_loaders_once()
+        runtime: dict[str, Any] = {"seed": self.seed} if self.spec.seeded else {}
+        optimizer = getattr(self.optimizer, "optimizer", self.optimizer)  # AcceleratedOptimizer wraps it
+        self.sync = self.spec.runtime_class()(self.accelerator.unwrap_model(self.model), optimizer,
+                                              timeout_s=self.timeout_s, on_failure=self.on_failure,
+                                              **runtime, **self.options)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        try:
+            if self.sync is not None:
+                self.sync.__exit__(exc_type, exc, tb)  # finish (consensus), or only release after an error
+        finally:
+            if self._ddp_settings is not None:
+                self.model.require_backward_grad_sync, self.model.broadcast_buffers = self._ddp_settings
+            for loader, rng_types in self._loaders:
+                loader.rng_types = rng_types
+            self._loaders = []
+        return False
+
+    def _sync_loaders_once(self) -> None:
+        """Synchronize the prepared loaders' random state now, not at every epoch (see the module docstring)."""
+        from accelerate.utils import synchronize_rng_states
+
+        for loader in getattr(self.accelerator, "_dataloaders", []):  # no public accessor (Accelerate 1.16)
+            rng_types = getattr(loader, "rng_types", None)
+            if rng_types:
+                synchronize_rng_states(rng_types, getattr(loader, "synchronized_generator", None))
+                self._loaders.append((loader, rng_types))
+                loader.rng_types = None
+
+    def metrics(self) -> dict:
+        """The protocol's metrics for this process (empty when disabled or passed through)."""
+        return self.sync.metrics() if self.sync is not None else {}

@@ -1,0 +1,251 @@
+"""hetrain's protocols as a Lightning strategy.
+
+    trainer = Trainer(strategy=HetrainStrategy("hop", topology="ring"), accelerator="cpu", devices=4)
+    trainer.fit(module, datamodule)        # every rank ends fit() with the consensus model
+
+Built like Lightning's ``DDPStrategy`` (same launcher, cluster environments,
+process group: run the script with ``python`` and Lightning starts the other
+ranks, or run it under ``torchrun``), but instead of wrapping the module in
+DistributedDataParallel it builds the hetrain protocol around the
+LightningModule and its optimizer, so the protocol synchronizes from the
+optimizer's step (all six protocols; ``"allreduce"`` is DDP through hetrain).
+Buffers (BatchNorm statistics) are averaged with the parameters. The protocol
+finishes when training ends (``on_train_end``): every rank then holds the
+consensus model, before ``fit()`` returns.
+
+Decoupled ranks (every protocol but All-Reduce, whose workers step together):
+
+* the training data are shared out by speed (:class:`SharedBatches`): a fast
+  rank takes more batches, and an epoch is still one pass over the data;
+* while the protocol runs, Lightning's collectives are local: ``barrier`` does
+  nothing, ``broadcast`` returns this rank's object, ``reduce`` this rank's value
+  (``self.log(..., sync_dist=True)`` logs this rank's value), and the per-batch
+  SIGTERM broadcast is checked locally. Otherwise every rank would wait for the
+  slowest at each of them (every batch, for the SIGTERM check), and a rank
+  waiting in one while its neighbour waits for its model would deadlock.
+  Validation runs on each rank's own model over its shard; checkpoints are rank
+  0's model as it is at that moment (save after ``fit()`` for the consensus).
+
+``dynamic_batches=False`` keeps Lightning's static shards (every rank the same
+batches). Other keywords are the protocol's settings (as for ``hetrain.Hop``
+etc.), ``on_failure`` and ``timeout_s`` included.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from itertools import count
+from typing import Any
+
+from hetrain.integrations.extras import require
+
+require("lightning", "lightning", "HetrainStrategy")
+
+import torch  # noqa: E402
+from lightning.pytorch.strategies import DDPStrategy  # noqa: E402
+from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher  # noqa: E402
+from lightning.pytorch.trainer.states import TrainerFn  # noqa: E402
+from lightning.pytorch.utilities.exceptions import SIGTERMException  # noqa: E402
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset  # noqa: E402
+
+from hetrain.errors import UsageError  # noqa: E402
+from hetrain.integrations.liveness import StoreLiveness  # noqa: E402
+from hetrain.integrations.shared_batches import SharedBatches  # noqa: E402
+from hetrain.registry import get_spec  # noqa: E402
+from hetrain.runtime.job import DEFAULT_TIMEOUT_S, job_store, prefer_lazy_connections  # noqa: E402
+from hetrain.runtime.protocol import SyncProtocol  # noqa: E402
+
+__all__ = ["HetrainStrategy"]
+
+_samplers = count()
+
+
+def lockstep(protocol_class: type) -> bool:
+    """Whether the protocol's workers must take the same steps (they agree on when to checkpoint)."""
+    return protocol_class.checkpoint_due is not SyncProtocol.checkpoint_due
+
+
+class HetrainStrategy(DDPStrategy):
+    """A Lightning strategy that trains with one of hetrain's protocols (see the module docstring)."""
+
+    strategy_name = "hetrain"
+
+    def __init__(self, protocol: str = "hop", *, timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort",
+                 dynamic_batches: bool | None = None, seed: int = 0, accelerator=None, parallel_devices=None,
+                 cluster_environment=None, checkpoint_io=None, precision_plugin=None,
+                 process_group_backend: str | None = None, **options: Any):
+        self.spec = get_spec(protocol)  # an unknown name fails here, naming the choices
+        if on_failure == "respawn":
+            raise UsageError("HetrainStrategy: on_failure='respawn' needs hetrain's launcher to start a "
+                             "replacement; use 'continue' (the survivors finish) or 'abort'")
+        super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
+                         cluster_environment=cluster_environment, checkpoint_io=checkpoint_io,
+                         precision_plugin=precision_plugin, process_group_backend=process_group_backend,
+                         timeout=timedelta(seconds=timeout_s))
+        self.protocol = protocol
+        self.options = options
+        self.timeout_s = timeout_s
+        self.on_failure = on_failure
+        self.seed = seed
+        self.lockstep = lockstep(self.spec.runtime_class())
+        self.dynamic_batches = (not self.lockstep) if dynamic_batches is None else dynamic_batches
+        if self.dynamic_batches and self.lockstep:
+            raise ValueError(f"{protocol}'s workers step together: dynamic_batches would leave one waiting")
+        self.sync: SyncProtocol | None = None
+        self.liveness: StoreLiveness | None = None
+        self.samplers: list[SharedBatches] = []
+        self._finished = False
+
+    # -- processes and the process group -------------------------------------------------------
+    def _configure_launcher(self) -> None:
+        super()._configure_launcher()
+        if self.on_failure != "abort" and isinstance(self._launcher, _SubprocessScriptLauncher):
+            self._launcher = _TolerantLauncher(self.cluster_environment, self.num_processes, self.num_nodes)
+
+    def setup_distributed(self) -> None:
+        """As DDP does, after what ``hetrain.init()`` does first (lazy gloo connections, dynamo imported
+        before the group exists: see hetrain.runtime.job.init)."""
+        prefer_lazy_connections()
+        import torch._dynamo  # noqa: F401
+
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and not torch.distributed.is_initialized():
+            from hetrain.runtime.job import init
+
+            self.set_world_ranks()
+            self._process_group_backend = self._get_process_group_backend()
+            init(backend=self._process_group_backend, timeout_s=self.timeout_s)  # torchrun: one store per attempt
+        else:
+            super().setup_distributed()
+
+    def _get_process_group_backend(self) -> str:
+        return self._process_group_backend or "gloo"  # hetrain's channels need gloo; GPU tensors go via the host
+
+    # -- the model -----------------------------------------------------------------------------
+    def configure_ddp(self) -> None:
+        """No DDP wrapper: the protocol is built once the optimizer exists (``setup``)."""
+
+    def setup(self, trainer) -> None:
+        super().setup(trainer)
+        if trainer.state.fn != TrainerFn.FITTING:
+            return
+        if len(self.optimizers) != 1:
+            raise ValueError(f"HetrainStrategy synchronizes one optimizer's steps; got {len(self.optimizers)}")
+        runtime: dict[str, Any] = {}
+        if self.on_failure != "abort":
+            self.liveness = StoreLiveness.start(job_store(), self.global_rank, self.world_size, self.timeout_s)
+            runtime.update(on_failure=self.on_failure, dead_workers=self.liveness.dead_workers)
+        if self.spec.seeded:
+            runtime["seed"] = self.seed
+        self.sync = self.spec.runtime_class()(self.lightning_module, self.optimizers[0], timeout_s=self.timeout_s,
+                                              **runtime, **self.options)
+        self._finished = False
+        server = getattr(self.sync, "_server", None)  # this rank serves the Group Generator (Prague, AD-PSGD)
+        if self.liveness is not None and server is not None:
+            self.liveness.on_death = lambda rank: server.handle({"op": "leave", "worker": rank})
+        if self.sync.module is not self.lightning_module:
+            self.model = self.sync.module  # All-Reduce: its DistributedDataParallel wrapper
+        if self.decoupled:
+            _check_sigterm_locally(trainer)
+
+    @property
+    def decoupled(self) -> bool:
+        """Whether Lightning's collectives are local now: a decoupled protocol runs, or it ran and a rank
+        died (``on_failure="continue"``: a collective over the world would wait for the dead)."""
+        if self.sync is None or self.lockstep:
+            return False
+        return not self._finished or bool(self.sync.dead or (self.liveness and self.liveness.dead_workers()))
+
+    def process_dataloader(self, dataloader: object) -> object:
+        if not (self.decoupled and self.dynamic_batches and _training_loader(dataloader)):
+            return dataloader
+        sampler = SharedBatches(len(dataloader.dataset), dataloader.batch_size,
+                                torch.distributed.PrefixStore(f"lightning/batches/{next(_samplers)}/", job_store()),
+                                seed=self.seed, drop_last=dataloader.drop_last)
+        self.samplers.append(sampler)
+        return DataLoader(dataloader.dataset, batch_sampler=sampler, num_workers=dataloader.num_workers,
+                          collate_fn=dataloader.collate_fn, pin_memory=dataloader.pin_memory,
+                          worker_init_fn=dataloader.worker_init_fn,
+                          persistent_workers=dataloader.persistent_workers)
+
+    # -- the end of training -------------------------------------------------------------------
+    def on_train_end(self) -> None:
+        """Drain and average: every rank leaves training with the consensus model."""
+        super().on_train_end()
+        self.finish()
+
+    def finish(self) -> None:
+        if self.sync is not None and not self._finished:
+            self.sync.finish()
+            self._finished = True
+
+    def metrics(self) -> dict:
+        """The protocol's metrics for this rank (``sync.metrics()``) and the batches it took last epoch."""
+        data = self.sync.metrics() if self.sync is not None else {}
+        if self.samplers:
+            data["batches_taken_last_epoch"] = self.samplers[-1].taken
+        return data
+
+    def on_exception(self, exception: BaseException) -> None:
+        if self.sync is not None:
+            self.sync.close()
+        super().on_exception(exception)
+
+    def teardown(self) -> None:
+        if self.sync is not None:
+            self.sync.close()  # after finish() this only releases; after an error it does not wait for anyone
+        if self.liveness is not None:
+            self.liveness.stop()
+        if self.model is not self.lightning_module and self.lightning_module is not None:
+            self.model = self.lightning_module
+        super().teardown()
+
+    # -- Lightning's collectives ---------------------------------------------------------------
+    def barrier(self, *args: Any, **kwargs: Any) -> None:
+        if not self.decoupled:
+            super().barrier(*args, **kwargs)
+
+    def broadcast(self, obj, src: int = 0):
+        return obj if self.decoupled else super().broadcast(obj, src)
+
+    def reduce(self, tensor, group=None, reduce_op="mean"):
+        return tensor if self.decoupled else super().reduce(tensor, group, reduce_op)
+
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:  # noqa: A002 (Lightning's name)
+        return decision if self.decoupled else super().reduce_boolean_decision(decision, all)
+
+
+def _training_loader(dataloader: object) -> bool:
+    """Lightning's training loader: its DistributedSampler shuffles (Lightning shuffles every training
+    loader it shards, and warns against shuffled evaluation loaders)."""
+    return isinstance(dataloader, DataLoader) and isinstance(dataloader.sampler, DistributedSampler) \
+        and dataloader.sampler.shuffle and dataloader.batch_size is not None \
+        and not isinstance(dataloader.dataset, IterableDataset)
+
+
+def _check_sigterm_locally(trainer) -> None:
+    """Lightning's epoch loop broadcasts rank 0's SIGTERM flag before every batch (a collective each
+    batch); decoupled ranks check their own flag instead (a private method replaced on this trainer's loop)."""
+    loop = trainer.fit_loop.epoch_loop
+    if not hasattr(loop, "_broadcast_sigterm_tensor"):
+        return
+
+    def local_check() -> None:
+        if getattr(trainer, "received_sigterm", False):
+            raise SIGTERMException()
+
+    loop._broadcast_sigterm_tensor = local_check
+
+
+class _TolerantLauncher(_SubprocessScriptLauncher):
+    """Lightning's launcher without its observer, which SIGKILLs every rank when one dies (5 s later):
+    with ``on_failure="continue"`` the survivors go on."""
+
+    def launch(self, function, *args, trainer=None, **kwargs):
+        from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
+
+        self.cluster_environment.validate_settings(num_devices=self.num_processes, num_nodes=self.num_nodes)
+        if not self.cluster_environment.creates_processes_externally:
+            self._call_children_scripts()
+        _set_num_threads_if_needed(num_processes=self.num_processes)
+        return function(*args, **kwargs)

@@ -1,0 +1,72 @@
+"""Who died, for jobs that hetrain's launcher does not run (Lightning's, Accelerate's): heartbeats on the store.
+
+``on_failure="continue"`` needs ``dead_workers()``: the ranks known dead. hetrain's
+own launcher knows them from its child processes; elsewhere every rank bumps a
+counter of its own on the job's c10d store every ``INTERVAL_S`` (from a thread,
+so a rank that merely waits is alive) and watches the others' counters. A rank
+whose counter has not moved for ``SILENCE_S`` is dead, for good (``on_death`` hears of
+it: the rank that serves Prague's or AD-PSGD's Group Generator stops grouping it, as
+hetrain's launcher does). The store lives
+in one process (rank 0's under Lightning's launcher, torchrun's agent under
+torchrun): if that process dies, the job ends.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+INTERVAL_S = 0.2
+SILENCE_S = 1.5  # below Hop's grace for a lost peer not yet named dead (hetrain.runtime.hop.SUSPECT_GRACE_S)
+
+
+class StoreLiveness:
+    def __init__(self, store, rank: int, world_size: int, timeout_s: float):
+        self.on_death = None  # called with each rank found dead (from the watching thread)
+        self.store = store
+        self.rank = rank
+        self.world_size = world_size
+        self.timeout_s = timeout_s
+        self._dead: set[int] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def start(cls, store, rank: int, world_size: int, timeout_s: float) -> StoreLiveness:
+        if store is None:
+            raise RuntimeError("on_failure='continue' needs the job's c10d store (torch.distributed initialised)")
+        liveness = cls(store, rank, world_size, timeout_s)
+        liveness.store.add(f"beat/{rank}", 1)
+        liveness._thread = threading.Thread(target=liveness._run, name="hetrain-liveness", daemon=True)
+        liveness._thread.start()
+        return liveness
+
+    def dead_workers(self) -> set[int]:
+        return set(self._dead)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.timeout_s)
+
+    def _run(self) -> None:
+        seen: dict[int, tuple[int, float]] = {}  # rank -> (its counter, when it last moved)
+        while not self._stop.wait(INTERVAL_S):
+            try:
+                self.store.add(f"beat/{self.rank}", 1)
+                now = time.monotonic()
+                for peer in range(self.world_size):
+                    if peer == self.rank or peer in self._dead:
+                        continue
+                    value = self.store.add(f"beat/{peer}", 0)
+                    if value == 0:
+                        continue  # not started yet: only a rank that has beaten can fall silent
+                    last = seen.get(peer)
+                    if last is None or value != last[0]:
+                        seen[peer] = (value, now)
+                    elif now - last[1] > SILENCE_S:
+                        self._dead.add(peer)
+                        if self.on_death is not None:
+                            self.on_death(peer)
+            except Exception:  # the store is gone: the job is ending (or its host died); nothing to report
+                return

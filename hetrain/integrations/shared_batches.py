@@ -1,0 +1,82 @@
+"""Batches shared out by speed: each rank takes the next batch of the epoch when it is ready for one.
+
+A static shard (DistributedSampler) gives every rank the same number of batches,
+so an epoch lasts as long as the slowest rank needs for its share, whatever the
+protocol. Here every rank walks the same permutation of the whole dataset (the
+same seed and epoch on every rank) and claims batch numbers from one counter on
+the job's c10d store: a rank three times faster takes three times the batches,
+and every rank runs out within about one batch of the others. An epoch still
+trains on each sample once (the last batch may be short unless ``drop_last``).
+
+Claims are atomic (``store.add``), one round trip to the store per batch. A
+batch claimed by an iterator that is dropped before using it is lost to the
+epoch (a data loader prefetching when the loop ends early, for instance).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import Sampler
+
+
+class EpochOrder(Sampler):
+    """The order of one epoch's samples: the same on every rank (seeded by ``seed`` and the epoch).
+    Lightning (as torch's ``DistributedSampler`` users do) calls ``set_epoch`` on a batch sampler's ``sampler``."""
+
+    def __init__(self, num_samples: int, shuffle: bool = True, seed: int = 0):
+        self.num_samples = num_samples
+        self.shuffle = shuffle
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __iter__(self):
+        if not self.shuffle:
+            return iter(range(self.num_samples))
+        return iter(torch.randperm(self.num_samples, generator=torch.Generator().manual_seed(self.seed + self.epoch))
+                    .tolist())
+
+
+class SharedBatches(Sampler):
+    """A batch sampler whose epochs are shared out among ranks by a counter on ``store``.
+
+    ``store``: the job's store under a prefix of this sampler's own (every rank's
+    sampler must use the same one). It has no length: each rank learns how many
+    batches it took when it runs out.
+    """
+
+    def __init__(self, num_samples: int, batch_size: int, store, *, shuffle: bool = True, seed: int = 0,
+                 drop_last: bool = False):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        self.num_samples = num_samples
+        self.batch_size = batch_size
+        self.store = store
+        self.drop_last = drop_last
+        self.sampler = EpochOrder(num_samples, shuffle, seed)
+        self.taken = 0  # batches this rank took in its current or last epoch
+
+    @property
+    def num_batches(self) -> int:
+        """Batches per epoch, over all ranks."""
+        full, rest = divmod(self.num_samples, self.batch_size)
+        return full if self.drop_last or rest == 0 else full + 1
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def __iter__(self):
+        order = list(self.sampler)
+        self.taken = 0
+        key = f"epoch/{self.sampler.epoch}"
+        while True:
+            batch = self.store.add(key, 1) - 1
+            if batch >= self.num_batches:
+                return
+            self.taken += 1
+            yield order[batch * self.batch_size:(batch + 1) * self.batch_size]

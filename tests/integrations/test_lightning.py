@@ -1,0 +1,88 @@
+"""HetrainStrategy for real: examples/lightning_hop.py on 2 CPU processes that Lightning starts itself.
+
+Each run trains the example's conv net (BatchNorm) on digits for one epoch; every rank
+writes its final weights, and the ranks must hold the same floating-point state after
+``fit()`` (the integer ``num_batches_tracked`` counts each rank's own batches).
+"""
+
+import contextlib
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lightning")
+torch = pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "lightning_hop.py"
+TRAIN_BATCHES = 45  # digits: 1,437 training images in batches of 32
+TIMEOUT_S = 120
+
+
+def run_example(out: Path, *args: str) -> str:
+    """Run the example (2 ranks, one epoch); on failure or timeout kill every process it started."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_PORT", "MASTER_ADDR", "WORLD_SIZE", "RANK",
+                                                             "LOCAL_RANK", "NODE_RANK")}
+    env["OMP_NUM_THREADS"] = "1"
+    command = [sys.executable, str(EXAMPLE), "--devices", "2", "--epochs", "1", "--compute-ms", "0",
+               "--out", str(out), *args]
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        output = proc.communicate(timeout=TIMEOUT_S)[0]
+    except subprocess.TimeoutExpired:
+        output = "timed out"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # Lightning's other ranks are in the same session
+        proc.wait()
+    assert proc.returncode == 0, output[-3000:]
+    return output
+
+
+def reports(out: Path, ranks: int = 2) -> list[dict]:
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
+
+
+def assert_ranks_agree(out: Path, ranks: int = 2) -> None:
+    states = [torch.load(out / f"rank{r}.pt") for r in range(ranks)]
+    for name, tensor in states[0].items():
+        if tensor.is_floating_point():
+            for other in states[1:]:
+                assert torch.equal(tensor, other[name]), f"ranks differ in {name} after fit()"
+
+
+def test_hop_strategy_trains_shares_batches_by_speed_validates_checkpoints_and_ends_in_consensus(tmp_path):
+    run_example(tmp_path, "--strategy", "hop", "--checkpoints", str(tmp_path / "ckpt"))
+    assert_ranks_agree(tmp_path)
+    rank0, rank1 = reports(tmp_path)
+    assert rank0["batches"] + rank1["batches"] == TRAIN_BATCHES  # one pass over the data, shared out
+    assert rank0["metrics"]["exchanges"] == rank0["batches"]  # every optimizer step synchronized
+    assert "val_acc" in rank0["logged"]  # validation ran and logged
+    assert rank0["test_accuracy"] > 0.5
+    saved = list((tmp_path / "ckpt").glob("*.ckpt"))
+    assert len(saved) == 1
+    spec = importlib.util.spec_from_file_location("lightning_hop_example", EXAMPLE)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    restored = example.DigitsNet.load_from_checkpoint(saved[0], map_location="cpu")
+    final = torch.load(tmp_path / "rank0.pt")
+    assert set(restored.state_dict()) == set(final)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("protocol", ["dpsgd", "allreduce", "prague", "adpsgd", "ps"])
+def test_every_other_protocol_trains_under_the_strategy_and_ends_in_consensus(tmp_path, protocol):
+    run_example(tmp_path, "--strategy", protocol)
+    assert_ranks_agree(tmp_path)
+    batches = [r["batches"] for r in reports(tmp_path)]
+    if protocol == "allreduce":  # lockstep: Lightning's static shards
+        assert batches == [23, 23]
+    else:
+        assert sum(batches) == TRAIN_BATCHES

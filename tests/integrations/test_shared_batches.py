@@ -1,0 +1,59 @@
+"""The pieces under HetrainStrategy that need no processes: batches shared out, deaths heard, the extras' error."""
+
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = torch.distributed
+
+from hetrain.integrations.extras import require  # noqa: E402
+from hetrain.integrations.liveness import SILENCE_S, StoreLiveness  # noqa: E402
+from hetrain.integrations.shared_batches import SharedBatches  # noqa: E402
+
+
+def test_ranks_drawing_at_different_speeds_cover_each_epoch_once_and_the_fast_one_takes_more():
+    store = dist.HashStore()
+    ranks = [SharedBatches(100, 8, store, seed=3) for _ in range(2)]
+    for epoch in range(2):
+        for sampler in ranks:
+            sampler.set_epoch(epoch)
+        fast, slow = (iter(s) for s in ranks)
+        seen, done = [], [False, False]
+        step = 0
+        while not all(done):
+            for r, it in enumerate((fast, slow)):
+                if done[r] or (r == 1 and step % 3):  # the slow rank asks every third turn
+                    continue
+                batch = next(it, None)
+                if batch is None:
+                    done[r] = True
+                else:
+                    seen += batch
+            step += 1
+        assert sorted(seen) == list(range(100))  # every sample once; the last batch is short
+        assert ranks[0].taken + ranks[1].taken == 13 and ranks[0].taken > 2 * ranks[1].taken
+    orders = [list(SharedBatches(100, 8, dist.HashStore(), seed=3).sampler) for _ in range(2)]
+    assert orders[0] == orders[1] != list(range(100))  # the same permutation on every rank
+
+
+def test_a_rank_whose_heartbeat_stops_is_named_dead_and_one_not_yet_started_is_not():
+    store = dist.HashStore()
+    watcher = StoreLiveness.start(store, 0, 3, timeout_s=5)
+    beating = StoreLiveness.start(store, 1, 3, timeout_s=5)
+    heard = []
+    watcher.on_death = heard.append
+    try:
+        time.sleep(0.5)
+        beating.stop()  # rank 1 falls silent; rank 2 never started
+        deadline = time.monotonic() + SILENCE_S + 2
+        while not watcher.dead_workers() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert watcher.dead_workers() == {1} and heard == [1]
+    finally:
+        watcher.stop()
+
+
+def test_a_missing_extra_fails_in_one_line_naming_it():
+    with pytest.raises(ImportError, match=r"^HetrainStrategy needs lightning: pip install 'hetrain\[lightning\]'$"):
+        require("hetrain_no_such_package", "lightning", "HetrainStrategy")
