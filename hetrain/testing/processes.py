@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import subprocess
 
 
 def worker_pids(under: int | None = None) -> dict[int, int]:
@@ -46,17 +49,40 @@ def _descends_from(pid: int, ancestor: int) -> bool:
 def torchrun_rank_pids(agent: int) -> dict[int, int]:
     """rank -> pid of the ranks a torchrun agent (pid ``agent``, or a process above it) runs now: the
     descendants whose environment holds torchrun's ``RANK``. Linux only: an empty dict elsewhere."""
+    return rank_pids(agent, "RANK", marker="TORCHELASTIC_RUN_ID")
+
+
+def rank_pids(ancestor: int, variable: str, marker: str | None = None) -> dict[int, int]:
+    """value -> pid of the descendants of ``ancestor`` whose environment sets ``variable`` (a rank:
+    ``RANK``, ``LOCAL_RANK``) and, if given, ``marker``. Linux only: an empty dict elsewhere."""
     pids: dict[int, int] = {}
     if not os.path.isdir("/proc"):
         return pids
     for entry in os.listdir("/proc"):
-        if not entry.isdigit() or not _descends_from(int(entry), agent):
+        if not entry.isdigit() or not _descends_from(int(entry), ancestor):
             continue
         try:
             with open(f"/proc/{entry}/environ", "rb") as handle:
                 env = dict(item.split(b"=", 1) for item in handle.read().split(b"\0") if b"=" in item)
         except OSError:
             continue
-        if b"TORCHELASTIC_RUN_ID" in env and b"RANK" in env:
-            pids[int(env[b"RANK"])] = int(entry)
+        if variable.encode() in env and (marker is None or marker.encode() in env):
+            pids[int(env[variable.encode()])] = int(entry)
     return pids
+
+
+def run_in_own_session(command: list[str], *, cwd, env: dict, timeout_s: float) -> tuple[int, str]:
+    """Run ``command`` (which may start processes of its own: Lightning's ranks, torchrun's) in a new
+    session and return its exit code and output; on return, on a timeout or on any error, every
+    process of that session is killed, so that no rank outlives the test."""
+    proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        output = proc.communicate(timeout=timeout_s)[0]
+    except subprocess.TimeoutExpired:
+        output = f"timed out after {timeout_s} s"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    return proc.returncode, output

@@ -1,15 +1,14 @@
 """HetrainSync for real: examples/accelerate_prague.py on 2 CPU processes started by ``accelerate launch``."""
 
-import contextlib
 import json
 import os
-import signal
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from hetrain.testing.processes import run_in_own_session
 
 pytest.importorskip("accelerate")
 torch = pytest.importorskip("torch")
@@ -32,17 +31,8 @@ def test_prague_around_an_accelerate_loop_leaves_every_process_with_the_same_tra
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                "--main_process_port", str(_free_port()), str(EXAMPLE), "--epochs", "1", "--out", str(tmp_path)]
-    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        output = proc.communicate(timeout=TIMEOUT_S)[0]
-    except subprocess.TimeoutExpired:
-        output = "timed out"
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # torchrun's ranks are in the same session
-        proc.wait()
-    assert proc.returncode == 0, output[-3000:]
+    returncode, output = run_in_own_session(command, cwd=ROOT, env=env, timeout_s=TIMEOUT_S)
+    assert returncode == 0, output[-3000:]
     states = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     for name, tensor in states[0].items():
         if tensor.is_floating_point():

@@ -5,16 +5,15 @@ writes its final weights, and the ranks must hold the same floating-point state 
 ``fit()`` (the integer ``num_batches_tracked`` counts each rank's own batches).
 """
 
-import contextlib
 import importlib.util
 import json
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from hetrain.testing.processes import run_in_own_session
 
 pytest.importorskip("lightning")
 torch = pytest.importorskip("torch")
@@ -32,17 +31,8 @@ def run_example(out: Path, *args: str) -> str:
     env["OMP_NUM_THREADS"] = "1"
     command = [sys.executable, str(EXAMPLE), "--devices", "2", "--epochs", "1", "--compute-ms", "0",
                "--out", str(out), *args]
-    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    try:
-        output = proc.communicate(timeout=TIMEOUT_S)[0]
-    except subprocess.TimeoutExpired:
-        output = "timed out"
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # Lightning's other ranks are in the same session
-        proc.wait()
-    assert proc.returncode == 0, output[-3000:]
+    returncode, output = run_in_own_session(command, cwd=ROOT, env=env, timeout_s=TIMEOUT_S)
+    assert returncode == 0, output[-3000:]
     return output
 
 

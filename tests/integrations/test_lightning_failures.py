@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from hetrain.testing.processes import rank_pids
+
 pytest.importorskip("lightning")
 torch = pytest.importorskip("torch")
 
@@ -23,29 +25,6 @@ EXAMPLE = ROOT / "examples" / "lightning_hop.py"
 TIMEOUT_S = 150
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds ranks in /proc")]
-
-
-def _parent(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return int(handle.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
-def _child_rank_pid(main: int, local_rank: int) -> int | None:
-    """The pid of the rank Lightning started with ``LOCAL_RANK=local_rank`` under ``main``."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or _parent(int(entry)) != main:
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as handle:
-                env = dict(item.split(b"=", 1) for item in handle.read().split(b"\0") if b"=" in item)
-        except OSError:
-            continue
-        if env.get(b"LOCAL_RANK") == str(local_rank).encode():
-            return int(entry)
-    return None
 
 
 @pytest.mark.parametrize("protocol", ["hop", "prague"])
@@ -63,7 +42,7 @@ def test_a_rank_killed_mid_fit_leaves_the_survivors_finishing_in_consensus(tmp_p
             assert proc.poll() is None and time.monotonic() < deadline, "rank 2 never started training"
             time.sleep(0.05)
         time.sleep(1.0)
-        victim = _child_rank_pid(proc.pid, 2)
+        victim = rank_pids(proc.pid, "LOCAL_RANK").get(2)  # the rank Lightning started
         assert victim is not None
         os.kill(victim, signal.SIGKILL)
         output = proc.communicate(timeout=TIMEOUT_S)[0]
