@@ -9,13 +9,20 @@ runs torchrun), and the script's ``Accelerator(cpu=True)`` makes them a multi-CP
 gloo; ``--cpu --num_processes 4`` starts one process only (Accelerate 1.16's multi-CPU
 launch goes through MPI and ``--mpirun_hostfile``). Add ``--main_process_port`` to run two
 jobs side by side. A small conv net with BatchNorm learns scikit-learn's digits; the loop is
-Accelerate's usual one. With ``--out DIR`` every process writes ``rank<R>.pt`` (its final weights) and ``rank<R>.json``.
+Accelerate's usual one, over ``sync.shared_loader(loader)``: the epochs shared out by speed
+(``--static-shards``: Accelerate's prepared loader, the same number of batches on every process).
+Each batch sleeps ``--compute-ms`` times the process's slowdown before its forward pass
+(``--slowdown 0:3x``: process 0 three times slower; default none). ``--protocol allreduce`` is
+Accelerate's own DDP (HetrainSync passes it through), the baseline. With ``--out DIR`` every
+process writes ``rank<R>.pt`` (its final weights) and ``rank<R>.json`` (times, batches, accuracy,
+the protocol's metrics).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -26,6 +33,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from hetrain.data import load_dataset
 from hetrain.integrations.accelerate import HetrainSync  # before Accelerator(): see its docstring
 from hetrain.registry import PROTOCOL_NAMES
+from hetrain.slowdown import parse_slowdown
 
 
 def make_model() -> nn.Module:
@@ -41,33 +49,46 @@ def main() -> None:
     parser.add_argument("--protocol", choices=PROTOCOL_NAMES, default="prague")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--compute-ms", type=float, default=0.0, help="emulated compute per batch (a sleep)")
+    parser.add_argument("--slowdown", default="none", help="a hetrain slowdown spec, e.g. 0:3x")
+    parser.add_argument("--static-shards", action="store_true", help="Accelerate's prepared loader, not shared")
     args = parser.parse_args()
+    slowdown = parse_slowdown(args.slowdown)
 
     accelerator = Accelerator(cpu=True)
     data = load_dataset("digits")
     loader = DataLoader(TensorDataset(data.x_train, data.y_train), batch_size=32, shuffle=True)
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    if args.static_shards:
+        loader = accelerator.prepare_data_loader(loader)
+    rank, batches = accelerator.process_index, 0
 
+    start = time.time()
     with HetrainSync(accelerator, model, optimizer, protocol=args.protocol) as sync:
+        if not args.static_shards:
+            loader = sync.shared_loader(loader)  # each epoch shared out by speed
         for _ in range(args.epochs):
             model.train()
             for x, y in loader:
+                time.sleep(args.compute_ms / 1000 * slowdown.factor(rank, batches))
+                batches += 1
                 optimizer.zero_grad()
                 accelerator.backward(nn.functional.cross_entropy(model(x), y))
                 optimizer.step()  # then the protocol synchronizes (Prague: a group's P-Reduce)
+    end = time.time()  # leaving the block waited for the final average
 
     net = accelerator.unwrap_model(model).eval()
     with torch.no_grad():
         accuracy = (net(data.x_test).argmax(1) == data.y_test).float().mean().item()
-    rank = accelerator.process_index
     accelerator.print(f"{args.protocol}: test accuracy {accuracy:.4f} (every process holds the same model)")
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         torch.save(net.state_dict(), out / f"rank{rank}.pt")
-        (out / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "test_accuracy": accuracy,
+        (out / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "test_accuracy": accuracy, "start": start,
+                                                          "end": end, "batches": batches,
                                                           "metrics": sync.metrics()}, default=str))
     accelerator.wait_for_everyone()
     accelerator.end_training()

@@ -22,6 +22,15 @@ go on alike (every epoch draws one permutation on every process). ``protocol="al
 DDP in charge (it is All-Reduce). ``enabled=False`` makes the block a no-op, as with
 ``LocalSGD``. Keywords are the protocol's settings (as for ``hetrain.Hop`` etc.).
 
+Batches by speed: a prepared loader gives every process the same number of batches, so each
+epoch lasts as long as the slowest process needs for its share. ``sync.shared_loader(loader)``,
+given the plain (unprepared) ``DataLoader``, shares each epoch out by speed instead (as
+``HetrainStrategy`` does for Lightning: hetrain.integrations.shared_batches): a process three
+times faster takes three times the batches, an epoch is still one pass over the data, and the
+batches arrive on ``accelerator.device``. Each ``for`` over it is one epoch. Every process must
+call it, in the same order; with ``allreduce`` (lockstep) or when disabled it returns
+``accelerator.prepare_data_loader(loader)``, so the same loop runs either way.
+
 Importing this module does what ``hetrain.init()`` does before the process group exists
 (prefer lazy gloo connections, import ``torch._dynamo``: see hetrain.runtime.job.init), so
 import it before creating the ``Accelerator``. ``on_failure`` other than ``"abort"`` is
@@ -30,6 +39,7 @@ refused: Accelerate's launchers (torchrun, mpirun) stop every process when one d
 
 from __future__ import annotations
 
+from itertools import count
 from typing import Any
 
 from hetrain.integrations.extras import require
@@ -39,15 +49,19 @@ require("accelerate", "accelerate", "HetrainSync")
 import torch  # noqa: E402
 import torch._dynamo  # noqa: E402, F401 (before the process group: see hetrain.runtime.job.init)
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+from torch.utils.data import DataLoader, RandomSampler  # noqa: E402
 
 from hetrain.errors import UsageError  # noqa: E402
+from hetrain.integrations.shared_batches import SharedBatches  # noqa: E402
 from hetrain.registry import get_spec  # noqa: E402
-from hetrain.runtime.job import DEFAULT_TIMEOUT_S, prefer_lazy_connections  # noqa: E402
+from hetrain.runtime.job import DEFAULT_TIMEOUT_S, job_store, prefer_lazy_connections  # noqa: E402
 from hetrain.runtime.protocol import SyncProtocol  # noqa: E402
 
 __all__ = ["HetrainSync"]
 
 PASS_THROUGH = "allreduce"  # Accelerate's own DistributedDataParallel already is this protocol
+
+_shared_loaders = count()  # every process creates its shared loaders in the same order: same store prefixes
 
 if not torch.distributed.is_initialized():
     prefer_lazy_connections()
@@ -115,6 +129,49 @@ class HetrainSync:
                 self._loaders.append((loader, rng_types))
                 loader.rng_types = None
 
+    def shared_loader(self, dataloader: DataLoader):
+        """``dataloader``'s epochs shared out among the processes by speed (see the module docstring)."""
+        if not isinstance(dataloader, DataLoader) or dataloader.batch_size is None:
+            raise UsageError("HetrainSync.shared_loader takes the plain torch DataLoader (before "
+                             "accelerator.prepare), built with batch_size=")
+        if not self.enabled:
+            return self.accelerator.prepare_data_loader(dataloader)
+        store = job_store()
+        if store is None:
+            raise UsageError("HetrainSync.shared_loader needs the job's c10d store (torch.distributed's "
+                             "default group): launch with accelerate launch or torchrun")
+        sampler = SharedBatches(len(dataloader.dataset), dataloader.batch_size,
+                                torch.distributed.PrefixStore(f"accelerate/batches/{next(_shared_loaders)}/", store),
+                                shuffle=isinstance(dataloader.sampler, RandomSampler), seed=self.seed,
+                                drop_last=dataloader.drop_last)
+        loader = DataLoader(dataloader.dataset, batch_sampler=sampler, num_workers=dataloader.num_workers,
+                            collate_fn=dataloader.collate_fn, pin_memory=dataloader.pin_memory,
+                            worker_init_fn=dataloader.worker_init_fn)
+        return SharedLoader(loader, sampler, self.accelerator.device)
+
     def metrics(self) -> dict:
         """The protocol's metrics for this process (empty when disabled or passed through)."""
         return self.sync.metrics() if self.sync is not None else {}
+
+
+class SharedLoader:
+    """Batches shared out by speed, on the accelerator's device; each iteration over it is the next epoch.
+    ``taken``: the batches this process took in its current or last epoch."""
+
+    def __init__(self, loader: DataLoader, sampler: SharedBatches, device):
+        self.loader = loader
+        self.sampler = sampler
+        self.device = device
+        self.epoch = 0
+
+    @property
+    def taken(self) -> int:
+        return self.sampler.taken
+
+    def __iter__(self):
+        from accelerate.utils import send_to_device
+
+        self.sampler.set_epoch(self.epoch)
+        self.epoch += 1
+        for batch in self.loader:
+            yield send_to_device(batch, self.device)
