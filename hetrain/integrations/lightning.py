@@ -140,9 +140,8 @@ class HetrainStrategy(DDPStrategy):
         self.sync = self.spec.runtime_class()(self.lightning_module, self.optimizers[0], timeout_s=self.timeout_s,
                                               **runtime, **self.options)
         self._finished = False
-        server = getattr(self.sync, "_server", None)  # this rank serves the Group Generator (Prague, AD-PSGD)
-        if self.liveness is not None and server is not None:
-            self.liveness.on_death = lambda rank: server.handle({"op": "leave", "worker": rank})
+        if self.liveness is not None:  # e.g. Prague's Group Generator, on rank 0, stops grouping the dead
+            self.liveness.on_death = self.sync.worker_left
         if self.sync.module is not self.lightning_module:
             self.model = self.sync.module  # All-Reduce: its DistributedDataParallel wrapper
         if self.decoupled:

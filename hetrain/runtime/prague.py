@@ -209,6 +209,10 @@ class GroupProtocol(SyncProtocol):
             self.stats.extra.update(self.scheduler.stats())
         self._update_extra()
 
+    def worker_left(self, rank: int) -> None:
+        if self._server is not None:  # this process serves the Group Generator
+            self._server.handle({"op": "leave", "worker": rank})
+
     def _release(self) -> None:
         if self._prefetch is not None:
             self._prefetch.close()

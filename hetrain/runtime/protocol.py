@@ -316,6 +316,11 @@ class SyncProtocol:
         self.dead |= new
         return new
 
+    def worker_left(self, rank: int) -> None:
+        """Tell the services this process runs that ``rank`` died (continue mode, where no hetrain
+        launcher does it: e.g. under Lightning). Prague and AD-PSGD's Group Generator, served by
+        rank 0, stops grouping it; a no-op elsewhere."""
+
     def rejoined(self) -> set[int]:
         """Ranks whose replacement joined since the last call (respawn; empty otherwise).
 
