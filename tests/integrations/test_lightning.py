@@ -24,13 +24,14 @@ TRAIN_BATCHES = 45  # digits: 1,437 training images in batches of 32
 TIMEOUT_S = 120
 
 
-def run_example(out: Path, *args: str) -> str:
-    """Run the example (2 ranks, one epoch); on failure or timeout kill every process it started."""
+def run_example(out: Path, *args: str, launcher: tuple[str, ...] = ()) -> str:
+    """Run the example (2 ranks, one epoch; ``launcher``: a command to start it under, e.g. torchrun's);
+    on failure or timeout kill every process it started."""
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_PORT", "MASTER_ADDR", "WORLD_SIZE", "RANK",
                                                              "LOCAL_RANK", "NODE_RANK")}
     env["OMP_NUM_THREADS"] = "1"
-    command = [sys.executable, str(EXAMPLE), "--devices", "2", "--epochs", "1", "--compute-ms", "0",
-               "--out", str(out), *args]
+    command = [*(launcher or (sys.executable,)), str(EXAMPLE), "--devices", "2", "--epochs", "1",
+               "--compute-ms", "0", "--out", str(out), *args]
     returncode, output = run_in_own_session(command, cwd=ROOT, env=env, timeout_s=TIMEOUT_S)
     assert returncode == 0, output[-3000:]
     return output
@@ -64,6 +65,15 @@ def test_hop_strategy_trains_shares_batches_by_speed_validates_checkpoints_and_e
     restored = example.DigitsNet.load_from_checkpoint(saved[0], map_location="cpu")
     final = torch.load(tmp_path / "rank0.pt")
     assert set(restored.state_dict()) == set(final)
+
+
+def test_prague_strategy_runs_under_torchrun(tmp_path):
+    torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
+    run_example(tmp_path, "--strategy", "prague", launcher=torchrun)
+    assert_ranks_agree(tmp_path)
+    reports_ = reports(tmp_path)
+    assert sum(r["batches"] for r in reports_) == TRAIN_BATCHES
+    assert all(r["metrics"]["groups_formed"] > 0 for r in reports_)
 
 
 @pytest.mark.slow
