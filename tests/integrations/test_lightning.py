@@ -67,6 +67,7 @@ def test_hop_strategy_trains_shares_batches_by_speed_validates_checkpoints_and_e
     assert set(restored.state_dict()) == set(final)
 
 
+@pytest.mark.slow  # the fast suite runs the strategy under Lightning's own launcher (above)
 def test_prague_strategy_runs_under_torchrun(tmp_path):
     torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
     run_example(tmp_path, "--strategy", "prague", launcher=torchrun)
