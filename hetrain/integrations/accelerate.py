@@ -61,6 +61,7 @@ __all__ = ["HetrainSync"]
 
 PASS_THROUGH = "allreduce"  # Accelerate's own DistributedDataParallel already is this protocol
 
+UNSUPPORTED = ("FSDP", "DEEPSPEED", "MEGATRON_LM")  # sharded models: no whole replica per process to average
 _shared_loaders = count()  # every process creates its shared loaders in the same order: same store prefixes
 
 if not torch.distributed.is_initialized():
@@ -93,6 +94,20 @@ class HetrainSync:
     def __enter__(self) -> HetrainSync:
         if not self.enabled:
             return self
+        kind = getattr(self.accelerator.distributed_type, "name", str(self.accelerator.distributed_type))
+        if kind in UNSUPPORTED or hasattr(self.model, "_orig_mod"):
+            what = "a torch.compile'd model (--dynamo_backend)" if kind not in UNSUPPORTED else kind
+            raise UsageError(f"HetrainSync averages whole replicas of a DDP (or plain) model; {what} is not "
+                             "supported: launch without it (e.g. --dynamo_backend no), or use "
+                             "protocol='allreduce' (Accelerate's own)")
+        try:
+            self._start()
+        except BaseException:
+            self._restore()  # nothing half-switched: DDP syncs again, the loaders broadcast their RNG again
+            raise
+        return self
+
+    def _start(self) -> None:
         if isinstance(self.model, DistributedDataParallel):
             ddp = self.model
             self._ddp_settings = (ddp.require_backward_grad_sync, ddp.broadcast_buffers)
@@ -104,19 +119,23 @@ class HetrainSync:
         self.sync = self.spec.runtime_class()(self.accelerator.unwrap_model(self.model), optimizer,
                                               timeout_s=self.timeout_s, on_failure=self.on_failure,
                                               **runtime, **self.options)
-        return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         try:
             if self.sync is not None:
                 self.sync.__exit__(exc_type, exc, tb)  # finish (consensus), or only release after an error
         finally:
-            if self._ddp_settings is not None:
-                self.model.require_backward_grad_sync, self.model.broadcast_buffers = self._ddp_settings
-            for loader, rng_types in self._loaders:
-                loader.rng_types = rng_types
-            self._loaders = []
+            self._restore()
         return False
+
+    def _restore(self) -> None:
+        """Accelerate's DDP and loaders as they were before the block."""
+        if self._ddp_settings is not None:
+            self.model.require_backward_grad_sync, self.model.broadcast_buffers = self._ddp_settings
+            self._ddp_settings = None
+        for loader, rng_types in self._loaders:
+            loader.rng_types = rng_types
+        self._loaders = []
 
     def _sync_loaders_once(self) -> None:
         """Synchronize the prepared loaders' random state now, not at every epoch (see the module docstring)."""

@@ -43,6 +43,7 @@ from hetrain.integrations.extras import require
 require("lightning", "lightning", "HetrainStrategy")
 
 import torch  # noqa: E402
+from lightning.pytorch.overrides.distributed import _sync_module_states  # noqa: E402
 from lightning.pytorch.strategies import DDPStrategy  # noqa: E402
 from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher  # noqa: E402
 from lightning.pytorch.trainer.states import TrainerFn  # noqa: E402
@@ -58,7 +59,8 @@ from hetrain.runtime.protocol import SyncProtocol  # noqa: E402
 
 __all__ = ["HetrainStrategy"]
 
-_samplers = count()
+_samplers = count()  # every rank makes its samplers and liveness watchers in the same order: same prefixes
+_fits = count()
 
 
 def lockstep(protocol_class: type) -> bool:
@@ -131,9 +133,13 @@ class HetrainStrategy(DDPStrategy):
             return
         if len(self.optimizers) != 1:
             raise ValueError(f"HetrainStrategy synchronizes one optimizer's steps; got {len(self.optimizers)}")
+        # DDP's wrapper would broadcast rank 0's weights; without it an unseeded module starts apart
+        _sync_module_states(self.lightning_module)
         runtime: dict[str, Any] = {}
         if self.on_failure != "abort":
-            self.liveness = StoreLiveness.start(job_store(), self.global_rank, self.world_size, self.timeout_s)
+            store = job_store()
+            store = torch.distributed.PrefixStore(f"lightning/liveness/{next(_fits)}/", store) if store else None
+            self.liveness = StoreLiveness.start(store, self.global_rank, self.world_size, self.timeout_s)
             runtime.update(on_failure=self.on_failure, dead_workers=self.liveness.dead_workers)
         if self.spec.seeded:
             runtime["seed"] = self.seed
@@ -141,7 +147,7 @@ class HetrainStrategy(DDPStrategy):
                                               **runtime, **self.options)
         self._finished = False
         if self.liveness is not None:  # e.g. Prague's Group Generator, on rank 0, stops grouping the dead
-            self.liveness.on_death = self.sync.worker_left
+            self.liveness.notify(self.sync.worker_left)  # deaths seen while the protocol was built too
         if self.sync.module is not self.lightning_module:
             self.model = self.sync.module  # All-Reduce: its DistributedDataParallel wrapper
         if self.decoupled:
@@ -156,7 +162,12 @@ class HetrainStrategy(DDPStrategy):
         return not self._finished or bool(self.sync.dead or (self.liveness and self.liveness.dead_workers()))
 
     def process_dataloader(self, dataloader: object) -> object:
-        if not (self.decoupled and self.dynamic_batches and _training_loader(dataloader)):
+        """The training loader of a fit, shared out by speed (decided from the settings, not from the
+        protocol, which does not exist yet if ``configure_optimizers`` asked for
+        ``trainer.estimated_stepping_batches``: Lightning then loads the data first)."""
+        trainer = self.lightning_module.trainer
+        if not (self.dynamic_batches and trainer.state.fn == TrainerFn.FITTING and trainer.training
+                and _training_loader(dataloader)):
             return dataloader
         sampler = SharedBatches(len(dataloader.dataset), dataloader.batch_size,
                                 torch.distributed.PrefixStore(f"lightning/batches/{next(_samplers)}/", job_store()),
@@ -215,9 +226,11 @@ class HetrainStrategy(DDPStrategy):
 
 
 def _training_loader(dataloader: object) -> bool:
-    """Lightning's training loader: its DistributedSampler shuffles (Lightning shuffles every training
-    loader it shards, and warns against shuffled evaluation loaders)."""
-    return isinstance(dataloader, DataLoader) and isinstance(dataloader.sampler, DistributedSampler) \
+    """A training loader whose order is a shuffled pass over its whole dataset, which Lightning sharded
+    with a plain DistributedSampler. A loader with a sampler of its own (a subset, weights) is wrapped
+    by Lightning in a subclass of DistributedSampler and keeps its static shards: SharedBatches
+    walks the whole dataset."""
+    return isinstance(dataloader, DataLoader) and type(dataloader.sampler) is DistributedSampler \
         and dataloader.sampler.shuffle and dataloader.batch_size is not None \
         and not isinstance(dataloader.dataset, IterableDataset)
 

@@ -13,8 +13,11 @@ torchrun): if that process dies, the job ends.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+
+log = logging.getLogger(__name__)
 
 INTERVAL_S = 0.2
 SILENCE_S = 1.5  # below Hop's grace for a lost peer not yet named dead (hetrain.runtime.hop.SUSPECT_GRACE_S)
@@ -28,6 +31,7 @@ class StoreLiveness:
         self.world_size = world_size
         self.timeout_s = timeout_s
         self._dead: set[int] = set()
+        self._lock = threading.Lock()  # on_death is called once per death: set, or replayed by notify
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -43,6 +47,14 @@ class StoreLiveness:
 
     def dead_workers(self) -> set[int]:
         return set(self._dead)
+
+    def notify(self, on_death) -> None:
+        """Call ``on_death(rank)`` for each rank found dead from now on, and at once for those found so far."""
+        with self._lock:
+            self.on_death = on_death
+            known = set(self._dead)
+        for rank in sorted(known):
+            _report(on_death, rank)
 
     def stop(self) -> None:
         self._stop.set()
@@ -65,8 +77,17 @@ class StoreLiveness:
                     if last is None or value != last[0]:
                         seen[peer] = (value, now)
                     elif now - last[1] > SILENCE_S:
-                        self._dead.add(peer)
-                        if self.on_death is not None:
-                            self.on_death(peer)
+                        with self._lock:
+                            self._dead.add(peer)
+                            on_death = self.on_death
+                        if on_death is not None:
+                            _report(on_death, peer)
             except Exception:  # the store is gone: the job is ending (or its host died); nothing to report
                 return
+
+
+def _report(on_death, rank: int) -> None:
+    try:
+        on_death(rank)
+    except Exception as error:  # the callback's failure must not stop the heartbeat
+        log.warning("liveness: reporting rank %d dead failed: %s", rank, error)

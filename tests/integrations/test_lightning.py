@@ -87,3 +87,19 @@ def test_every_other_protocol_trains_under_the_strategy_and_ends_in_consensus(tm
         assert batches == [23, 23]
     else:
         assert sum(batches) == TRAIN_BATCHES
+
+
+def test_only_a_plain_shuffled_distributed_sampler_is_shared_out_by_speed():
+    from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
+    from torch.utils.data import DataLoader, DistributedSampler, SubsetRandomSampler, TensorDataset
+
+    from hetrain.integrations.lightning import _training_loader
+
+    data = TensorDataset(torch.zeros(10, 1))
+    plain = DataLoader(data, batch_size=2, sampler=DistributedSampler(data, num_replicas=2, rank=0, shuffle=True))
+    subset = DataLoader(data, batch_size=2, sampler=DistributedSamplerWrapper(
+        SubsetRandomSampler(range(5)), num_replicas=2, rank=0, shuffle=True))  # Lightning's wrapping of a user's
+    in_order = DataLoader(data, batch_size=2, sampler=DistributedSampler(data, num_replicas=2, rank=0, shuffle=False))
+    assert _training_loader(plain)
+    assert not _training_loader(subset)  # SharedBatches would walk the whole dataset, not the subset
+    assert not _training_loader(in_order)
