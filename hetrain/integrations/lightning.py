@@ -25,6 +25,8 @@ Decoupled ranks (every protocol but All-Reduce, whose workers step together):
   waiting in one while its neighbour waits for its model would deadlock.
   Validation runs on each rank's own model over its shard; checkpoints are rank
   0's model as it is at that moment (save after ``fit()`` for the consensus).
+  Still collectives (fast ranks wait in them): ``all_gather`` and torchmetrics
+  ``Metric`` objects passed to ``self.log`` (they synchronize by themselves).
 
 ``dynamic_batches=False`` keeps Lightning's static shards (every rank the same
 batches). Other keywords are the protocol's settings (as for ``hetrain.Hop``
