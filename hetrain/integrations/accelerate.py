@@ -52,7 +52,7 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 from torch.utils.data import DataLoader, RandomSampler  # noqa: E402
 
 from hetrain.errors import UsageError  # noqa: E402
-from hetrain.integrations.shared_batches import SharedBatches  # noqa: E402
+from hetrain.integrations.shared_batches import SharedBatches, with_batch_sampler  # noqa: E402
 from hetrain.registry import get_spec  # noqa: E402
 from hetrain.runtime.job import DEFAULT_TIMEOUT_S, job_store, prefer_lazy_connections  # noqa: E402
 from hetrain.runtime.protocol import SyncProtocol  # noqa: E402
@@ -163,10 +163,7 @@ class HetrainSync:
                                 torch.distributed.PrefixStore(f"accelerate/batches/{next(_shared_loaders)}/", store),
                                 shuffle=isinstance(dataloader.sampler, RandomSampler), seed=self.seed,
                                 drop_last=dataloader.drop_last)
-        loader = DataLoader(dataloader.dataset, batch_sampler=sampler, num_workers=dataloader.num_workers,
-                            collate_fn=dataloader.collate_fn, pin_memory=dataloader.pin_memory,
-                            worker_init_fn=dataloader.worker_init_fn)
-        return SharedLoader(loader, sampler, self.accelerator.device)
+        return SharedLoader(with_batch_sampler(dataloader, sampler), sampler, self.accelerator.device)
 
     def metrics(self) -> dict:
         """The protocol's metrics for this process (empty when disabled or passed through)."""

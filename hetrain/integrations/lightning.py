@@ -54,7 +54,7 @@ from torch.utils.data import DataLoader, DistributedSampler, IterableDataset  # 
 
 from hetrain.errors import UsageError  # noqa: E402
 from hetrain.integrations.liveness import StoreLiveness  # noqa: E402
-from hetrain.integrations.shared_batches import SharedBatches  # noqa: E402
+from hetrain.integrations.shared_batches import SharedBatches, with_batch_sampler  # noqa: E402
 from hetrain.registry import get_spec  # noqa: E402
 from hetrain.runtime.job import DEFAULT_TIMEOUT_S, job_store, prefer_lazy_connections  # noqa: E402
 from hetrain.runtime.protocol import SyncProtocol  # noqa: E402
@@ -175,10 +175,7 @@ class HetrainStrategy(DDPStrategy):
                                 torch.distributed.PrefixStore(f"lightning/batches/{next(_samplers)}/", job_store()),
                                 seed=self.seed, drop_last=dataloader.drop_last)
         self.samplers.append(sampler)
-        return DataLoader(dataloader.dataset, batch_sampler=sampler, num_workers=dataloader.num_workers,
-                          collate_fn=dataloader.collate_fn, pin_memory=dataloader.pin_memory,
-                          worker_init_fn=dataloader.worker_init_fn,
-                          persistent_workers=dataloader.persistent_workers)
+        return with_batch_sampler(dataloader, sampler)
 
     # -- the end of training -------------------------------------------------------------------
     def on_train_end(self) -> None:

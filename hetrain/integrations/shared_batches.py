@@ -16,7 +16,7 @@ epoch (a data loader prefetching when the loop ends early, for instance).
 from __future__ import annotations
 
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data import DataLoader, Sampler
 
 
 class EpochOrder(Sampler):
@@ -80,3 +80,13 @@ class SharedBatches(Sampler):
                 return
             self.taken += 1
             yield order[batch * self.batch_size:(batch + 1) * self.batch_size]
+
+
+def with_batch_sampler(dataloader: DataLoader, batch_sampler: Sampler) -> DataLoader:
+    """``dataloader`` with its batches drawn from ``batch_sampler``; every other setting kept."""
+    return DataLoader(dataloader.dataset, batch_sampler=batch_sampler, num_workers=dataloader.num_workers,
+                      collate_fn=dataloader.collate_fn, pin_memory=dataloader.pin_memory,
+                      timeout=dataloader.timeout, worker_init_fn=dataloader.worker_init_fn,
+                      multiprocessing_context=dataloader.multiprocessing_context, generator=dataloader.generator,
+                      prefetch_factor=dataloader.prefetch_factor, persistent_workers=dataloader.persistent_workers,
+                      pin_memory_device=dataloader.pin_memory_device)

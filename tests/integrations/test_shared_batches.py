@@ -57,3 +57,19 @@ def test_a_rank_whose_heartbeat_stops_is_named_dead_and_one_not_yet_started_is_n
 def test_a_missing_extra_fails_in_one_line_naming_it():
     with pytest.raises(ImportError, match=r"^HetrainStrategy needs lightning: pip install 'hetrain\[lightning\]'$"):
         require("hetrain_no_such_package", "lightning", "HetrainStrategy")
+
+
+def test_the_rebuilt_loader_keeps_every_setting_but_the_batches():
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from hetrain.integrations.shared_batches import with_batch_sampler
+
+    original = DataLoader(TensorDataset(torch.arange(10.0)), batch_size=2, num_workers=1, prefetch_factor=3,
+                          timeout=7, persistent_workers=True, generator=torch.Generator().manual_seed(3),
+                          collate_fn=lambda items: [x for (x,) in items])
+    rebuilt = with_batch_sampler(original, [[4, 5], [0]])
+    for setting in ("dataset", "num_workers", "prefetch_factor", "timeout", "persistent_workers", "generator",
+                    "collate_fn", "pin_memory", "worker_init_fn", "multiprocessing_context"):
+        assert getattr(rebuilt, setting) is getattr(original, setting), setting
+    assert [[float(x) for x in batch] for batch in rebuilt] == [[4.0, 5.0], [0.0]]
