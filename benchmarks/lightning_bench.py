@@ -34,11 +34,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from hetrain.testing.processes import run_in_own_session
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "lightning_hop.py"
@@ -53,20 +53,9 @@ def run_one(strategy: str, args, out: Path) -> dict:
                "--epochs", str(args.epochs), "--compute-ms", str(args.compute_ms),
                "--slowdown", f"0:{args.factor}x", "--out", str(run_dir)]
     began = time.monotonic()
-    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        output = proc.communicate(timeout=args.timeout)[0]
-    except subprocess.TimeoutExpired:
-        output = f"timed out after {args.timeout} s"
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
+    returncode, output = run_in_own_session(command, cwd=ROOT, env=env, timeout_s=args.timeout)
     wall = time.monotonic() - began
-    if proc.returncode != 0:
+    if returncode != 0:
         return {"strategy": strategy, "error": output[-2000:]}
     ranks = [json.loads((run_dir / f"rank{r}.json").read_text()) for r in range(args.devices)]
     return summarize(strategy, ranks, wall, run_dir)
