@@ -1,8 +1,12 @@
 """Run protocols side by side and write the comparison (JSON, a markdown table, a plot).
 
-The plot, ``over_time.png``, has two panels side by side: the averaged model's
-test accuracy (validation loss for ``lm``) against wall time, and the job's
-throughput (samples/s per 5 s window) against wall time, one line per protocol.
+The plot, ``over_time.png``, has panels side by side, one line per protocol, against
+wall time: the averaged model's test accuracy and its test loss (for ``lm``: its
+validation loss, one panel), and the job's throughput (samples/s per 5 s window).
+The loss panel shows what accuracy hides on a long run: a model whose loss climbs
+while its accuracy holds is drifting (docs/decisions.md, "Hop uses late updates");
+the table says the same in two columns, the averaged model's loss at a quarter of
+the run and its loss at the end over that one (above 1: worse the longer it trains).
 A Ctrl-C during one protocol ends the comparison after that protocol's record.
 """
 
@@ -21,6 +25,8 @@ TABLE_COLUMNS = (
     ("acc. avg model", "final_accuracy_avg_model", "{:.4f}"),
     ("acc. worst worker", "final_accuracy_worst_worker", "{:.4f}"),
     ("loss avg model", "final_loss_avg_model", "{:.3f}"),
+    ("loss avg model at 1/4 run", "loss_avg_model_quarter", "{:.3f}"),
+    ("loss end / at 1/4", "loss_drift", "{:.3f}"),
     ("time to target, avg model (s)", "time_to_target_s", "{:.2f}"),
     ("vs allreduce (avg model)", "speedup_time_to_target", "{:.2f}x"),
     ("time to target, worst worker (s)", "time_to_target_worst_worker_s", "{:.2f}"),
@@ -64,13 +70,27 @@ def summarize(runs: list[dict]) -> dict:
     for r in runs:
         row = {k: v for k, v in r.items() if k not in ("workers", "accuracy_curve", "throughput_series")}
         row["stale_dropped"] = f"{r.get('updates_stale', 0)} / {r.get('updates_dropped', 0)}"
+        if r.get("updates_late"):  # Hop: of the stale ones, those used after missing their window
+            row["stale_dropped"] = (f"{r['updates_stale']} ({r['updates_late']} late) / "
+                                    f"{r.get('updates_dropped', 0)}")
         first, last = r.get("samples_per_s_first_quarter"), r.get("samples_per_s_last_quarter")
         row["rate_drift"] = last / first if first and last is not None else None
+        row["loss_avg_model_quarter"] = loss_at_fraction(r, 0.25)
+        final_loss, quarter = r.get("final_loss_avg_model"), row["loss_avg_model_quarter"]
+        row["loss_drift"] = final_loss / quarter if final_loss is not None and quarter else None
         row["speedup_samples_per_s"] = r["samples_per_s"] / base["samples_per_s"] if base else None
         row["speedup_time_to_target"] = _ratio(base, r, "time_to_target_s")
         row["speedup_time_to_target_worst_worker"] = _ratio(base, r, "time_to_target_worst_worker_s")
         rows.append(row)
     return {"runs": rows, "table_markdown": markdown_table(rows) + "\n\n" + table_notes(runs)}
+
+
+def loss_at_fraction(run: dict, fraction: float) -> float | None:
+    """The averaged model's loss at the curve's point nearest ``fraction`` of the run's training time."""
+    curve, wall = run.get("accuracy_curve") or [], run.get("wall_time_s")
+    if not curve or not wall:
+        return None
+    return min(curve, key=lambda p: abs(p["t_s"] - fraction * wall)).get("loss_avg_model")
 
 
 def _ratio(base: dict | None, run: dict, key: str) -> float | None:
@@ -87,7 +107,8 @@ def table_notes(runs: list[dict]) -> str:
             f"{' and '.join(bases)} compute (emulated: --compute-ms times each slowdown; in-run: each worker's "
             f"own measured compute time per iteration). Time to target ({target}): 'avg model' is the "
             f"average of all workers' models, which no worker holds during training; 'worst worker' is "
-            f"the first time every worker's own model reaches it.")
+            f"the first time every worker's own model reaches it. 'Loss end / at 1/4': the averaged model's "
+            f"loss at the end over its loss at a quarter of the run (above 1: worse the longer it trained).")
 
 
 def markdown_table(rows: list[dict]) -> str:
@@ -103,19 +124,24 @@ def markdown_table(rows: list[dict]) -> str:
 
 
 def plot_over_time(runs: list[dict], path: Path) -> None:
-    """Accuracy (or validation loss) and throughput against wall time, side by side."""
+    """Accuracy and loss (or validation loss) and throughput against wall time, side by side."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     by_loss = runs[0].get("target_loss") is not None
-    fig, (quality, speed) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, panels = plt.subplots(1, 2 if by_loss else 3, figsize=(12 if by_loss else 17, 4.5))
+    quality, speed = panels[0], panels[-1]
+    loss = None if by_loss else panels[1]
     for r in runs:
         curve = r.get("accuracy_curve") or []
         if curve:
-            key = "loss_avg_model" if by_loss else "accuracy_avg_model"
-            quality.plot([p["t_s"] for p in curve], [p[key] for p in curve], label=r["protocol"])
+            times = [p["t_s"] for p in curve]
+            quality.plot(times, [p["loss_avg_model" if by_loss else "accuracy_avg_model"] for p in curve],
+                         label=r["protocol"])
+            if loss is not None:
+                loss.plot(times, [p["loss_avg_model"] for p in curve], label=r["protocol"])
         series = r.get("throughput_series") or []
         if series:
             speed.plot([p["t_s"] for p in series], [p["samples_per_s"] for p in series], label=r["protocol"],
@@ -127,9 +153,11 @@ def plot_over_time(runs: list[dict], path: Path) -> None:
                        else "test accuracy of the averaged model")
     if not by_loss:
         quality.set_ylim(0, 1)
+        loss.set_ylabel("test loss of the averaged model (log scale)")
+        loss.set_yscale("log")
     speed.set_ylabel("samples/s (all workers, 5 s windows)")
     speed.set_ylim(bottom=0)
-    for ax in (quality, speed):
+    for ax in panels:
         ax.set_xlabel("wall time (s)")
         ax.grid(alpha=0.3)
         ax.legend(loc="best")

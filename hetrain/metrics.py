@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-SUMMED_COUNTERS = ("updates_stale", "updates_dropped", "skipped_iterations", "groups_formed",
+SUMMED_COUNTERS = ("updates_stale", "updates_dropped", "updates_late", "skipped_iterations", "groups_formed",
                    "cache_hits", "cache_misses")
 
 

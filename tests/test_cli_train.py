@@ -116,3 +116,17 @@ def test_compare_rejects_unknown_protocol_before_running(tmp_path, capsys):
     out = tmp_path / "cmp"
     assert main(["compare", "--protocols", "allreduce,nope", "--out", str(out)]) == 2
     assert not out.exists()
+
+
+def test_compare_table_shows_the_averaged_models_loss_drift():
+    """A run whose loss climbs after its first quarter reads above 1 in 'loss end / at 1/4'."""
+    from hetrain.comparison import summarize
+
+    def run(protocol, losses):
+        curve = [{"t_s": 10.0 * i, "loss_avg_model": loss, "accuracy_avg_model": 0.9} for i, loss in enumerate(losses)]
+        return {"protocol": protocol, "samples_per_s": 100.0, "wall_time_s": 40.0, "accuracy_curve": curve,
+                "final_loss_avg_model": losses[-1], "target_accuracy": 0.95}
+
+    rows = summarize([run("allreduce", [2.0, 0.3, 0.2, 0.15, 0.12]), run("hop", [2.0, 0.2, 0.25, 0.3, 0.4])])["runs"]
+    assert [r["loss_avg_model_quarter"] for r in rows] == [0.3, 0.2]
+    assert rows[0]["loss_drift"] == 0.12 / 0.3 and rows[1]["loss_drift"] == 0.4 / 0.2

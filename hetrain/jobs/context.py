@@ -89,11 +89,18 @@ class LauncherMembership:
     ``announce_joined()`` tells the launcher this replacement is ready (its
     communicators are posted), after which the others see it alive;
     ``freeze(timeout_s)``, called as a worker finishes, ends admissions.
+    ``record_finish(update_stops, token_stops)``: this worker is finishing and sends STOP to
+    these ranks; ``finished_without_stop()``: the live ranks that finished without sending this
+    one a STOP (update, token): a repair made them its neighbours after they had finished, so they
+    will send it nothing more, and it must not wait for them.
     """
 
     def __init__(self, dead_flags, incarnation_counts, rank: int, incarnation: int,
-                 report: Callable[[object], None], wait_frozen: Callable[[float], bool]):
+                 report: Callable[[object], None], wait_frozen: Callable[[float], bool],
+                 finished_flags=None, stop_flags=None):
         self._dead = dead_flags
+        self._finished = finished_flags
+        self._stops = stop_flags
         self._incarnations = incarnation_counts
         self.rank = rank
         self.incarnation = incarnation
@@ -115,6 +122,27 @@ class LauncherMembership:
                 raise WorkerError(f"worker {self.rank} (a replacement) was not admitted to the job within "
                                   f"{timeout_s:.0f} s of joining")
             time.sleep(0.01)
+
+    def record_finish(self, update_stops, token_stops) -> None:
+        """Before sending its STOPs: say whom they go to, then that this worker has finished."""
+        if self._finished is None:
+            return
+        n = len(self._dead)
+        for peer in update_stops:
+            self._stops[self.rank * n + peer] |= 1
+        for peer in token_stops:
+            self._stops[self.rank * n + peer] |= 2
+        self._finished[self.rank] = 1  # after the STOP records: a reader that sees it sees them
+
+    def finished_without_stop(self) -> tuple[set[int], set[int]]:
+        """(ranks that will send this worker no update STOP, nor a token STOP): finished, alive, and
+        their STOP of that kind went to others."""
+        if self._finished is None:
+            return set(), set()
+        n, me = len(self._dead), self.rank
+        done = [w for w in range(n) if self._finished[w] and not self._dead[w] and w != me]
+        return ({w for w in done if not self._stops[w * n + me] & 1},
+                {w for w in done if not self._stops[w * n + me] & 2})
 
     def freeze(self, timeout_s: float) -> bool:
         """Say this worker is finishing and wait until the launcher stops admitting replacements

@@ -312,6 +312,9 @@ class LocalJob:
         """Start a replacement for ``rank``; it stays dead to the others until it announces it joined."""
         incarnation = self.channels.incarnations[rank] + 1
         self.channels.incarnations[rank] = incarnation
+        self.channels.finished[rank] = 0  # a predecessor that finished, then died: the replacement has not
+        for peer in range(self.n):
+            self.channels.stops[rank * self.n + peer] = 0
         t_s = self._training_time_s()
         self.started_t_s[rank] = t_s
         self._start(rank, incarnation, t_s, self.deaths.last_iteration(rank))

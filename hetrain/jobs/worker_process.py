@@ -75,7 +75,10 @@ class JobChannels:
     killed worker): ``stop``: Ctrl-C was pressed; ``closing``: a worker is finishing, so no
     replacement joins from now on; ``dead``: a byte per rank, 1 while the launcher holds it dead;
     ``incarnations``: each rank's current process number; ``ready`` (a byte per rank) and ``go``:
-    the start barrier (:mod:`hetrain.jobs.start_gate`).
+    the start barrier (:mod:`hetrain.jobs.start_gate`); ``finished`` (a byte per rank) and
+    ``stops`` (a byte per (sender, receiver) pair, bit 1: an update STOP, bit 2: a token STOP):
+    which workers have finished and whom they told, so that a survivor whose neighbour finished
+    before a repair made them neighbours does not wait for it (:class:`LauncherMembership`).
     """
 
     results: Any
@@ -86,13 +89,17 @@ class JobChannels:
     incarnations: Any
     ready: Any
     go: Any
+    finished: Any
+    stops: Any
 
     @classmethod
     def create(cls, context, num_workers: int) -> JobChannels:
         return cls(results=context.Queue(), messages=context.Queue(), stop=SharedFlag(context),
                    closing=SharedFlag(context), dead=context.Array("b", num_workers, lock=False),
                    incarnations=context.Array("i", num_workers, lock=False),
-                   ready=context.Array("b", num_workers, lock=False), go=SharedFlag(context))
+                   ready=context.Array("b", num_workers, lock=False), go=SharedFlag(context),
+                   finished=context.Array("b", num_workers, lock=False),
+                   stops=context.Array("b", num_workers * num_workers, lock=False))
 
 
 def worker_main(spec: WorkerSpec, channels: JobChannels) -> None:
@@ -126,7 +133,8 @@ def worker_main(spec: WorkerSpec, channels: JobChannels) -> None:
         device = select_gpu(rank) if spec.device == "cuda" else torch.device("cpu")
         report = lambda message: channels.messages.put((rank, message))  # noqa: E731
         membership = None if spec.on_failure == "abort" else LauncherMembership(
-            channels.dead, channels.incarnations, rank, spec.incarnation, report, channels.closing.wait)
+            channels.dead, channels.incarnations, rank, spec.incarnation, report, channels.closing.wait,
+            channels.finished, channels.stops)
         ctx = WorkerContext(rank, spec.world_size, device, spec.timeout_s, report=report,
                             start_gate=StartGate(channels.ready, channels.go, channels.dead, rank),
                             hold_phases=frozenset(spec.hold_phases),

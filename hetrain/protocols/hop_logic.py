@@ -15,9 +15,16 @@ arrivals and asks it what to do; payloads (models) are opaque objects::
     worker.receive_update(src, k, model) / worker.receive_tokens(src, n)
 
 Iteration k of worker i uses, from each in-neighbour j, the freshest update k'
-with k - s <= k' <= k. If j has skipped past that window, its oldest newer update
-stands in (never consumed early). Updates that fall out of the window unused
-are dropped and counted.
+with k - s <= k' <= k; it waits for such updates from all but b in-neighbours.
+If j has skipped past that window, its oldest newer update stands in (never
+consumed early). An update that arrives too late for its window is still used,
+at j's full weight, by the next average that has nothing of j in its window:
+only the newest such update of j is kept (older ones are dropped and counted).
+Late updates are never waited for, so backup workers keep their speed; but a
+neighbour that is always late (the straggler under backup workers) still has
+its work mixed in. Dropping them instead left the straggler's data out of the
+model, whose test loss then rose the longer it trained (docs/decisions.md,
+"Hop uses late updates"). Tokens bound how late an update can be: max_ig.
 """
 
 from __future__ import annotations
@@ -79,6 +86,7 @@ class HopWorker:
         self.updates_used = 0
         self.updates_stale = 0
         self.updates_dropped = 0
+        self.updates_late = 0  # used after missing their window (see the module docstring)
         self.max_iteration_gap = 0
         self.skipped_iterations = 0
         self.queued_updates = 0  # updates held in all queues now (each is a model: this is memory)
@@ -241,8 +249,11 @@ class HopWorker:
         terms = []
         for j in self.in_weights:
             index = self._usable(j)
-            if index is None:
-                continue
+            late = index is None
+            if late:
+                if not self.queues[j]:
+                    continue
+                index = len(self.queues[j]) - 1  # the one update kept of those too late for their window
             kk, payload = self.queues[j][index]
             terms.append(AverageTerm(j, kk, self.in_weights[j], payload))
             if kk <= k:  # consume it and everything older; a newer stand-in stays for later
@@ -252,6 +263,7 @@ class HopWorker:
                 self.queued_updates -= index + 1
                 self.updates_used += 1
                 self.updates_stale += kk < k
+                self.updates_late += late
         self.iteration = k + 1
         self.started = False
         self._drop_out_of_window(self.iteration)
@@ -261,9 +273,10 @@ class HopWorker:
 
     # ----- helpers ------------------------------------------------------------
     def _drop_out_of_window(self, iteration: int) -> None:
+        """Drop updates too old for ``iteration``'s window, except each queue's newest (a late update)."""
         oldest = iteration - self.config.staleness
         for queue in self.queues.values():
-            while queue and queue[0][0] < oldest:
+            while len(queue) > 1 and queue[0][0] < oldest:
                 queue.popleft()
                 self.queued_updates -= 1
                 self.updates_dropped += 1
@@ -292,6 +305,7 @@ class HopWorker:
             "updates_used": self.updates_used,
             "updates_stale": self.updates_stale,
             "updates_dropped": self.updates_dropped,
+            "updates_late": self.updates_late,
             "max_iteration_gap": self.max_iteration_gap,
             "skipped_iterations": self.skipped_iterations,
             "queued_updates_max": self.queued_updates_max,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -23,6 +24,7 @@ from hetrain.runtime.flat_state import FlatState
 from hetrain.runtime.job import JobView
 from hetrain.runtime.watched_call import call_unless_dead
 
+T = TypeVar("T")
 _RETRY_PAUSE_S = 0.5
 _DEATH_NOTICE_S = 3.0  # how long a failed collective waits for the launcher to name a dead worker
 
@@ -35,36 +37,49 @@ def average_state(state: FlatState, job: JobView, dead_workers: Callable[[], set
     """
     if job.world_size == 1:
         return 0.0
+    return over_survivors(job, dead_workers, "the final average",
+                          lambda group, survivors, private: _average(state, group, len(survivors), job.timeout,
+                                                                     private=private))
+
+
+def over_survivors(job: JobView, dead_workers: Callable[[], set[int]] | None, what: str,
+                   collective: Callable[[object, list[int], bool], T], name: str = "survivors") -> T:
+    """Run ``collective(group, survivors, private)`` over the whole group while nobody is dead, else
+    over a group of the survivors (``private``: built on the store, see :func:`survivor_group`).
+
+    Every survivor must call it. A death before or during it (the launcher names the dead) makes the
+    survivors give up on that group and rebuild one without the dead, until the job's timeout; ``what``
+    names the collective in errors.
+    """
     if hasattr(dead_workers, "freeze") and not dead_workers.freeze(job.timeout_s):
         raise WorkerError(f"worker {job.rank} waited {job.timeout_s:.0f} s for the launcher to close the "
-                          "membership before the final average")
+                          f"membership before {what}")
     dead = set(dead_workers()) if dead_workers else set()
     incarnations = dead_workers.incarnations if hasattr(dead_workers, "incarnations") else None
     replaced = incarnations is not None and any(incarnations())  # the world group holds dead processes' pairs
+    everyone = list(range(job.world_size))
     if not dead and not replaced:
         try:
             if dead_workers is None:
-                return _average(state, job.group, job.world_size, job.timeout, private=False)
+                return collective(job.group, everyone, False)
             # watched: a worker stopped, then killed as hung, is waited for the whole timeout otherwise
-            return call_unless_dead(lambda: _average(state, job.group, job.world_size, job.timeout, private=False),
-                                    lambda: set(dead_workers()), "the final average", "hetrain-average")
+            return call_unless_dead(lambda: collective(job.group, everyone, False),
+                                    lambda: set(dead_workers()), what, "hetrain-average")
         except Exception as exc:
             if dead_workers is None or not wait_for_death_notice(dead_workers):
-                raise WorkerError(f"worker {job.rank} waited for the final average over all {job.world_size} "
+                raise WorkerError(f"worker {job.rank} waited for {what} over all {job.world_size} "
                                   f"workers: {_first_line(exc)}") from None
     deadline = time.monotonic() + job.timeout_s
     while True:
         dead = frozenset(dead_workers())
-        survivors = [w for w in range(job.world_size) if w not in dead]
-        size = len(survivors)
+        survivors = [w for w in everyone if w not in dead]
         try:
-            group = survivor_group(job, set(dead), incarnations=incarnations() if incarnations else None)
-            return call_unless_dead(
-                lambda group=group, size=size: _average(state, group, size, job.timeout, private=True),
-                lambda known=dead: set(dead_workers()) - known, "the survivors' average", "hetrain-average")
+            group = survivor_group(job, set(dead), name, incarnations=incarnations() if incarnations else None)
+            return call_unless_dead(lambda group=group, survivors=survivors: collective(group, survivors, True),
+                                    lambda known=dead: set(dead_workers()) - known, what, "hetrain-average")
         except Exception as exc:
             if time.monotonic() > deadline:
-                raise WorkerError(f"worker {job.rank} waited for the final average over the survivors "
+                raise WorkerError(f"worker {job.rank} waited for {what} over the survivors "
                                   f"{survivors}: {_first_line(exc)}") from None
             time.sleep(_RETRY_PAUSE_S)  # someone else died meanwhile: the launcher says so shortly
 

@@ -203,6 +203,19 @@ class Hop(SyncProtocol):
                 del self._suspects[peer]
         if new or back:
             self._apply_membership(new, back)
+        self._note_finished_neighbours()
+
+    def _note_finished_neighbours(self) -> None:
+        """Neighbours that finished before a repair made them ours never send us their STOP: count
+        them as stopped (the launcher's shared record says who finished and whom each told)."""
+        finished = getattr(self.dead_workers, "finished_without_stop", None)
+        if finished is None:
+            return
+        senders, token_sources = finished()
+        for peer in senders & set(self.logic.in_weights):
+            self.logic.sender_finished(peer)
+        for peer in token_sources & set(self.logic.tokens):
+            self.logic.token_source_finished(peer)
 
     def _send_owed_models(self) -> None:
         """With the lock held once: send a repair's owed model, releasing the lock meanwhile (a send may
@@ -364,8 +377,12 @@ class Hop(SyncProtocol):
         with self._cond:
             self._check_deaths()
             self._send_owed_models()  # a replacement that joined as this worker's loop ended needs a model
+        token_stops = list(self.logic.in_weights) if self.config.uses_tokens else []
+        record = getattr(self.dead_workers, "record_finish", None)
+        if record is not None:
+            record(self.logic.out_neighbors, token_stops)
         self.channels.send("update", self.logic.out_neighbors, STOP)
-        self.channels.send("token", list(self.logic.in_weights) if self.config.uses_tokens else [], STOP)
+        self.channels.send("token", token_stops, STOP)
         if not self.tolerant:
             self.channels.join()
             self.channels.flush()

@@ -40,7 +40,7 @@ from hetrain.protocols.options import options_or_settings
 from hetrain.protocols.ps_logic import ParameterServerLogic, PSOptions, ServerStep
 from hetrain.runtime.buffer_pool import DEFAULT_CAPACITY, DEFAULT_SPARE, BufferPool
 from hetrain.runtime.codecs import Codec, make_codec
-from hetrain.runtime.consensus import survivor_group, wait_for_death_notice
+from hetrain.runtime.consensus import over_survivors, wait_for_death_notice
 from hetrain.runtime.error_feedback import ErrorFeedback
 from hetrain.runtime.job import DEFAULT_TIMEOUT_S, private_group
 from hetrain.runtime.link import EmulatedLink
@@ -397,22 +397,25 @@ class ParameterServer(SyncProtocol):
             final = torch.empty_like(self._pulled)
         if job.world_size > 1:
             final = final.to(job.device)
-            dead = set(self.dead_workers()) if self.dead_workers else set()
-            if dead:  # a group of the survivors (rank 0 among them: its death would have ended the job)
-                group = survivor_group(job, dead, name="ps-final")
-                options = dist.BroadcastOptions()
-                options.rootRank = sorted(set(range(job.world_size)) - dead).index(0)
-                self._wait(group.broadcast([final], options), "the final model from rank 0")
-            else:
-                root = dist.get_global_rank(job.group, 0) if job.group is not None else 0
-                self._wait(dist.broadcast(final, src=root, group=job.group, async_op=True),
-                           "the final model from rank 0")
+            over_survivors(job, self.dead_workers, "the final model from rank 0",
+                           lambda group, survivors, private: self._broadcast_final(final, group, survivors, private),
+                           name="ps-final")
         self.state.scatter(final)
         self.stats.extra.update(pushes=self.stats.iterations)
         if self._server is not None:
             self.stats.extra.update(answers_in_flight_max=self._server.answers_in_flight_max())
             self.stats.extra["uncompressed_bytes"] += self._server.answer_bytes_uncompressed
             self.stats.extra["compressed_bytes"] += self._server.answer_bytes
+
+    def _broadcast_final(self, final: torch.Tensor, group, survivors: list[int], private: bool) -> None:
+        """Rank 0's model to ``survivors`` (rank 0 is among them: its death would have ended the job)."""
+        if private:
+            options = dist.BroadcastOptions()
+            options.rootRank = survivors.index(0)
+            self._wait(group.broadcast([final], options), "the final model from rank 0")
+        else:
+            root = dist.get_global_rank(group, 0) if group is not None else 0
+            self._wait(dist.broadcast(final, src=root, group=group, async_op=True), "the final model from rank 0")
 
     def _join_server(self) -> None:
         server, seen, deadline = self._server, -1, time.monotonic() + self.job.timeout_s

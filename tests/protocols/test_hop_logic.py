@@ -111,10 +111,13 @@ def test_hop_never_deadlocks_and_counts_updates(name, n, backup, staleness, max_
     backup = min(backup, min(len(x) for x in topology.in_neighbors) - 1)
     config = HopConfig(backup, staleness, max_ig, max(0, min(skip, max_ig - 2)) or None).validated_for(topology)
     workers, averages = run_random_schedule(topology, config, iterations=12, seed=seed, slow=0)
+    late_terms = []
     for who, plan in averages:
-        assert len(plan.terms) >= len(topology.in_neighbors[who]) - backup
-        for term in plan.terms:
-            assert term.iteration >= plan.iteration - staleness
+        in_window = [t for t in plan.terms if t.iteration >= plan.iteration - staleness]
+        assert len(in_window) >= len(topology.in_neighbors[who]) - backup
+        assert abs(plan.self_weight + sum(t.weight for t in plan.terms) - 1) < 1e-12
+        late_terms += [(who, t.src, t.iteration) for t in plan.terms if t not in in_window]
+    assert len(late_terms) == len(set(late_terms)) == sum(w.updates_late for w in workers)  # each used once
     for w in workers:
         queued = sum(len(q) for q in w.queues.values())
         assert w.updates_received == w.updates_used + w.updates_dropped + queued
@@ -143,6 +146,29 @@ def test_stale_and_dropped_counts_by_hand():
     assert [t.payload for t in plan.terms] == ["b2"]
     assert w.updates_dropped == 1
 
+
+def test_an_always_late_neighbours_newest_update_is_used_at_its_full_weight():
+    """Backup workers never wait for a straggler; its updates, too late for their window, must still be
+    mixed in (once each, the newest only), or its data drops out of the model (docs/decisions.md)."""
+    topology = make_topology("ring", 3)
+    config = HopConfig(backup=1, staleness=1, max_ig=8).validated_for(topology)
+    w = make_hop_workers(topology, config)[0]  # in-neighbours 1 (fast) and 2 (the straggler)
+    for k in range(3):
+        w.start()
+        w.receive_update(1, k, f"a{k}")
+        assert [t.payload for t in w.complete().terms] == [f"a{k}"]
+    w.start()
+    w.receive_update(2, 0, "b0")  # iteration 0 at iteration 3: outside the window 2..3, not waited for
+    w.receive_update(2, 1, "b1")
+    assert not w.ready_to_average()  # late updates do not count toward the n - b waited for
+    w.receive_update(1, 3, "a3")
+    plan = w.complete()
+    assert {t.payload: t.weight for t in plan.terms} == pytest.approx({"a3": 1 / 3, "b1": 1 / 3})
+    assert plan.self_weight == pytest.approx(1 / 3)
+    assert (w.updates_late, w.updates_dropped) == (1, 1)  # b1 used, the older b0 dropped
+    w.start()
+    w.receive_update(1, 4, "a4")
+    assert [t.payload for t in w.complete().terms] == ["a4"]  # b1 is not used twice
 
 def test_skip_jumps_to_neighbours_and_returns_owed_tokens():
     topology = make_topology("ring", 3)
