@@ -203,7 +203,6 @@ class Hop(SyncProtocol):
                 del self._suspects[peer]
         if new or back:
             self._apply_membership(new, back)
-        self._note_finished_neighbours()
 
     def _note_finished_neighbours(self) -> None:
         """Neighbours that finished before a repair made them ours never send us their STOP: count
@@ -260,6 +259,8 @@ class Hop(SyncProtocol):
         self._check_deaths()
         while not ready():
             self._check_deaths()
+            if self.tolerant:  # only while blocked: nothing to learn from it on the step's hot path
+                self._note_finished_neighbours()
             self._send_owed_models()
             if self._channel_errors:
                 raise WorkerError(self._channel_errors[0])
