@@ -1,5 +1,8 @@
 """Final model consensus, shared by every protocol's ``finish``: over the group, or over its survivors.
 
+:func:`over_survivors` is the loop itself (the parameter server's final broadcast uses it too);
+:func:`average_state` runs the final average through it.
+
 After a death (``on_failure="continue"``) the group's own collectives would
 wait for the dead, so the survivors build a group of their own on the job's
 store, named after the set of the dead (a new *membership generation*: the
