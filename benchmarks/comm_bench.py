@@ -15,6 +15,15 @@ its speed-up, whatever the link.
 
 ``table``: the same setting; hop and prague at H in {1, 4, 16, 64} x {none, int8, topk:0.01}.
 
+``outer``: the same digits setting with ``--sync-every 8 --compress int8 --local-work auto``, for each
+decentralized protocol with ``--outer-optimizer nesterov`` and with ``none`` (issue 36). Goal:
+nesterov reaches 95% no later than none, by the averaged model and by the worst worker's own model.
+
+``consensus``: no gradients, the runtime's own D-PSGD (issue 36): with outer Nesterov (lr 0.7,
+momentum 0.9), the spread after 60 exchanges over its start on exponential and torus graphs of 8
+and 16 workers (goal <= 1e-9, plain gossip's rate); with ``local_work="auto"`` and unequal steps,
+the consensus against the steps-weighted mean on ring, torus and exponential graphs (goal 1e-6).
+
 ``lm``: real compute (no ``--compute-ms``), 4 workers, worker 0 2x slower, ``--link-mbps 100``:
 plain hop, allreduce (DDP) and hop with ``--sync-every 16 --compress int8 --local-work auto``.
 Goals: time to the validation loss target at least 5x sooner than plain hop and 10x sooner than
@@ -80,6 +89,7 @@ def row_of(bench: str, name: str, metrics: dict) -> dict:
         "final_loss_avg_model": metrics["final_loss_avg_model"],
         "total_samples": metrics["total_iterations"] * config.get("batch_size", 32),
         "link_s_max_worker": metrics.get("link_s_max_worker"),
+        "time_to_target_worst_worker_s": metrics.get("time_to_target_worst_worker_s"),
     }
 
 
@@ -88,13 +98,16 @@ def _f(value, spec: str) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| run | protocol | H | compression | local work | samples/s | efficiency | time to target (s) "
+    lines = ["| run | protocol | H | compression | local work | outer | samples/s | efficiency "
+             "| time to target (s), averaged model | worst worker's own model "
              "| bytes/sample | compression ratio | final loss | final accuracy |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['name']} | {r['protocol']} | {r['sync_every']} | {r['compression']} | {r['local_work']} "
+                     f"| {r.get('outer_optimizer') or 'none'} "
                      f"| {_f(r['samples_per_s'], '.1f')} | {_f(r['heterogeneity_efficiency'], '.3f')} "
-                     f"| {_f(r['time_to_target_s'], '.1f')} | {_f(r['bytes_sent_per_sample'], '.1f')} "
+                     f"| {_f(r['time_to_target_s'], '.1f')} | {_f(r.get('time_to_target_worst_worker_s'), '.1f')} "
+                     f"| {_f(r['bytes_sent_per_sample'], '.1f')} "
                      f"| {_f(r['compression_ratio'], '.1f')} | {_f(r['final_loss_avg_model'], '.4f')} "
                      f"| {_f(r['final_accuracy_avg_model'], '.4f')} |")
     return "\n".join(lines) + "\n"
@@ -120,6 +133,24 @@ def goals(bench: str, rows: list[dict], runs: dict) -> list[str]:
                          f"{'met' if sooner and sooner >= 3 else 'MISSED'}), bytes/sample {_f(fewer, '.1f')}x fewer "
                          f"(goal 20x: {'met' if fewer and fewer >= 20 else 'MISSED'})"
                          + ("" if plain["time_to_target_s"] else " (plain never reached 95%: a lower bound)"))
+    if bench == "outer":
+        for protocol in DECENTRALIZED:
+            nesterov, none = by.get(f"{protocol}-nesterov"), by.get(f"{protocol}-none")
+            if not nesterov or not none:
+                continue
+            verdicts = []
+            for key, what in (("time_to_target_s", "averaged model"), ("time_to_target_worst_worker_s", "worst worker")):
+                a, b = nesterov.get(key), none.get(key)
+                met = a is not None and (b is None or a <= b)
+                verdicts.append(f"{what} {_f(a, '.1f')} s vs {_f(b, '.1f')} s ({'met' if met else 'MISSED'})")
+            plain = _digits_plain(runs, protocol)
+            extra = ""
+            if plain:
+                sooner = ratio(plain["time_to_target_s"], nesterov["time_to_target_s"])
+                fewer = ratio(plain["bytes_sent_per_sample"], nesterov["bytes_sent_per_sample"])
+                extra = (f"; vs plain: {_f(sooner, '.2f')}x sooner (goal 3x for hop, dpsgd), bytes/sample "
+                         f"{_f(fewer, '.1f')}x fewer (goal 20x)")
+            lines.append(f"{protocol}: nesterov vs none to 95%: " + ", ".join(verdicts) + extra)
     if bench == "lm" and "hop-plain" in by and "hop-h16-int8-auto" in by:
         plain, fast = by["hop-plain"], by["hop-h16-int8-auto"]
         sooner = ratio(plain["time_to_target_s"], fast["time_to_target_s"])
@@ -153,6 +184,9 @@ def plan(bench: str) -> list[tuple[str, dict]]:
     if bench == "digits":
         return [(f"{p}-{tag}", dict(DIGITS, protocol=p, **extra)) for p in DECENTRALIZED
                 for tag, extra in (("plain", {}), ("h8-int8", dict(sync_every=8, compression="int8")))]
+    if bench == "outer":
+        return [(f"{p}-{outer}", dict(DIGITS, protocol=p, sync_every=8, compression="int8", local_work="auto",
+                                      outer_optimizer=outer)) for p in DECENTRALIZED for outer in ("nesterov", "none")]
     if bench == "table":
         return [(f"{p}-h{h}-{c.replace(':', '')}", dict(DIGITS, protocol=p, sync_every=h, compression=c))
                 for p in ("hop", "prague") for h in (1, 4, 16, 64) for c in ("none", "int8", "topk:0.01")]
@@ -164,7 +198,7 @@ def plan(bench: str) -> list[tuple[str, dict]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("bench", choices=("digits", "digits-auto", "table", "lm"))
+    parser.add_argument("bench", choices=("digits", "digits-auto", "outer", "table", "lm", "consensus"))
     parser.add_argument("--out", default="runs/comm")
     parser.add_argument("--budget", type=float, default=None, help="seconds per run (default 120; lm 300)")
     parser.add_argument("--only", default=None, help="comma-separated run names to run (default: all)")
@@ -175,8 +209,15 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     wanted = set(args.only.split(",")) if args.only else None
+    if args.bench == "consensus":
+        from consensus_checks import consensus_report
+
+        report = consensus_report()
+        (out / "consensus.json").write_text(json.dumps(report, indent=2) + "\n")
+        print("\n".join(report["lines"]))
+        return 0
     rows, runs = [], {}
-    if args.bench == "digits-auto":  # compared with the digits benchmark's plain runs, when they exist
+    if args.bench in ("digits-auto", "outer"):  # compared with the digits benchmark's plain runs, when they exist
         for protocol in DECENTRALIZED:
             path = out / "digits" / f"{protocol}-plain" / "metrics.json"
             if path.exists():

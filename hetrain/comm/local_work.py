@@ -7,7 +7,9 @@ to its speed, ``round(H * fastest_step_s / own_step_s)`` (at least 1, at most
 H), re-measured at every exchange, so a worker twice as slow takes half as
 many steps and unequal workers reach each exchange at about the same time.
 Averages are then weighted by the local steps behind each model
-(:func:`weights_by_steps`): a model that took more samples counts more.
+(:func:`weights_by_steps`): a model that took more samples counts more, and
+consensus goes to the steps-weighted mean (on symmetric graphs; Prague's
+weighted P-Reduce keeps it on any grouping).
 """
 
 from __future__ import annotations
@@ -34,12 +36,16 @@ class StepTimer:
         self.step_s = seconds if self.step_s is None else self.step_s + STEP_TIME_EMA * (seconds - self.step_s)
 
 
-def weights_by_steps(self_weight: float, weights: list[float], own_steps: int, steps: list[int]) -> tuple:
-    """Mixing weights scaled by the local steps behind each model and renormalized to sum to 1:
-    (self weight, [weights])."""
-    scaled = [w * s for w, s in zip(weights, steps)]
-    own = self_weight * own_steps
-    total = own + sum(scaled)
-    if total <= 0:
-        return self_weight, list(weights)
-    return own / total, [w / total for w in scaled]
+def weights_by_steps(weights: list[float], steps: list[int], most_steps: int) -> tuple:
+    """Mixing weights by the local steps behind each neighbour's model: (self weight, [weights]).
+
+    Neighbour j's weight ``w_ij`` becomes ``w_ij * s_j / most_steps`` and the worker keeps the rest.
+    On a symmetric graph (``w_ij = w_ji``) the flow between two workers is then symmetric in
+    ``s_i s_j``, so the mixing keeps the steps-weighted mean ``sum_i s_i x_i / sum_i s_i``
+    (detailed balance: a reversible chain whose stationary distribution is proportional to the steps),
+    and repeated mixing converges to it. Rescaling whole rows by steps instead (the rule before
+    issue 36) does not: the consensus drifts away from both the weighted and the plain mean.
+    With every worker at ``most_steps`` the weights are the graph's own.
+    """
+    scaled = [w * s / most_steps for w, s in zip(weights, steps)]
+    return 1.0 - sum(scaled), scaled

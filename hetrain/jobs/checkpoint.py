@@ -34,6 +34,13 @@ from hetrain.protocols.options import OptionError
 FORMAT = 1
 MANIFEST = "manifest.json"
 FINGERPRINT_FIELDS = ("protocol", "num_workers", "workload", "model_params", "batch_size", "momentum", "seed")
+# the communication settings a checkpoint's protocol state depends on (outer anchor and momentum, local-step
+# position, compression replicas), with their flags; the emulated link is the network's, not the state's
+COMM_FINGERPRINT = {"sync_every": "--sync-every", "local_work": "--local-work", "compression": "--compress",
+                    "gossip_step": "--gossip-step", "outer_optimizer": "--outer-optimizer", "outer_lr": "--outer-lr",
+                    "outer_momentum": "--outer-momentum"}
+COMM_DEFAULTS = {"sync_every": 1, "local_work": "fixed", "compression": "none", "gossip_step": None,
+                 "outer_optimizer": "none", "outer_lr": None, "outer_momentum": None}
 
 
 def fingerprint(config) -> dict:
@@ -41,6 +48,10 @@ def fingerprint(config) -> dict:
     data = {name: getattr(config, name) for name in FINGERPRINT_FIELDS}
     data.update(optimizer=config.resolved_optimizer(), lr=config.resolved_lr(),
                 options=dict(sorted(config.options.items())))
+    comm = config.comm_settings().as_dict()
+    data.update({name: comm[name] for name in COMM_FINGERPRINT})
+    if data.get("outer_optimizer") == "none":  # no outer optimizer: its lr and momentum mean nothing
+        data["outer_lr"] = data["outer_momentum"] = None
     return data
 
 
@@ -73,9 +84,15 @@ def prepare(directory: str, config, resume: bool) -> bool:
         raise OptionError(f"{{resume}}: {manifest} is missing or unreadable ({exc}); it is not a hetrain "
                           "checkpoint directory") from None
     expected = json.loads(json.dumps(fingerprint(config)))  # the same JSON round trip as the saved one
+    for name in COMM_FINGERPRINT:  # a manifest written before they were recorded: the defaults
+        saved.setdefault(name, COMM_DEFAULTS.get(name))
     differing = sorted(k for k in set(saved) | set(expected) if saved.get(k) != expected.get(k))
     if differing:
-        name = differing[0]
+        name = next((k for k in COMM_FINGERPRINT if k in differing), differing[0])
+        if name in COMM_FINGERPRINT:
+            raise OptionError(f"{{resume}}: the checkpoint in {path} was written with {COMM_FINGERPRINT[name]} "
+                              f"{saved.get(name)!r}, this run has {expected.get(name)!r}; resume with the "
+                              "settings it was written with, or choose another {checkpoint_dir}")
         raise OptionError(f"{{resume}}: the checkpoint in {path} is of another configuration ({name} was "
                           f"{saved.get(name)!r}, now {expected.get(name)!r}); run with the same settings "
                           "or another {checkpoint_dir}")

@@ -24,7 +24,10 @@ def start_heartbeat(send) -> threading.Thread:
     """Worker side: call ``send()`` every ``HEARTBEAT_INTERVAL_S`` on a daemon thread, for the process's life."""
     def beat() -> None:
         while True:
-            send()
+            try:
+                send()
+            except (ValueError, OSError):  # the worker is exiting: its queue to the launcher is closed
+                return
             time.sleep(HEARTBEAT_INTERVAL_S)
 
     thread = threading.Thread(target=beat, name="hetrain-heartbeat", daemon=True)

@@ -276,9 +276,9 @@ class Hop(SyncProtocol):
 
     def _apply(self, plan: AveragePlan, own: torch.Tensor) -> None:
         self_weight, weights = plan.self_weight, [term.weight for term in plan.terms]
-        if self.local_work == "auto":  # weighted by the local steps behind each model
-            self_weight, weights = weights_by_steps(self_weight, weights, self.steps_this_exchange,
-                                                    [term.payload.steps for term in plan.terms])
+        if self.local_work == "auto" and self.topology.is_symmetric:  # by the local steps behind each model
+            self_weight, weights = weights_by_steps(weights, [term.payload.steps for term in plan.terms],
+                                                    self.sync_every)
         if self._public is not None:
             own_public = self._public.public if self._public.public is not None else own
             mixed = choco_mix(own, own_public, self_weight, zip(weights, (t.payload.model for t in plan.terms)),

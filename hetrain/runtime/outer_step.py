@@ -13,6 +13,21 @@ With SGD of lr 1 and no momentum the new anchor is the average itself (plain
 averaging every H steps). Floating-point buffers (BatchNorm's statistics) are
 not parameters: they take the average as it is. The gradients the outer step
 sets are cleared after it, so the inner optimizer never sees them.
+
+Off the complete graph the workers' anchors differ, and a pseudo-gradient of a
+worker's own anchor minus its neighbourhood's average holds their disagreement:
+the outer momentum then acts on it, and consensus slows or stalls (issue 36).
+So the gossip protocols average the anchors with the same weights as the
+models (the anchors travel in the protocol's flat state: ``anchor_tensors``),
+and the pseudo-gradient is ``mixed anchor - mixed model``, the neighbourhood's
+averaged progress. With no progress it is zero, the momentum stays zero and
+consensus is plain gossip; on the complete graph every anchor is the same, so
+this is DiLoCo's rule (docs/decisions.md, "The outer step off the complete graph").
+
+The anchor is the model before the first local step (:meth:`capture` at the
+first optimizer step, see :class:`~hetrain.runtime.protocol.SyncProtocol`), and
+again after weights are loaded into the model (``model.load_state_dict`` runs a
+hook that re-anchors; ``sync.reanchor()`` after loading weights any other way).
 """
 
 from __future__ import annotations
@@ -25,31 +40,29 @@ from hetrain.runtime.flat_state import FlatState
 class OuterStep:
     """Steps the anchor with ``optimizer`` on the pseudo-gradient; see the module docstring."""
 
-    def __init__(self, model: torch.nn.Module, state: FlatState, optimizer: torch.optim.Optimizer):
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
         self.params = [p for p in model.parameters() if p.requires_grad]
         stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
         if not stepped or any(id(p) not in stepped for p in self.params):
             raise ValueError("the outer optimizer must be built over the model's parameters "
                              "(e.g. torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True))")
-        self.state = state
+        self.state: FlatState | None = None  # the protocol's flat state (set by the protocol)
         self.optimizer = optimizer
-        self.anchor: list[torch.Tensor] | None = None
+        self.anchor = [p.detach().clone() for p in self.params]  # updated in place: the flat state holds them
         self.steps = 0
+        self.pending_capture = True  # re-anchor at the first optimizer step (weights may be loaded before it)
 
     def capture(self) -> None:
-        """Take the model as it is now as the anchor (start of training, a replacement's adopted model)."""
-        self.anchor = [p.detach().clone() for p in self.params]
-
-    def capture_if_unset(self) -> None:
-        if self.anchor is None:
-            self.capture()
+        """Take the model as it is now as the anchor (first step, loaded weights, a replacement's model)."""
+        with torch.no_grad():
+            for anchor, p in zip(self.anchor, self.params):
+                anchor.copy_(p)
+        self.pending_capture = False
 
     @torch.no_grad()
     def apply(self) -> None:
-        """The model holds the exchange's average: replace its parameters by the stepped anchor."""
-        if self.anchor is None:
-            self.capture()
-            return
+        """The model holds the exchange's average (and the anchors, where gossiped, theirs): replace its
+        parameters by the anchor stepped with the pseudo-gradient ``anchor - model``."""
         saved = [p.grad for p in self.params]
         for p, anchor in zip(self.params, self.anchor):
             p.grad = anchor - p  # the averaged pseudo-gradient
@@ -62,7 +75,7 @@ class OuterStep:
         self.steps += 1
 
     def transform(self, average: torch.Tensor) -> torch.Tensor:
-        """The stepped anchor for a flat ``average`` (a delayed exchange's result), leaving the model as it was."""
+        """The stepped flat state for a flat ``average`` (a delayed exchange's result), leaving the model as it was."""
         live = self.state.gather()
         self.state.scatter(average)
         self.apply()
@@ -71,11 +84,13 @@ class OuterStep:
         return stepped
 
     def state_dict(self) -> dict:
-        return {"anchor": [a.cpu() for a in self.anchor] if self.anchor is not None else None,
-                "optimizer": self.optimizer.state_dict(), "steps": self.steps}
+        return {"anchor": [a.cpu() for a in self.anchor], "optimizer": self.optimizer.state_dict(), "steps": self.steps}
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("anchor") is not None:
-            self.anchor = [a.to(p.device, p.dtype) for a, p in zip(state["anchor"], self.params)]
+            with torch.no_grad():
+                for anchor, saved in zip(self.anchor, state["anchor"]):
+                    anchor.copy_(saved)
+            self.pending_capture = False
         self.optimizer.load_state_dict(state["optimizer"])
         self.steps = int(state.get("steps", 0))

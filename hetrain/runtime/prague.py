@@ -83,6 +83,7 @@ class GroupProtocol(SyncProtocol):
         self._groups_run = 0
         self._members_run = 0
         self._empty_syncs = 0
+        self._groups_this_sync = False
         self._gg_wait_s = 0.0
         self._member_wait_s = 0.0
         self._settled = not self.joining  # a replacement counts in averages once it holds a model
@@ -102,7 +103,7 @@ class GroupProtocol(SyncProtocol):
                                   f"{self.job.timeout_s:.0f} s")
             groups = self.gg.request()
             if groups:
-                self._run(groups)
+                self._run(groups, self._group_weight())
             else:
                 time.sleep(_STATUS_POLL_S)
         self.stats.extra["joined_at_iteration"] = self.stats.iteration
@@ -118,6 +119,9 @@ class GroupProtocol(SyncProtocol):
 
     def _outer_step_delayed(self) -> bool:
         return self._background is not None
+
+    def _averaged(self) -> bool:
+        return self._groups_this_sync
 
     def should_stop(self, local_done: bool) -> bool:
         """Each worker stops on its own (``finish`` drains); a stopping worker's model gets its last averages
@@ -136,7 +140,8 @@ class GroupProtocol(SyncProtocol):
         prefetch = self._prefetch
         groups = prefetch.take() if prefetch is not None and prefetch.pending else self.gg.request()
         self._gg_wait_s += time.perf_counter() - start
-        weight = self.steps_this_exchange if self.local_work == "auto" else None
+        weight = self._group_weight()
+        self._groups_this_sync = bool(groups)
         if groups and self._background is not None:
             self._background.start(self.state.gather(), groups, weight)
         elif groups:
@@ -147,6 +152,11 @@ class GroupProtocol(SyncProtocol):
             self._compute.add(start - self._last_exchange_end)  # the local steps since the last exchange
             prefetch.schedule(time.perf_counter() + ask_after_s(self._compute.value, self._lead_ms))
         self._update_extra()
+
+    def _group_weight(self) -> float | None:
+        """This worker's weight in its groups' averages: its local steps under ``local_work="auto"``.
+        Every call site passes it: a member passing none where another passes one breaks the collective."""
+        return self.steps_this_exchange if self.local_work == "auto" else None
 
     def _run(self, groups, weight: float | None = None) -> None:
         flat = self.state.gather()
@@ -200,7 +210,7 @@ class GroupProtocol(SyncProtocol):
         owed = self._prefetch.withdraw() if self._prefetch is not None else []
         owed = owed + self.gg.leave()
         if owed:
-            self._run(owed)
+            self._run(owed, self._group_weight())  # weighted as its members' syncs weigh theirs
         if self.job.world_size > 1:
             if not self._local:
                 self._wait_all_left()

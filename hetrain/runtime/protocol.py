@@ -93,6 +93,7 @@ class SyncProtocol:
     """Base class; see the module docstring. ``name`` is the registry's protocol name."""
 
     name = "base"
+    gossips_anchors = True  # an outer optimizer's anchors are averaged with the models (not the parameter server's)
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
                  process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort",
@@ -114,16 +115,26 @@ class SyncProtocol:
         self.joining = self.incarnation > 0  # a replacement joining a running job
         if self.joining:  # the deaths so far (a rank dead now comes back as a rejoin)
             self.dead = set(self.dead_workers()) - {self.job.rank}
-        self.state = FlatState(model)
+        self._outer = OuterStep(model, outer_optimizer) if outer_optimizer is not None else None
+        anchors = self._outer.anchor if self._outer is not None and self.gossips_anchors else []
+        self.state = FlatState(model, extra=anchors)  # the anchors travel (and are averaged) with the model
+        if self._outer is not None:
+            self._outer.state = self.state
         self.stats = ProtocolStats()
-        self._setup_comm(model, sync_every, outer_optimizer, compression, gossip_step, local_work, link)
-        self._hook = optimizer.register_step_post_hook(self._after_optimizer_step) if optimizer is not None else None
+        self._setup_comm(model, sync_every, compression, gossip_step, local_work, link)
+        self._hooks = []
+        if optimizer is not None:
+            self._hooks.append(optimizer.register_step_post_hook(self._after_optimizer_step))
+        if self._outer is not None:
+            if optimizer is not None:
+                self._hooks.append(optimizer.register_step_pre_hook(self._before_optimizer_step))
+            self._hooks.append(model.register_load_state_dict_post_hook(self._after_weights_loaded))
         self._finished = False
         self._released = False
         self._last_step_end = time.perf_counter()
         self._last_exchange_end = self._last_step_end
 
-    def _setup_comm(self, model, sync_every, outer_optimizer, compression, gossip_step, local_work, link) -> None:
+    def _setup_comm(self, model, sync_every, compression, gossip_step, local_work, link) -> None:
         if not isinstance(sync_every, int) or sync_every < 1:
             raise OptionError(f"{{sync_every}} must be a positive integer, got {sync_every!r}")
         if local_work not in LOCAL_WORK_MODES:
@@ -141,7 +152,6 @@ class SyncProtocol:
         self.gossip_step = float(gossip_step) if gossip_step is not None else \
             self.compression.default_gossip_step(self.state.numel, shapes)
         self.link = EmulatedLink(link, self.job.rank)
-        self._outer = OuterStep(model, self.state, outer_optimizer) if outer_optimizer is not None else None
         self._check_comm()
         self._local_steps = 0  # local steps since the last exchange
         self._steps_this_exchange = sync_every
@@ -178,8 +188,13 @@ class SyncProtocol:
         self._last_step_end = time.perf_counter()
         if self._local_steps == 0:
             self._last_exchange_end = self._last_step_end
-            if self._outer is not None:
-                self._outer.capture_if_unset()  # the model training starts from is the first anchor
+
+    def reanchor(self) -> None:
+        """Take the model as it is now as the outer optimizer's anchor: call it after loading weights
+        into the model other than by ``model.load_state_dict`` (which re-anchors by itself), or
+        they count as progress (a pseudo-gradient) at the next exchange. A no-op without an outer optimizer."""
+        if self._outer is not None:
+            self._outer.capture()
 
     def step(self) -> None:
         """Count a local step (called by the step post-hook when an optimizer was given); every
@@ -187,6 +202,8 @@ class SyncProtocol:
         if self._finished:
             raise RuntimeError(f"{self.name}: step() after finish()")
         synchronize(self.job.device)  # on a GPU: the step's kernels count as compute, not as the wait after
+        if self._outer is not None:
+            self._outer.pending_capture = False  # the anchor is the model the first step started from
         now = time.perf_counter()
         step_s = now - self._last_step_end
         self.stats.compute_s += step_s
@@ -199,8 +216,8 @@ class SyncProtocol:
             self._after_step_loggers()
             return
         self._sync()
-        if self._outer is not None and not self._outer_step_delayed():
-            self._outer.apply()
+        if self._outer is not None and not self._outer_step_delayed() and self._averaged():
+            self._outer.apply()  # no outer step without an exchange: the next pseudo-gradient spans both
         self.stats.exchanges += 1
         self._local_steps = 0
         self._steps_this_exchange = self._next_local_steps()
@@ -242,6 +259,11 @@ class SyncProtocol:
         steps = steps_per_exchange(self.sync_every, own, fastest)
         self.stats.extra["local_steps_last"] = steps
         return steps
+
+    def _averaged(self) -> bool:
+        """Whether the last ``_sync`` averaged this worker's model with anyone's (AD-PSGD's and Prague's
+        syncs may form no group)."""
+        return True
 
     def _outer_step_delayed(self) -> bool:
         """Whether this protocol applies the outer step itself, when a delayed average lands (Prague's overlap)."""
@@ -290,9 +312,9 @@ class SyncProtocol:
         if self._released:
             return
         self._released = True
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
         self._release()
 
     def metrics(self) -> dict:
@@ -371,6 +393,18 @@ class SyncProtocol:
     # -- for subclasses -----------------------------------------------------------------------
     def _after_optimizer_step(self, optimizer, args, kwargs) -> None:
         self.step()
+
+    def _before_optimizer_step(self, optimizer, args, kwargs) -> None:
+        """The first optimizer step: the model it starts from is the first anchor (weights loaded after
+        the protocol was built, by any means, are not progress)."""
+        if self._outer.pending_capture and self._local_steps == 0:
+            self._outer.capture()
+
+    def _after_weights_loaded(self, module, incompatible_keys) -> None:
+        """``model.load_state_dict`` into the wrapped model: the loaded weights are the anchor
+        (a protocol state loaded afterwards, as ``--resume`` does, brings the saved anchor back)."""
+        self._outer.capture()
+        self._outer.pending_capture = self.stats.iterations == 0 and self._local_steps == 0
 
     def _sync(self) -> None:
         raise NotImplementedError

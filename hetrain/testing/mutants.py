@@ -91,4 +91,123 @@ def _local_gradients_hook(timer, bucket):
     return future
 
 
-MUTANTS = {"no-comm": no_comm}
+# ----- one communication feature removed at a time (issue 36): each must make its tests fail ----------
+# (``tests/runtime/test_mutants.py`` names the tests that must catch each; applied in the test process
+# as well, by tests/conftest.py, for the tests that run in-process)
+
+def anchors_kept_local() -> None:
+    """The outer optimizer's anchors are not averaged with the models (the rule before issue 36)."""
+    from hetrain.runtime.protocol import SyncProtocol
+
+    SyncProtocol.gossips_anchors = False
+
+
+def anchor_at_build() -> None:
+    """The anchor stays the model at construction: loaded weights become a pseudo-gradient."""
+    from hetrain.runtime.protocol import SyncProtocol
+
+    SyncProtocol._before_optimizer_step = lambda self, *args: None
+    SyncProtocol._after_weights_loaded = lambda self, *args: None
+
+
+def _patch_steps_weights(function) -> None:
+    from hetrain.comm import local_work
+    from hetrain.runtime import hop
+
+    local_work.weights_by_steps = hop.weights_by_steps = function
+
+
+def rows_by_steps() -> None:
+    """Hop's rows rescaled by the steps behind each model and renormalized (the rule before issue 36)."""
+    def rescaled(weights, steps, most_steps):
+        own = (1.0 - sum(weights)) * most_steps
+        scaled = [w * s for w, s in zip(weights, steps)]
+        total = own + sum(scaled)
+        return own / total, [w / total for w in scaled]
+
+    _patch_steps_weights(rescaled)
+
+
+def no_steps_weighting() -> None:
+    """Hop's mixing ignores the local steps behind each model."""
+    _patch_steps_weights(lambda weights, steps, most_steps: (1.0 - sum(weights), list(weights)))
+
+
+def preduce_unweighted() -> None:
+    """Prague's and AD-PSGD's P-Reduce ignores the local steps (``weight=None``)."""
+    from hetrain.runtime.prague import GroupProtocol
+
+    reduce = GroupProtocol._reduce
+    GroupProtocol._reduce = lambda self, flat, groups, weight=None: reduce(self, flat, groups, None)
+
+
+def ps_final_from_server() -> None:
+    """The parameter server's final model is the server's copy, without the worker's last push."""
+    from hetrain.runtime import parameter_server
+
+    finish = parameter_server.ParameterServer._finish
+
+    def without_last_push(self):
+        self._local_steps, outer = 0, self._outer
+        self._outer = None
+        try:
+            finish(self)
+        finally:
+            self._outer = outer
+
+    parameter_server.ParameterServer._finish = without_last_push
+
+
+def outer_step_without_exchange() -> None:
+    """A group protocol's sync that formed no group still takes an outer step."""
+    from hetrain.runtime.prague import GroupProtocol
+
+    GroupProtocol._averaged = lambda self: True
+
+
+def fingerprint_without_comm() -> None:
+    """The resume fingerprint ignores the communication settings."""
+    from hetrain.jobs import checkpoint
+
+    checkpoint.COMM_FINGERPRINT.clear()
+
+
+def free_collectives() -> None:
+    """The emulated link counts a collective's bytes but holds nobody for them."""
+    from hetrain.runtime.link import EmulatedLink
+
+    def counted_only(self, members, sent_bytes, received_bytes, steps):
+        with self._lock:
+            self.bytes_sent += int(sent_bytes)
+            self.bytes_received += int(received_bytes)
+
+    EmulatedLink.collective = counted_only
+
+
+def topk_random_indices() -> None:
+    """Top-k sends k values at random positions instead of the largest."""
+    from hetrain.runtime import codecs
+
+    def encode(self, x):
+        x = x.reshape(-1).to(torch.float32)
+        index, _ = torch.sort(torch.randperm(x.numel(), generator=torch.Generator().manual_seed(0))[: self.k])
+        return codecs._as_bytes(index.to(torch.int32), x[index])
+
+    codecs.TopK.encode = encode
+
+
+def decoders_scaled() -> None:
+    """Every lossy codec's decoder returns a hundredth of what was sent."""
+    from hetrain.runtime import codecs
+
+    for cls in (codecs.BFloat16, codecs.Int8, codecs.TopK, codecs.PowerSGD):
+        decode = cls.decode
+        cls.decode = lambda self, payload, decode=decode: decode(self, payload) * 0.01
+
+
+MUTANTS = {"no-comm": no_comm, "anchors-kept-local": anchors_kept_local, "anchor-at-build": anchor_at_build,
+           "rows-by-steps": rows_by_steps, "no-steps-weighting": no_steps_weighting,
+           "preduce-unweighted": preduce_unweighted, "ps-final-from-server": ps_final_from_server,
+           "outer-step-without-exchange": outer_step_without_exchange,
+           "fingerprint-without-comm": fingerprint_without_comm, "free-collectives": free_collectives,
+           "topk-random-indices": topk_random_indices, "decoders-scaled": decoders_scaled}

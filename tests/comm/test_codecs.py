@@ -24,6 +24,39 @@ def test_payload_size_and_determinism(spec):
     assert error < {"none": 1e-7, "bf16": 5e-3, "int8": 2e-2, "topk:0.01": 1.0, "powersgd:2": 1.0}[spec]
 
 
+def test_topk_keeps_exactly_the_largest_values_and_nothing_else():
+    """The decoded vector is x on the k largest magnitudes and 0 elsewhere: a codec that kept other
+    indices, or scaled what it kept, fails here (a loose bound on the error would not see it)."""
+    x = torch.randn(4810, generator=torch.Generator().manual_seed(3))
+    codec = make_codec("topk:0.01", 4810, SHAPES)
+    decoded = codec.decode(codec.encode(x))
+    largest = torch.topk(x.abs(), codec.k).indices
+    assert torch.equal(decoded[largest], x[largest])
+    kept = torch.zeros(4810, dtype=torch.bool)
+    kept[largest] = True
+    assert not decoded[~kept].any()
+
+
+def test_powersgd_reconstructs_a_low_rank_model_and_sends_vectors_whole():
+    gen = torch.Generator().manual_seed(4)
+    parts = [torch.randn(64, 2, generator=gen) @ torch.randn(2, 64, generator=gen), torch.randn(64, generator=gen),
+             torch.randn(10, 2, generator=gen) @ torch.randn(2, 64, generator=gen), torch.randn(10, generator=gen)]
+    x = torch.cat([p.reshape(-1) for p in parts])
+    codec = make_codec("powersgd:2", 4810, SHAPES)
+    decoded = codec.decode(codec.encode(x))
+    assert float((decoded - x).norm() / x.norm()) < 1e-4  # rank 2 holds a rank-2 matrix whole
+    assert torch.equal(decoded[4096:4160], x[4096:4160])  # a bias goes uncompressed
+
+
+@pytest.mark.parametrize("spec", ["int8", "bf16"])
+def test_quantizers_decode_to_the_values_not_a_scaled_copy(spec):
+    x = torch.randn(4810, generator=torch.Generator().manual_seed(5))
+    codec = make_codec(spec, 4810, SHAPES)
+    decoded = codec.decode(codec.encode(x))
+    # least-squares scale of decoded against x: 1 for a faithful codec
+    assert abs(float(decoded @ x) / float(x @ x) - 1.0) < 1e-2
+
+
 @pytest.mark.parametrize("spec", SPECS)
 def test_error_feedback_loses_nothing_over_a_thousand_rounds(spec):
     """Sum of what was transmitted, plus the residual still held, equals the sum of the inputs."""

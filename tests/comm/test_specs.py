@@ -77,8 +77,26 @@ def test_local_steps_follow_speed():
     assert steps_per_exchange(16, 1.0, 0.1) == 2
     assert steps_per_exchange(16, 100.0, 0.1) == 1  # never fewer than one
     assert steps_per_exchange(16, None, 0.1) == 16  # not measured yet
-    own, others = weights_by_steps(1 / 3, [1 / 3, 1 / 3], 16, [8, 16])
-    assert own == pytest.approx(16 / 40) and others == pytest.approx([8 / 40, 16 / 40])
+    own, others = weights_by_steps([1 / 3, 1 / 3], [8, 16], 16)  # a neighbour's weight scales by its steps
+    assert own == pytest.approx(1 / 2) and others == pytest.approx([1 / 6, 1 / 3])
+    assert weights_by_steps([0.25, 0.25], [16, 16], 16) == (0.5, [0.25, 0.25])  # all at H: the graph's own
+
+
+@pytest.mark.parametrize("name", ["ring", "torus", "hypercube", "double_ring"])
+def test_steps_weighted_mixing_keeps_the_steps_weighted_mean_on_symmetric_graphs(name):
+    import numpy as np
+
+    from hetrain.topology import make_topology
+
+    topology = make_topology(name, 8)
+    steps = np.array([2, 8, 8, 5, 8, 1, 8, 8], dtype=float)
+    mixing = np.zeros((8, 8))
+    for i, (weights, _) in enumerate(topology.mixing_weights):
+        own, scaled = weights_by_steps(list(weights.values()), [steps[j] for j in weights], 8)
+        mixing[i, list(weights)] = scaled
+        mixing[i, i] = own
+    assert np.allclose(mixing.sum(1), 1) and (mixing >= 0).all()
+    assert np.allclose(steps @ mixing, steps)  # sum_i s_i x_i is kept: the steps-weighted mean
 
 
 @pytest.mark.parametrize("changes, message", [

@@ -4,6 +4,7 @@ import time
 
 import pytest
 import torch
+from comm_models import Quadratic, _make, _train_steps
 from torch import nn
 
 import hetrain
@@ -14,37 +15,6 @@ from hetrain.runtime.data_plane import LAYOUT_ENV
 from hetrain.runtime.job import JobView
 from hetrain.runtime.link import EmulatedLink
 from hetrain.runtime.peer_channels import STOP, UPDATE, PeerChannels
-
-
-class Quadratic(nn.Module):
-    """A model whose gradient is elementwise, so its results are bit-identical on any CPU."""
-
-    def __init__(self, seed: int, size: int = 64):
-        super().__init__()
-        self.w = nn.Parameter(torch.randn(size, generator=torch.Generator().manual_seed(100 + seed),
-                                          dtype=torch.float64))
-
-    def loss(self, step: int, seed: int) -> torch.Tensor:
-        target = torch.randn(self.w.numel(), generator=torch.Generator().manual_seed(1000 * step + seed),
-                             dtype=torch.float64)
-        return ((self.w - target) ** 2).sum()
-
-
-def _train_steps(model: Quadratic, optimizer, steps: int, seed: int) -> None:
-    for step in range(steps):
-        optimizer.zero_grad()
-        model.loss(step, seed).backward()
-        optimizer.step()  # with a protocol, its step post-hook then synchronizes as it says
-
-
-def _make(protocol: str, model, optimizer, **comm):
-    return {"dpsgd": lambda: hetrain.DPSGD(model, optimizer, topology="ring", **comm),
-            "hop": lambda: hetrain.Hop(model, optimizer, topology="ring", backup=0, staleness=0, skip_threshold=0,
-                                       max_ig=2, **comm),
-            "prague": lambda: hetrain.Prague(model, optimizer, gg="static", group_size=2, preduce_overlap=0, **comm),
-            "adpsgd": lambda: hetrain.ADPSGD(model, optimizer, **comm),
-            "ps": lambda: hetrain.ParameterServer(model, optimizer, staleness=0, **comm)}[protocol]()
-
 
 # ----- H = 1, no compression: today's protocols, bit for bit --------------------------------------------
 # (first four values and the sum of each worker's final model, before finish(), as the code before local
@@ -270,3 +240,24 @@ def test_auto_local_work_gives_a_slower_worker_fewer_local_steps():
     assert slow["local_steps_last"] <= 3 and all(m["local_steps_last"] >= 6 for m in fast)
     # they reach exchanges together: exchange counts within a few of each other, not 4x apart
     assert slow["exchanges"] >= 0.6 * min(m["exchanges"] for m in fast)
+
+
+def _group_over_link(ctx, protocol):
+    model = nn.Module()
+    model.w = nn.Parameter(torch.zeros(62_500))  # 250 KB: 0.25 s of an 8 Mbit/s link per P-Reduce of two
+    sync = {"prague": lambda: hetrain.Prague(model, None, gg="static", group_size=2, preduce_overlap=0, link=8.0),
+            "adpsgd": lambda: hetrain.ADPSGD(model, None, link=8.0)}[protocol]()
+    began = time.perf_counter()
+    for _ in range(4):
+        sync.step()
+    took = time.perf_counter() - began
+    sync.finish()
+    return took, sync.link.counters()
+
+
+@pytest.mark.parametrize("protocol", ["prague"])
+def test_a_group_average_holds_its_members_for_its_bytes_over_the_link(protocol):
+    for took, counters in run_local(_group_over_link, 2, (protocol,), timeout_s=30):
+        expected_s = 4 * 62_500 * 4 * 8 / 8e6  # each member sends the other its model, 4 times
+        assert counters["bytes_sent"] >= 4 * 62_500 * 4
+        assert took >= 0.9 * expected_s, (took, expected_s)

@@ -149,6 +149,11 @@ def test_resume_refuses_another_configuration_and_a_corrupt_checkpoint(tmp_path,
                  "--out", str(tmp_path / "other")])
     err = capsys.readouterr().err
     assert code == 2 and "another configuration (lr was 0.1, now 0.5)" in err and not (tmp_path / "other").exists()
+    # the protocol state depends on the communication settings: refused, naming the flag
+    assert _train(tmp_path, "comm", "--resume", "--sync-every", "16", "--outer-optimizer", "nesterov") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "written with --sync-every 1, this run has 16" in err[0], err
+    assert not (tmp_path / "comm").exists()
     (tmp_path / "ckpt" / "worker-1.pt").write_bytes(b"not a checkpoint")
     assert _train(tmp_path, "broken", "--resume") == 2
     assert "worker-1.pt is not a readable checkpoint" in capsys.readouterr().err

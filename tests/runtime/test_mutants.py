@@ -62,3 +62,52 @@ def test_every_protocol_test_fails_when_workers_never_communicate(tmp_path):
     not_assertions = {name: message[:200] for name, message in mutated.items()
                       if not message.startswith(("AssertionError", "assert"))}
     assert not not_assertions, f"these failed for another reason than their assertions: {not_assertions}"
+
+
+# ----- the communication features (issue 36): each mutant removes one, and these tests must see it -------
+OC = "tests/runtime/test_outer_consensus.py"
+COMM_MUTANTS = {
+    "anchors-kept-local": [f"{OC}::test_outer_nesterov_without_progress_is_plain_gossip_off_the_complete_graph"],
+    "anchor-at-build": [f"{OC}::test_weights_loaded_into_a_wrapped_model_are_the_anchor_not_progress"],
+    "rows-by-steps": [f"{OC}::test_auto_local_work_gossip_converges_to_the_steps_weighted_mean[ring]",
+                      f"{OC}::test_auto_local_work_gossip_converges_to_the_steps_weighted_mean[torus]",
+                      "tests/comm/test_specs.py::test_steps_weighted_mixing_keeps_the_steps_weighted_mean_on_symmetric_graphs",
+                      "tests/comm/test_specs.py::test_local_steps_follow_speed"],
+    "no-steps-weighting": [f"{OC}::test_auto_local_work_gossip_converges_to_the_steps_weighted_mean[ring]",
+                           f"{OC}::test_auto_local_work_gossip_converges_to_the_steps_weighted_mean[torus]"],
+    "preduce-unweighted": [f"{OC}::test_auto_local_work_gossip_converges_to_the_steps_weighted_mean[prague]"],
+    "ps-final-from-server": [f"{OC}::test_every_protocol_ends_with_the_last_outer_step_and_the_steps_after_it[ps]"],
+    "outer-step-without-exchange": [f"{OC}::test_an_adpsgd_sync_that_averages_nothing_takes_no_outer_step"],
+    "fingerprint-without-comm": [
+        "tests/runtime/test_failures.py::test_resume_refuses_another_configuration_and_a_corrupt_checkpoint"],
+    "free-collectives": [
+        "tests/runtime/test_comm_protocols.py::test_a_group_average_holds_its_members_for_its_bytes_over_the_link"],
+    "topk-random-indices": ["tests/comm/test_codecs.py::test_topk_keeps_exactly_the_largest_values_and_nothing_else"],
+    "decoders-scaled": ["tests/comm/test_codecs.py::test_topk_keeps_exactly_the_largest_values_and_nothing_else",
+                        "tests/comm/test_codecs.py::test_powersgd_reconstructs_a_low_rank_model_and_sends_vectors_whole",
+                        "tests/comm/test_codecs.py::test_quantizers_decode_to_the_values_not_a_scaled_copy"],
+}
+
+
+def _run_tests_under(tmp_path: Path, mutant: str, tests: list[str]) -> dict[str, str | None]:
+    global PROTOCOL_TESTS
+    saved, PROTOCOL_TESTS = PROTOCOL_TESTS, tests
+    try:
+        return _run_under_mutant(tmp_path, mutant)
+    finally:
+        PROTOCOL_TESTS = saved
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("mutant", sorted(COMM_MUTANTS))
+def test_every_communication_feature_is_missed_by_some_test_when_removed(tmp_path, mutant):
+    """Each mutant makes every test named for it fail on an assertion (and the same tests pass unmutated:
+    the default suite runs them)."""
+    outcomes = _run_tests_under(tmp_path, mutant, COMM_MUTANTS[mutant])
+    assert outcomes, f"{mutant}: no test ran"
+    passed = [name for name, message in outcomes.items() if message is None]
+    assert not passed, f"{mutant}: these pass with the feature removed: {passed}"
+    not_assertions = {name: message[:200] for name, message in outcomes.items()
+                      if not message.startswith(("AssertionError", "assert"))}
+    assert not not_assertions, f"{mutant}: failed for another reason than their assertions: {not_assertions}"
