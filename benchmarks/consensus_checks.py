@@ -1,4 +1,6 @@
-"""Consensus with no gradients on the runtime's own D-PSGD (issue 36): ``comm_bench.py consensus``.
+"""Consensus with no gradients on the runtime's own D-PSGD (issue 36).
+
+    .venv/bin/python benchmarks/consensus_checks.py --out runs/comm    # or: comm_bench.py consensus
 
 - Outer Nesterov (lr 0.7, momentum 0.9), ``sync_every=1``, 60 exchanges: the spread of the workers'
   models over its start, beside plain gossip (no outer optimizer), on exponential and torus graphs
@@ -9,6 +11,11 @@
 """
 
 from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
 
 import torch
 
@@ -45,14 +52,13 @@ def auto_gossip(ctx, topology: str, exchanges: int):
     protocol_module.steps_per_exchange = lambda sync_every, own, fastest: steps  # a fixed speed per worker
     model = _model(ctx.rank)
     sync = hetrain.DPSGD(model, None, topology=topology, sync_every=8, local_work="auto")
-    for _ in range(8):  # the first exchange: every worker at sync_every (nothing measured yet)
-        sync.step()
-    after_first = model.w.detach().clone()
+    sync._steps_this_exchange = steps  # the first exchange too (it would take sync_every: nothing measured)
+    start = model.w.detach().clone()
     for _ in range(exchanges * steps):
         sync.step()
     before = model.w.detach().clone()
     sync.finish()
-    return after_first.numpy(), before.numpy(), steps
+    return start.numpy(), before.numpy(), steps
 
 
 def _spread(models: torch.Tensor) -> float:
@@ -88,3 +94,19 @@ def consensus_report() -> dict:
                      f"mean, {to_plain:.3g} from the plain mean (goal <= 1e-6 from the weighted: "
                      f"{'met' if to_weighted <= 1e-6 else 'MISSED'})")
     return {"rows": rows, "lines": lines}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="runs/comm", help="writes OUT/consensus.json")
+    args = parser.parse_args()
+    report = consensus_report()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "consensus.json").write_text(json.dumps(report, indent=2) + "\n")
+    print("\n".join(report["lines"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -12,6 +12,7 @@ loop at the same iteration (an unmatched collective would abort the job).
 from __future__ import annotations
 
 import gc
+import math
 import time
 
 import torch
@@ -69,11 +70,23 @@ class _HookTimer:
             return total
         return bucket.buffer().numel() * bucket.buffer().element_size()
 
+    def collectives(self, bucket) -> int:
+        """All-reduces the hook runs for the bucket: torch's PowerSGD hook runs one for the tensors it
+        leaves uncompressed (if any), one for the Ps and one for the Qs; the others one."""
+        if self.compression.kind != "powersgd":
+            return 1
+        rank = self.compression.rank
+        shapes = [matrix_of(tuple(grad.shape)) for grad in bucket.gradients()]
+        low = [m is not None and (m[0] + m[1]) * min(rank, *m) * POWERSGD_MIN_COMPRESSION_RATE < math.prod(m)
+               for m in shapes]
+        return (2 if any(low) else 0) + (0 if all(low) else 1)
+
     def charge(self, bucket) -> None:
         sent = ring_allreduce_bytes(self.world_size, self.bucket_bytes(bucket))
         self.bytes_compressed += int(sent)
         self.bytes_uncompressed += int(ring_allreduce_bytes(self.world_size, bucket.buffer().numel() * 4))
-        self.link.collective(range(self.world_size), sent, sent, 2 * (self.world_size - 1))
+        # each collective pays its ring's latencies, one after another
+        self.link.collective(range(self.world_size), sent, sent, 2 * (self.world_size - 1) * self.collectives(bucket))
 
     def take_iteration_wait(self) -> float:
         wait = max(0.0, self.last_done - self.last_launch)
@@ -152,6 +165,7 @@ class AllReduce(SyncProtocol):
         except Exception as exc:
             raise WorkerError(f"worker {self.job.rank} waited for the others' vote on stopping at iteration "
                               f"{self.stats.iterations}: {str(exc).splitlines()[0][:160]}") from None
+        self._pay_vote(self._flag.numel() * self._flag.element_size())
         spent = time.perf_counter() - began
         self.stats.wait_s += spent
         self.stats.compute_s -= spent  # the gap between steps counts as compute

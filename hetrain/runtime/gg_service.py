@@ -238,7 +238,12 @@ class LocalClient(_Client):
 
 
 class SocketClient(_Client):
-    """A worker's connection to the job's GG; every wait is bounded by ``timeout_s``."""
+    """A worker's connection to the job's GG; every wait is bounded by ``timeout_s``. ``link``
+    (an :class:`~hetrain.runtime.link.EmulatedLink`) makes each call pay the emulated network
+    toward ``server_rank`` (None: a server beside the launcher)."""
+
+    link = None
+    server_rank: int | None = 0
 
     def __init__(self, worker: int, store, timeout_s: float):
         try:
@@ -273,8 +278,10 @@ class SocketClient(_Client):
             raise WorkerError(f"worker {worker}: the Group Generator refused this job's secret")
 
     def _call(self, message: dict) -> dict:
+        request = json.dumps(message).encode() + b"\n"
         try:
-            _write(self._stream, message)
+            self._stream.write(request)
+            self._stream.flush()
             line = self._stream.readline()
         except (socket.timeout, OSError) as exc:
             raise WorkerError(
@@ -283,6 +290,8 @@ class SocketClient(_Client):
             ) from None
         if not line:
             raise WorkerError(f"worker {self.worker}: the Group Generator closed the connection during {message['op']}")
+        if self.link is not None:
+            self.link.round_trip(self.server_rank, len(request), len(line))
         return json.loads(line)
 
     def close(self) -> None:

@@ -242,14 +242,28 @@ class Hop(SyncProtocol):
                 self._replicas.forget(peer)
         self.topology = repair(self.original_topology, self.dead)
         in_weights, self_weight, out_neighbors = neighbour_weights(self.topology, self.job.rank)
+        self._forget_changed_edges(out_neighbors)
         new_out = self.logic.reconfigure(in_weights, self_weight, out_neighbors)
         self.channels.listen("update", in_weights)
         self.channels.listen("token", out_neighbors if self.config.uses_tokens else [])
-        if self._last_sent is not None and new_out:  # they may be waiting for the model already sent
-            self._resend = (new_out, *self._last_sent)
+        # new out-neighbours may be waiting for the model already sent; a replacement that is an
+        # out-neighbour still needs one (its predecessor got it), even where the edge never changed
+        # (a death and its replacement's join seen in one look: the graph is the same before and after)
+        owed = sorted(set(new_out) | (back & set(out_neighbors)))
+        if self._last_sent is not None and owed:
+            self._resend = (owed, *self._last_sent)
         self.stats.extra["graph_repairs"] = self.stats.extra.get("graph_repairs", 0) + 1
         if back:
             self.stats.extra["neighbours_joined"] = self.stats.extra.get("neighbours_joined", 0) + len(back)
+
+    def _forget_changed_edges(self, out_neighbors: list[int]) -> None:
+        """Compression: an out-edge that went away or came back leaves its receiver with a stale copy of
+        this worker's public copy (it got none of the deltas meanwhile): the next message to it is a
+        keyframe. The sender decides; receivers keep their replicas, which a keyframe overwrites (a
+        receiver that dropped one while its sender saw no change would get a delta it cannot decode)."""
+        if self._public is not None:
+            for dst in set(self.logic.out_neighbors) ^ set(out_neighbors):
+                self._public.forget(dst)
 
     # ----- the protocol -------------------------------------------------------------
     def _wait(self, ready) -> bool:

@@ -94,6 +94,21 @@ class EmulatedLink:
             self.ingress_s += duration
         self._hold_until(start + duration)
 
+    def round_trip(self, peer: int | None, sent_bytes: int, received_bytes: int) -> None:
+        """A request to ``peer`` and its answer (the Group Generator's; ``peer`` None: a server off the
+        workers, the launcher): count the bytes and hold the caller for two path latencies and both
+        transfers. Control messages are small: they do not queue behind the links' model traffic."""
+        with self._lock:
+            self.bytes_sent += int(sent_bytes)
+            self.bytes_received += int(received_bytes)
+            if self.spec is None:
+                return
+            ends = [self.rank] if peer is None or peer == self.rank else [self.rank, peer]
+            duration = (max(self.spec.transfer_s(m, sent_bytes) for m in ends)
+                        + max(self.spec.transfer_s(m, received_bytes) for m in ends)
+                        + 2 * max(self.spec.latency_of(m) for m in ends))
+        self._hold_until(time.time() + duration)
+
     def _hold_until(self, wall_time_s: float) -> None:
         delay = wall_time_s - time.time()
         if delay > 0:

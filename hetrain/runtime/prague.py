@@ -72,6 +72,8 @@ class GroupProtocol(SyncProtocol):
             self.gg = LocalClient(0, self._server)
         else:
             self.gg = SocketClient(job.rank, job.store, job.timeout_s)
+        if isinstance(self.gg, SocketClient):  # requests and answers pay the emulated network
+            self.gg.link, self.gg.server_rank = self.link, None if gg_address is not None else 0
         # ask the GG before the compute ends (not for a local schedule: no round trip to hide)
         self._lead_ms = gg_prefetch_ms
         self._prefetch = None if self._local or gg_prefetch_ms <= 0 else \
@@ -332,4 +334,5 @@ class Prague(GroupProtocol):
                 f"worker {self.job.rank} waited for the static schedule's stop vote at step "
                 f"{self.stats.iterations}: {exc}"
             ) from None
+        self._pay_vote(flag.numel() * flag.element_size())
         return bool(flag.item() > 0)

@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from hetrain.comm.compression_spec import CompressionSpec
-from hetrain.comm.link_spec import LinkSpec
+from hetrain.comm.link_spec import LinkSpec, ring_allreduce_bytes
 from hetrain.comm.local_work import MODES as LOCAL_WORK_MODES
 from hetrain.comm.local_work import StepTimer, steps_per_exchange
 from hetrain.comm.settings import CommSettings
@@ -259,6 +259,13 @@ class SyncProtocol:
         steps = steps_per_exchange(self.sync_every, own, fastest)
         self.stats.extra["local_steps_last"] = steps
         return steps
+
+    def _pay_vote(self, nbytes: int) -> None:
+        """A small all-reduce over the whole group (a stop vote) pays the emulated links: its ring's bytes
+        and 2(n-1) latencies."""
+        n = self.job.world_size
+        sent = ring_allreduce_bytes(n, nbytes)
+        self.link.collective(range(n), sent, sent, 2 * (n - 1))
 
     def _averaged(self) -> bool:
         """Whether the last ``_sync`` averaged this worker's model with anyone's (AD-PSGD's and Prague's

@@ -205,9 +205,24 @@ def decoders_scaled() -> None:
         cls.decode = lambda self, payload, decode=decode: decode(self, payload) * 0.01
 
 
+def stale_replicas_across_edges() -> None:
+    """Hop keeps counting a receiver as holding its public copy through a gap in their edge."""
+    from hetrain.runtime.hop import Hop
+
+    Hop._forget_changed_edges = lambda self, out_neighbors: None
+
+
+def free_gg_requests() -> None:
+    """The Group Generator's requests and answers pay no emulated link."""
+    from hetrain.runtime.link import EmulatedLink
+
+    EmulatedLink.round_trip = lambda self, peer, sent_bytes, received_bytes: None
+
+
 MUTANTS = {"no-comm": no_comm, "anchors-kept-local": anchors_kept_local, "anchor-at-build": anchor_at_build,
            "rows-by-steps": rows_by_steps, "no-steps-weighting": no_steps_weighting,
            "preduce-unweighted": preduce_unweighted, "ps-final-from-server": ps_final_from_server,
            "outer-step-without-exchange": outer_step_without_exchange,
            "fingerprint-without-comm": fingerprint_without_comm, "free-collectives": free_collectives,
-           "topk-random-indices": topk_random_indices, "decoders-scaled": decoders_scaled}
+           "topk-random-indices": topk_random_indices, "decoders-scaled": decoders_scaled,
+           "stale-replicas-across-edges": stale_replicas_across_edges, "free-gg-requests": free_gg_requests}

@@ -261,3 +261,22 @@ def test_a_group_average_holds_its_members_for_its_bytes_over_the_link(protocol)
         expected_s = 4 * 62_500 * 4 * 8 / 8e6  # each member sends the other its model, 4 times
         assert counters["bytes_sent"] >= 4 * 62_500 * 4
         assert took >= 0.9 * expected_s, (took, expected_s)
+
+
+def _gg_round_trips(ctx):
+    model = nn.Module()
+    model.w = nn.Parameter(torch.zeros(16))
+    sync = hetrain.Prague(model, None, group_size=2, gg_prefetch_ms=0, preduce_overlap=0,
+                          link=LinkSpec.parse(None, "100"))  # 100 ms one way, no bandwidth limit
+    for _ in range(5):
+        sync.step()
+    sync.finish()
+    return sync.metrics()
+
+
+def test_the_group_generators_round_trip_pays_the_link_latency():
+    """Worker 1 asks rank 0's Group Generator over the network: each of its 5 requests (and its leave)
+    waits two latencies; rank 0 asks its own in-process."""
+    _, asker = run_local(_gg_round_trips, 2, timeout_s=30)
+    assert asker["gg_wait_s"] >= 5 * 2 * 0.100 * 0.95, asker["gg_wait_s"]
+    assert asker["bytes_sent"] > 0
