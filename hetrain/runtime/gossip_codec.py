@@ -53,6 +53,12 @@ class PublicCopy:
         self.synced.update(key_dsts)
         return delta, delta_dsts, keyframe, key_dsts
 
+    def seed(self, model: torch.Tensor, holders: list[int]) -> None:
+        """x̂ is ``model``, which ``holders`` already hold (every worker started from it)."""
+        if holders:
+            self.public = model.detach().clone()
+            self.synced.update(holders)
+
     def forget(self, dst: int) -> None:
         """``dst`` no longer holds x̂ (dead, or replaced by a new process)."""
         self.synced.discard(dst)

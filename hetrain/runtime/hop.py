@@ -15,6 +15,7 @@ asynchronous, so communication overlaps compute.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from dataclasses import dataclass
@@ -115,15 +116,45 @@ class Hop(SyncProtocol):
                                      new_payload=self.state.empty, link=self.link,
                                      delta_nbytes=codec.payload_nbytes if codec is not None else 0)
         if not self.joining:  # a replacement's neighbours are mid-training: no handshake
+            if self._public is not None and self.job.store is not None:
+                self._publish_start()
             skipped = self.channels.handshake(self.topology.out_neighbors[rank], self.topology.in_neighbors[rank],
                                               self.dead_workers if self.tolerant else None)
             for peer in skipped:  # dead during start-up: no receiver for it; the first step repairs the graph
                 self.channels.forget(peer)
+            if self._public is not None and self.job.store is not None:
+                self._seed_shared_start(skipped)
         self.channels.listen("update", self.topology.in_neighbors[rank])
         self.channels.listen("token", self.topology.out_neighbors[rank] if self.config.uses_tokens else [])
         if self.joining:
             self._adopt_neighbours_model()
         self.restart_clock()
+
+    # ----- compression: the shared start ----------------------------------------------------
+    def _start_key(self, rank: int) -> str:
+        return f"hetrain/{self.name}/start-digest/{rank}"
+
+    def _publish_start(self) -> None:
+        """Write a digest of the model training starts from to the job's store (before the handshake)."""
+        self._start = self.state.gather()
+        self._start_digest = hashlib.blake2b(self._start.cpu().numpy().tobytes(), digest_size=16).hexdigest()
+        self.job.store.set(self._start_key(self.job.rank), self._start_digest)
+
+    def _seed_shared_start(self, skipped: set[int]) -> None:
+        """Neighbours that start from this worker's own model (``hetrain train``'s seeded one: the same
+        digest) already hold it: the first message on that edge is a delta, not the model in full. Both
+        ends read the same digests, so they agree on it; a neighbour with another start gets a keyframe."""
+        rank, store = self.job.rank, self.job.store
+        # an in-neighbour whose handshake arrived had written its digest; an out-neighbour's may not be
+        # there yet (then a keyframe: it seeds its replica all the same, and the keyframe overwrites it)
+        same = {peer for peer in set(self.topology.out_neighbors[rank]) | set(self.topology.in_neighbors[rank])
+                if peer not in skipped and store.check([self._start_key(peer)])
+                and store.get(self._start_key(peer)).decode() == self._start_digest}
+        self._public.seed(self._start, [d for d in self.topology.out_neighbors[rank] if d in same])
+        for src in self.topology.in_neighbors[rank]:
+            if src in same:
+                self._replicas.keyframe(src, self._start.clone())
+        self.stats.extra["shared_start_edges"] = len(same)
 
     def _adopt_neighbours_model(self) -> None:
         """A replacement: announce itself, then take the newest model its in-neighbours send it (each

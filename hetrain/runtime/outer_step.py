@@ -52,6 +52,14 @@ class OuterStep:
         self.steps = 0
         self.pending_capture = True  # re-anchor at the first optimizer step (weights may be loaded before it)
 
+    @property
+    def plain_average(self) -> bool:
+        """Whether the step is plain averaging (SGD, lr 1, no momentum, no weight decay): then the new
+        anchor is the average whatever the anchors were, and they need not travel."""
+        return type(self.optimizer) is torch.optim.SGD and all(
+            group["lr"] == 1 and not group["momentum"] and not group["weight_decay"] and not group.get("maximize")
+            for group in self.optimizer.param_groups)
+
     def capture(self) -> None:
         """Take the model as it is now as the anchor (first step, loaded weights, a replacement's model)."""
         with torch.no_grad():

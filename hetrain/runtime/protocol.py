@@ -116,7 +116,8 @@ class SyncProtocol:
         if self.joining:  # the deaths so far (a rank dead now comes back as a rejoin)
             self.dead = set(self.dead_workers()) - {self.job.rank}
         self._outer = OuterStep(model, outer_optimizer) if outer_optimizer is not None else None
-        anchors = self._outer.anchor if self._outer is not None and self.gossips_anchors else []
+        gossip = self._outer is not None and self.gossips_anchors and not self._outer.plain_average
+        anchors = self._outer.anchor if gossip else []
         self.state = FlatState(model, extra=anchors)  # the anchors travel (and are averaged) with the model
         if self._outer is not None:
             self._outer.state = self.state

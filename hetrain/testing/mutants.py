@@ -219,10 +219,18 @@ def free_gg_requests() -> None:
     EmulatedLink.round_trip = lambda self, peer, sent_bytes, received_bytes: None
 
 
+def no_shared_start() -> None:
+    """Hop's first message on every edge is a keyframe, even where both ends start from one model."""
+    from hetrain.runtime.hop import Hop
+
+    Hop._seed_shared_start = lambda self, skipped: None
+
+
 MUTANTS = {"no-comm": no_comm, "anchors-kept-local": anchors_kept_local, "anchor-at-build": anchor_at_build,
            "rows-by-steps": rows_by_steps, "no-steps-weighting": no_steps_weighting,
            "preduce-unweighted": preduce_unweighted, "ps-final-from-server": ps_final_from_server,
            "outer-step-without-exchange": outer_step_without_exchange,
            "fingerprint-without-comm": fingerprint_without_comm, "free-collectives": free_collectives,
            "topk-random-indices": topk_random_indices, "decoders-scaled": decoders_scaled,
-           "stale-replicas-across-edges": stale_replicas_across_edges, "free-gg-requests": free_gg_requests}
+           "stale-replicas-across-edges": stale_replicas_across_edges, "free-gg-requests": free_gg_requests,
+           "no-shared-start": no_shared_start}

@@ -280,3 +280,21 @@ def test_the_group_generators_round_trip_pays_the_link_latency():
     _, asker = run_local(_gg_round_trips, 2, timeout_s=30)
     assert asker["gg_wait_s"] >= 5 * 2 * 0.100 * 0.95, asker["gg_wait_s"]
     assert asker["bytes_sent"] > 0
+
+
+def _shared_start(ctx, same):
+    model = Quadratic(0 if same else ctx.rank, size=256)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    sync = _make("dpsgd", model, optimizer, compression="int8")
+    _train_steps(model, optimizer, 4, ctx.rank)
+    sync.finish()
+    return sync.metrics()
+
+
+def test_neighbours_that_start_from_one_model_skip_the_first_keyframe():
+    """hetrain train's workers start from one seeded model: the first message on each edge is a delta
+    (4 int8 messages: ratio near int8's 4x; with a float64 keyframe first it is under 2x)."""
+    for metrics in run_local(_shared_start, 3, (True,), timeout_s=30):
+        assert metrics.get("shared_start_edges", 0) == 2 and metrics["compression_ratio"] > 3.5, metrics
+    for metrics in run_local(_shared_start, 3, (False,), timeout_s=30):  # other starts: keyframes, as before
+        assert metrics.get("shared_start_edges", 0) == 0 and metrics["compression_ratio"] < 2.0, metrics

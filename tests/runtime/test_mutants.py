@@ -83,6 +83,8 @@ COMM_MUTANTS = {
     "free-collectives": [
         "tests/runtime/test_comm_protocols.py::test_a_group_average_holds_its_members_for_its_bytes_over_the_link"],
     "free-gg-requests": ["tests/runtime/test_comm_protocols.py::test_the_group_generators_round_trip_pays_the_link_latency"],
+    "no-shared-start": [
+        "tests/runtime/test_comm_protocols.py::test_neighbours_that_start_from_one_model_skip_the_first_keyframe"],
     "stale-replicas-across-edges": ["tests/runtime/test_compressed_membership.py"],
     "topk-random-indices": ["tests/comm/test_codecs.py::test_topk_keeps_exactly_the_largest_values_and_nothing_else"],
     "decoders-scaled": ["tests/comm/test_codecs.py::test_topk_keeps_exactly_the_largest_values_and_nothing_else",
