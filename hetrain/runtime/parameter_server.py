@@ -162,7 +162,6 @@ class ParameterServer(SyncProtocol):
     """
 
     name = "ps"
-    gossips_anchors = False  # one server model: every worker's anchor steps on the same pseudo-gradient
 
     def __init__(self, model, optimizer=None, *, options: PSOptions | None = None, process_group=None,
                  timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort", dead_workers=None, **settings):
@@ -389,8 +388,7 @@ class ParameterServer(SyncProtocol):
     def _finish(self) -> None:
         """Leave; when every worker has left, rank 0 broadcasts the global model to all."""
         job = self.job
-        if self._local_steps or (self._outer is not None and self._outer.steps):
-            # what the server has not seen: the local steps since the last push, the last outer step
+        if self._local_steps:  # what the server has not seen: the local steps since the last push
             self._sync()
         if job.rank == 0:
             self._server.leave(0)

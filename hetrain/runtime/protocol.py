@@ -93,7 +93,6 @@ class SyncProtocol:
     """Base class; see the module docstring. ``name`` is the registry's protocol name."""
 
     name = "base"
-    gossips_anchors = True  # an outer optimizer's anchors are averaged with the models (not the parameter server's)
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
                  process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort",
@@ -116,11 +115,7 @@ class SyncProtocol:
         if self.joining:  # the deaths so far (a rank dead now comes back as a rejoin)
             self.dead = set(self.dead_workers()) - {self.job.rank}
         self._outer = OuterStep(model, outer_optimizer) if outer_optimizer is not None else None
-        gossip = self._outer is not None and self.gossips_anchors and not self._outer.plain_average
-        anchors = self._outer.anchor if gossip else []
-        self.state = FlatState(model, extra=anchors)  # the anchors travel (and are averaged) with the model
-        if self._outer is not None:
-            self._outer.state = self.state
+        self.state = FlatState(model)
         self.stats = ProtocolStats()
         self._setup_comm(model, sync_every, compression, gossip_step, local_work, link)
         self._hooks = []
@@ -216,9 +211,11 @@ class SyncProtocol:
             self._last_step_end = time.perf_counter()
             self._after_step_loggers()
             return
+        if self._outer is not None and not self._outer_step_in_sync():
+            self._outer.step()  # adapt, then the exchange combines (see hetrain.runtime.outer_step)
         self._sync()
-        if self._outer is not None and not self._outer_step_delayed() and self._averaged():
-            self._outer.apply()  # no outer step without an exchange: the next pseudo-gradient spans both
+        if self._outer is not None and self._averaged():
+            self._outer.capture()  # the exchange's average is the next anchor
         self.stats.exchanges += 1
         self._local_steps = 0
         self._steps_this_exchange = self._next_local_steps()
@@ -269,12 +266,12 @@ class SyncProtocol:
         self.link.collective(range(n), sent, sent, 2 * (n - 1))
 
     def _averaged(self) -> bool:
-        """Whether the last ``_sync`` averaged this worker's model with anyone's (AD-PSGD's and Prague's
-        syncs may form no group)."""
+        """Whether the last ``_sync`` took part in an exchange (AD-PSGD's and Prague's syncs may form no
+        group: no outer step then, and the anchor stays, so the next pseudo-gradient spans both)."""
         return True
 
-    def _outer_step_delayed(self) -> bool:
-        """Whether this protocol applies the outer step itself, when a delayed average lands (Prague's overlap)."""
+    def _outer_step_in_sync(self) -> bool:
+        """Whether ``_sync`` takes the outer step itself, once it knows an exchange will happen (Prague, AD-PSGD)."""
         return False
 
     @property

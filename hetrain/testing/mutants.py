@@ -95,11 +95,29 @@ def _local_gradients_hook(timer, bucket):
 # (``tests/runtime/test_mutants.py`` names the tests that must catch each; applied in the test process
 # as well, by tests/conftest.py, for the tests that run in-process)
 
-def anchors_kept_local() -> None:
-    """The outer optimizer's anchors are not averaged with the models (the rule before issue 36)."""
-    from hetrain.runtime.protocol import SyncProtocol
+def outer_step_on_own_anchor() -> None:
+    """The rule before issue 36: no step before the exchange; after it, each worker steps its own anchor
+    with ``anchor - average`` (which holds the workers' disagreement off the complete graph)."""
+    from hetrain.runtime.outer_step import OuterStep
 
-    SyncProtocol.gossips_anchors = False
+    capture = OuterStep.capture
+
+    @torch.no_grad()
+    def step_after(self):
+        if self.pending_capture:
+            return capture(self)
+        saved = [p.grad for p in self.params]
+        for p, anchor in zip(self.params, self.anchor):
+            p.grad = anchor - p
+            p.copy_(anchor)
+        with torch.enable_grad():
+            self.optimizer.step()
+        for p, anchor, grad in zip(self.params, self.anchor, saved):
+            anchor.copy_(p)
+            p.grad = grad
+
+    OuterStep.step = lambda self: None
+    OuterStep.capture = step_after
 
 
 def anchor_at_build() -> None:
@@ -162,7 +180,7 @@ def outer_step_without_exchange() -> None:
     """A group protocol's sync that formed no group still takes an outer step."""
     from hetrain.runtime.prague import GroupProtocol
 
-    GroupProtocol._averaged = lambda self: True
+    GroupProtocol._outer_step_in_sync = lambda self: False  # stepped before every sync, group or not
 
 
 def fingerprint_without_comm() -> None:
@@ -226,7 +244,7 @@ def no_shared_start() -> None:
     Hop._seed_shared_start = lambda self, skipped: None
 
 
-MUTANTS = {"no-comm": no_comm, "anchors-kept-local": anchors_kept_local, "anchor-at-build": anchor_at_build,
+MUTANTS = {"no-comm": no_comm, "outer-step-on-own-anchor": outer_step_on_own_anchor, "anchor-at-build": anchor_at_build,
            "rows-by-steps": rows_by_steps, "no-steps-weighting": no_steps_weighting,
            "preduce-unweighted": preduce_unweighted, "ps-final-from-server": ps_final_from_server,
            "outer-step-without-exchange": outer_step_without_exchange,

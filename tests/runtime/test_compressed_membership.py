@@ -12,8 +12,11 @@ import time
 import torch
 
 import hetrain
+from hetrain.faults import Fault
 from hetrain.jobs.local_job import run_local
 from hetrain.runtime import hop as hop_module
+
+SECOND_DEATH = "replacement-trained-1.5s"  # a phase only the first replacement enters
 
 
 def _recorded(ctx, end_at: float):
@@ -38,7 +41,11 @@ def _recorded(ctx, end_at: float):
                          dead_workers=ctx.dead_workers, timeout_s=20)
     began = time.monotonic()
     noise = torch.Generator().manual_seed(1000 + ctx.rank + 10 * ctx.incarnation)
+    second_death_due = ctx.incarnation == 1
     while time.time() < end_at:
+        if second_death_due and time.monotonic() - began > 1.5:  # the others have seen it join by now
+            second_death_due = False
+            ctx.enter_phase(SECOND_DEATH)  # the launcher kills it here
         time.sleep(0.02)  # a step's compute
         with torch.no_grad():
             model.w.add_(torch.randn(256, generator=noise))  # the public copy keeps moving
@@ -49,9 +56,10 @@ def _recorded(ctx, end_at: float):
 
 
 def test_replicas_equal_their_senders_copies_after_a_death_a_replacement_and_a_second_death():
-    results = run_local(_recorded, 4, (time.time() + 12.0,), on_failure="respawn", kills=[(2.5, 2), (6.0, 2)],
-                        timeout_s=20)
+    results = run_local(_recorded, 4, (time.time() + 12.0,), on_failure="respawn", kills=[(2.5, 2)],
+                        faults=[Fault(2, "phase", phase=SECOND_DEATH)], timeout_s=20)
     assert len(results) == 4
+    assert {rank: incarnation for rank, incarnation, _, _ in results}[2] == 2  # killed twice, replaced twice
     by_sender = {}  # (rank, incarnation) -> iteration -> [(dsts, checksum)]: a resend repeats an iteration
     for rank, incarnation, sent, _ in results:
         for it, dsts, checksum in sent:
