@@ -61,8 +61,9 @@ class BackgroundAverage:
         except BaseException as exc:  # raised in the worker's thread by finish()
             self._error = exc
 
-    def finish(self, model: torch.Tensor) -> None:
-        """Wait for the averaging in flight (if any) and add ``average - snapshot`` to ``model`` in place."""
+    def finish(self, model: torch.Tensor, transform: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        """Wait for the averaging in flight (if any) and add ``average - snapshot`` to ``model`` in place
+        (``transform(average)`` in place of the average when given: an outer optimizer's step)."""
         if self._thread is None:
             return
         began = time.perf_counter()
@@ -75,4 +76,6 @@ class BackgroundAverage:
         self._snapshot = self._average = self._error = None
         if error is not None:
             raise error
+        if transform is not None:
+            average = transform(average)
         model.add_(average).sub_(snapshot)

@@ -35,8 +35,8 @@ _DEATH_NOTICE_S = 3.0  # how long a failed collective waits for the launcher to 
 def average_state(state: FlatState, job: JobView, dead_workers: Callable[[], set[int]] | None = None) -> float:
     """Replace every surviving worker's model by the survivors' average; return the consensus distance.
 
-    Consensus distance = sqrt(mean_i ||x_i - mean_x||^2), measured before averaging
-    (0 when all workers already agree). A collective: every survivor must call it.
+    Consensus distance = sqrt(mean_i ||x_i - mean_x||^2) over the model (not an outer optimizer's
+    anchors), measured before averaging (0 when all workers already agree). A collective: every survivor must call it.
     """
     if job.world_size == 1:
         return 0.0
@@ -118,7 +118,7 @@ def _average(state: FlatState, group, size: int, timeout: datetime.timedelta, *,
     mean = state.gather()
     all_reduce(mean)
     mean /= size
-    own = state.gather().sub_(mean)  # x_i - mean, in place: one model-sized buffer, not four
+    own = state.gather().sub_(mean)[:state.model_numel]  # x_i - mean, in place: one model-sized buffer
     spread = torch.tensor([float(torch.linalg.vector_norm(own)) ** 2], dtype=torch.float64, device=mean.device)
     del own
     all_reduce(spread)

@@ -12,6 +12,10 @@ float32), so every value is averaged at least at its own precision and
 written back in its own dtype. Integer buffers (``num_batches_tracked``) are
 counters, not state to average: they stay local.
 
+A protocol with an outer optimizer appends the optimizer's *anchors* (``extra``): the
+protocols then average the anchors with the same weights as the models (see
+:mod:`hetrain.runtime.outer_step`). ``model_numel`` counts the module's part alone.
+
 Flat buffers come from a :class:`~hetrain.runtime.buffer_pool.BufferPool`: at
 100 MB a fresh allocation per step costs more kernel time than the step's math.
 """
@@ -27,9 +31,11 @@ _WIDTH = {torch.float64: 3, torch.float32: 2, torch.bfloat16: 1, torch.float16: 
 
 
 class FlatState:
-    def __init__(self, module: nn.Module):
+    def __init__(self, module: nn.Module, extra: list[torch.Tensor] = ()):
         self.tensors = [p for p in module.parameters()]
         self.tensors += [b for b in module.buffers() if b.is_floating_point()]
+        self.model_numel = sum(t.numel() for t in self.tensors)
+        self.tensors += list(extra)
         if not self.tensors:
             raise ValueError("the model has no parameters or floating-point buffers to average")
         devices = {t.device for t in self.tensors}
@@ -51,6 +57,15 @@ class FlatState:
     def gather(self) -> torch.Tensor:
         """A flat copy that shares memory with nothing in use (not the model, not another gather)."""
         return torch.cat([t.detach().reshape(-1).to(self.dtype) for t in self.tensors], out=self.pool.take())
+
+    @property
+    def model_nbytes(self) -> int:
+        return self.model_numel * torch.empty((), dtype=self.dtype).element_size()
+
+    def gather_model(self) -> torch.Tensor:
+        """The module's part alone (no anchors), as a flat copy (snapshots, evaluation)."""
+        flat = self.gather()
+        return flat if self.model_numel == self.numel else flat[: self.model_numel].clone()
 
     def scatter(self, flat: torch.Tensor) -> None:
         """Copy ``flat`` (from :meth:`gather`, possibly averaged) back into the model's tensors."""

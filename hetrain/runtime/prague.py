@@ -40,6 +40,7 @@ class GroupProtocol(SyncProtocol):
     """Runs the groups a scheduler hands out; leaves cleanly and ends on the consensus model."""
 
     name = "group"
+    outer_gossips_anchors = True  # the groups change every exchange: combine, then adapt (runtime/outer_step.py)
 
     def __init__(self, model, optimizer, scheduler: GroupScheduler, *, communicator_cache: int,
                  local_scheduler: bool, process_group, timeout_s: float, on_failure: str = "abort",
@@ -115,15 +116,12 @@ class GroupProtocol(SyncProtocol):
         """Wait for the previous step's background averages (if any) and apply them to the model (through
         the outer optimizer, if there is one: the exchange's outer step lands with its average)."""
         if self._background is not None and self._background.pending:
-            before = [p.detach().clone() for p in self._outer.params] if self._outer is not None else None
             flat = self.state.gather()
-            self._background.finish(flat)
+            self._background.finish(flat, self._outer.transform if self._outer is not None else None)
             self.state.scatter(flat)
-            if before is not None:
-                self._outer.shift(before)  # the anchor is that exchange's average
 
-    def _outer_step_in_sync(self) -> bool:
-        return True
+    def _outer_step_delayed(self) -> bool:
+        return self._background is not None
 
     def _averaged(self) -> bool:
         return self._groups_this_sync
@@ -147,8 +145,6 @@ class GroupProtocol(SyncProtocol):
         self._gg_wait_s += time.perf_counter() - start
         weight = self._group_weight()
         self._groups_this_sync = bool(groups)
-        if groups and self._outer is not None:
-            self._outer.step()  # an exchange will happen: adapt first (hetrain.runtime.outer_step)
         if groups and self._background is not None:
             self._background.start(self.state.gather(), groups, weight)
         elif groups:

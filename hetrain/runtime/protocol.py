@@ -93,6 +93,7 @@ class SyncProtocol:
     """Base class; see the module docstring. ``name`` is the registry's protocol name."""
 
     name = "base"
+    outer_gossips_anchors = False  # True: the anchors are averaged beside the models (Prague, AD-PSGD)
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
                  process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort",
@@ -115,7 +116,10 @@ class SyncProtocol:
         if self.joining:  # the deaths so far (a rank dead now comes back as a rejoin)
             self.dead = set(self.dead_workers()) - {self.job.rank}
         self._outer = OuterStep(model, outer_optimizer) if outer_optimizer is not None else None
-        self.state = FlatState(model)
+        gossip = self._outer is not None and self.outer_gossips_anchors
+        self.state = FlatState(model, extra=self._outer.anchor if gossip else [])  # anchors travel with the model
+        if gossip:
+            self._outer.state = self.state
         self.stats = ProtocolStats()
         self._setup_comm(model, sync_every, compression, gossip_step, local_work, link)
         self._hooks = []
@@ -211,11 +215,14 @@ class SyncProtocol:
             self._last_step_end = time.perf_counter()
             self._after_step_loggers()
             return
-        if self._outer is not None and not self._outer_step_in_sync():
+        if self._outer is not None and not self.outer_gossips_anchors:
             self._outer.step()  # adapt, then the exchange combines (see hetrain.runtime.outer_step)
         self._sync()
-        if self._outer is not None and self._averaged():
-            self._outer.capture()  # the exchange's average is the next anchor
+        if self._outer is not None and self._averaged():  # no outer step without an exchange
+            if not self.outer_gossips_anchors:
+                self._outer.capture()  # the exchange's average is the next anchor
+            elif not self._outer_step_delayed():
+                self._outer.apply()  # combined, now adapt: the averaged anchor, the averaged pseudo-gradient
         self.stats.exchanges += 1
         self._local_steps = 0
         self._steps_this_exchange = self._next_local_steps()
@@ -270,8 +277,8 @@ class SyncProtocol:
         group: no outer step then, and the anchor stays, so the next pseudo-gradient spans both)."""
         return True
 
-    def _outer_step_in_sync(self) -> bool:
-        """Whether ``_sync`` takes the outer step itself, once it knows an exchange will happen (Prague, AD-PSGD)."""
+    def _outer_step_delayed(self) -> bool:
+        """Whether this protocol applies the outer step itself, when a delayed average lands (Prague's overlap)."""
         return False
 
     @property

@@ -180,7 +180,7 @@ def outer_step_without_exchange() -> None:
     """A group protocol's sync that formed no group still takes an outer step."""
     from hetrain.runtime.prague import GroupProtocol
 
-    GroupProtocol._outer_step_in_sync = lambda self: False  # stepped before every sync, group or not
+    GroupProtocol._averaged = lambda self: True
 
 
 def fingerprint_without_comm() -> None:
@@ -244,7 +244,17 @@ def no_shared_start() -> None:
     Hop._seed_shared_start = lambda self, skipped: None
 
 
-MUTANTS = {"no-comm": no_comm, "outer-step-on-own-anchor": outer_step_on_own_anchor, "anchor-at-build": anchor_at_build,
+def anchors_kept_local() -> None:
+    """Prague's and AD-PSGD's anchors are not averaged with the models (each steps its own anchor with
+    ``anchor - average``: the rule before issue 36)."""
+    from hetrain.runtime import flat_state
+
+    init = flat_state.FlatState.__init__
+    flat_state.FlatState.__init__ = lambda self, module, extra=(): init(self, module)
+
+
+MUTANTS = {"no-comm": no_comm, "outer-step-on-own-anchor": outer_step_on_own_anchor,
+           "anchors-kept-local": anchors_kept_local, "anchor-at-build": anchor_at_build,
            "rows-by-steps": rows_by_steps, "no-steps-weighting": no_steps_weighting,
            "preduce-unweighted": preduce_unweighted, "ps-final-from-server": ps_final_from_server,
            "outer-step-without-exchange": outer_step_without_exchange,

@@ -67,7 +67,10 @@ def test_every_protocol_test_fails_when_workers_never_communicate(tmp_path):
 # ----- the communication features (issue 36): each mutant removes one, and these tests must see it -------
 OC = "tests/runtime/test_outer_consensus.py"
 COMM_MUTANTS = {
-    "outer-step-on-own-anchor": [f"{OC}::test_outer_nesterov_without_progress_is_plain_gossip_off_the_complete_graph"],
+    "outer-step-on-own-anchor": [
+        f"{OC}::test_outer_nesterov_without_progress_is_plain_gossip_off_the_complete_graph[exponential]",
+        f"{OC}::test_outer_nesterov_without_progress_is_plain_gossip_off_the_complete_graph[torus]"],
+    "anchors-kept-local": [f"{OC}::test_outer_nesterov_without_progress_is_plain_gossip_off_the_complete_graph[prague]"],
     "anchor-at-build": [f"{OC}::test_weights_loaded_into_a_wrapped_model_are_the_anchor_not_progress"],
     "rows-by-steps": [f"{OC}::test_auto_local_work_gossip_converges_to_the_steps_weighted_mean[ring]",
                       f"{OC}::test_auto_local_work_gossip_converges_to_the_steps_weighted_mean[torus]",

@@ -4,6 +4,8 @@ Every worker here starts from a different model or trains on different data: a t
 agree from the start passes with the communication removed.
 """
 
+import time
+
 import pytest
 import torch
 from comm_models import Quadratic, _make
@@ -26,21 +28,29 @@ def _gossip_only(ctx, topology, exchanges, outer):
         model.w.add_(3.0 * ctx.rank)
     start = model.w.detach().clone()
     optimizer = torch.optim.SGD(model.parameters(), **NESTEROV) if outer else None
-    sync = hetrain.DPSGD(model, None, topology=topology, sync_every=1, outer_optimizer=optimizer)
+    if topology == "prague":  # groups of two, a new partner every exchange (the smart Group Generator)
+        sync = hetrain.Prague(model, None, group_size=2, sync_every=1, outer_optimizer=optimizer)
+    else:
+        sync = hetrain.DPSGD(model, None, topology=topology, sync_every=1, outer_optimizer=optimizer)
     for _ in range(exchanges):
+        if topology == "prague":
+            time.sleep(0.005)  # a step's compute: workers that sprint find no partner and form no group
         sync.step()  # no gradient: the model changes only by the exchange (and the outer step)
     before = model.w.detach().clone()
     sync.finish()
     return start.numpy(), before.numpy()
 
 
-@pytest.mark.parametrize("topology", ["exponential", "torus"])
+@pytest.mark.parametrize("topology", ["exponential", "torus", "prague"])
 def test_outer_nesterov_without_progress_is_plain_gossip_off_the_complete_graph(topology):
-    """Before issue 36 the spread fell only to 2.4e-3 (exponential) and 8.9e-8 (torus) of its start."""
+    """Before issue 36 the spread fell only to 2.4e-3 (exponential) and 8.9e-8 (torus) of its start, and
+    Prague's groups with each worker's own anchor to 0.04."""
     results = run_local(_gossip_only, 8, (topology, 60, True), timeout_s=60)
     starts = torch.stack([torch.from_numpy(s) for s, _ in results])
     models = torch.stack([torch.from_numpy(m) for _, m in results])
-    assert _spread(models) <= 1e-9 * _spread(starts)
+    # plain gossip's rate: a fixed graph reaches 1e-9 in 60 exchanges; Prague's pairs (formed as workers
+    # arrive) 2e-9 alone, less under load (each anchor its own, before issue 36: 0.04)
+    assert _spread(models) <= (1e-9 if topology != "prague" else 1e-4) * _spread(starts)
     assert torch.allclose(models.mean(0), starts.mean(0), atol=1e-9)  # and the mean is kept
 
 
