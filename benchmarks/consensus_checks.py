@@ -19,46 +19,10 @@ from pathlib import Path
 
 import torch
 
-import hetrain
 from hetrain.jobs.local_job import run_local
+from hetrain.testing.consensus_jobs import auto_gossip, gossip_only
 
 EXCHANGES = 60
-AUTO_STEPS = {0: 2, 3: 5}
-
-
-def _model(rank: int) -> torch.nn.Module:
-    model = torch.nn.Module()
-    start = torch.randn(8, generator=torch.Generator().manual_seed(100 + rank), dtype=torch.float64) + 3.0 * rank
-    model.w = torch.nn.Parameter(start)
-    return model
-
-
-def outer_gossip(ctx, topology: str, outer: bool):
-    model = _model(ctx.rank)
-    start = model.w.detach().clone()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True) if outer else None
-    sync = hetrain.DPSGD(model, None, topology=topology, sync_every=1, outer_optimizer=optimizer)
-    for _ in range(EXCHANGES):
-        sync.step()
-    before = model.w.detach().clone()
-    sync.finish()
-    return start.numpy(), before.numpy()
-
-
-def auto_gossip(ctx, topology: str, exchanges: int):
-    import hetrain.runtime.protocol as protocol_module
-
-    steps = AUTO_STEPS.get(ctx.rank, 8)
-    protocol_module.steps_per_exchange = lambda sync_every, own, fastest: steps  # a fixed speed per worker
-    model = _model(ctx.rank)
-    sync = hetrain.DPSGD(model, None, topology=topology, sync_every=8, local_work="auto")
-    sync._steps_this_exchange = steps  # the first exchange too (it would take sync_every: nothing measured)
-    start = model.w.detach().clone()
-    for _ in range(exchanges * steps):
-        sync.step()
-    before = model.w.detach().clone()
-    sync.finish()
-    return start.numpy(), before.numpy(), steps
 
 
 def _spread(models: torch.Tensor) -> float:
@@ -71,7 +35,7 @@ def consensus_report() -> dict:
         for workers in (8, 16):
             ratios = {}
             for outer in (True, False):
-                results = run_local(outer_gossip, workers, (topology, outer), timeout_s=120)
+                results = run_local(gossip_only, workers, (topology, EXCHANGES, outer), timeout_s=120)
                 starts = torch.stack([torch.from_numpy(s) for s, _ in results])
                 models = torch.stack([torch.from_numpy(m) for _, m in results])
                 ratios["nesterov" if outer else "plain"] = _spread(models) / _spread(starts)

@@ -101,23 +101,9 @@ def outer_step_on_own_anchor() -> None:
     from hetrain.runtime.outer_step import OuterStep
 
     capture = OuterStep.capture
-
-    @torch.no_grad()
-    def step_after(self):
-        if self.pending_capture:
-            return capture(self)
-        saved = [p.grad for p in self.params]
-        for p, anchor in zip(self.params, self.anchor):
-            p.grad = anchor - p
-            p.copy_(anchor)
-        with torch.enable_grad():
-            self.optimizer.step()
-        for p, anchor, grad in zip(self.params, self.anchor, saved):
-            anchor.copy_(p)
-            p.grad = grad
-
+    # after the exchange, the own anchor stepped with anchor - average (apply, without averaged anchors)
+    OuterStep.capture = lambda self: capture(self) if self.pending_capture else self.apply()
     OuterStep.step = lambda self: None
-    OuterStep.capture = step_after
 
 
 def anchor_at_build() -> None:

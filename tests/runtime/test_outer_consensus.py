@@ -13,8 +13,7 @@ from torch import nn
 
 import hetrain
 from hetrain.jobs.local_job import run_local
-
-NESTEROV = {"lr": 0.7, "momentum": 0.9, "nesterov": True}
+from hetrain.testing.consensus_jobs import NESTEROV, auto_gossip, gossip_only
 
 
 def _spread(models: torch.Tensor) -> float:
@@ -22,30 +21,11 @@ def _spread(models: torch.Tensor) -> float:
 
 
 # ----- no progress: the outer momentum must not act on the workers' disagreement ---------------------
-def _gossip_only(ctx, topology, exchanges, outer):
-    model = Quadratic(ctx.rank, size=8)
-    with torch.no_grad():
-        model.w.add_(3.0 * ctx.rank)
-    start = model.w.detach().clone()
-    optimizer = torch.optim.SGD(model.parameters(), **NESTEROV) if outer else None
-    if topology == "prague":  # groups of two, a new partner every exchange (the smart Group Generator)
-        sync = hetrain.Prague(model, None, group_size=2, sync_every=1, outer_optimizer=optimizer)
-    else:
-        sync = hetrain.DPSGD(model, None, topology=topology, sync_every=1, outer_optimizer=optimizer)
-    for _ in range(exchanges):
-        if topology == "prague":
-            time.sleep(0.005)  # a step's compute: workers that sprint find no partner and form no group
-        sync.step()  # no gradient: the model changes only by the exchange (and the outer step)
-    before = model.w.detach().clone()
-    sync.finish()
-    return start.numpy(), before.numpy()
-
-
 @pytest.mark.parametrize("topology", ["exponential", "torus", "prague"])
 def test_outer_nesterov_without_progress_is_plain_gossip_off_the_complete_graph(topology):
     """Before issue 36 the spread fell only to 2.4e-3 (exponential) and 8.9e-8 (torus) of its start, and
     Prague's groups with each worker's own anchor to 0.04."""
-    results = run_local(_gossip_only, 8, (topology, 60, True), timeout_s=60)
+    results = run_local(gossip_only, 8, (topology, 60, True), timeout_s=60)
     starts = torch.stack([torch.from_numpy(s) for s, _ in results])
     models = torch.stack([torch.from_numpy(m) for _, m in results])
     # plain gossip's rate: a fixed graph reaches 1e-9 in 60 exchanges; Prague's pairs (formed as workers
@@ -117,33 +97,11 @@ def test_on_the_complete_graph_every_worker_follows_diloco(protocol):
 
 
 # ----- local_work="auto": consensus goes to the steps-weighted mean -----------------------------------
-AUTO_STEPS = {0: 2, 3: 5}  # the others take sync_every = 8
-
-
-def _auto_gossip(ctx, topology, exchanges):
-    import hetrain.runtime.protocol as protocol_module
-
-    steps = AUTO_STEPS.get(ctx.rank, 8)
-    protocol_module.steps_per_exchange = lambda sync_every, own, fastest: steps  # a fixed speed per worker
-    model = Quadratic(ctx.rank, size=8)
-    if topology == "prague":  # random groups of two, each a P-Reduce weighted by steps
-        sync = hetrain.Prague(model, None, group_size=2, sync_every=8, local_work="auto", preduce_overlap=0)
-    else:
-        sync = hetrain.DPSGD(model, None, topology=topology, sync_every=8, local_work="auto")
-    sync._steps_this_exchange = steps  # the first exchange too (it would take sync_every: nothing measured)
-    start = model.w.detach().clone()
-    for _ in range(exchanges * steps):
-        sync.step()
-    before = model.w.detach().clone()
-    sync.finish()
-    return start.numpy(), before.numpy(), steps
-
-
 @pytest.mark.parametrize("topology", ["ring", "torus", "prague"])
 def test_auto_local_work_gossip_converges_to_the_steps_weighted_mean(topology):
     """Before issue 36 each row was rescaled by steps: ring of 8, consensus -0.4475 where the
     steps-weighted mean was -0.3807 and the plain mean -0.2006."""
-    results = run_local(_auto_gossip, 8, (topology, 150), timeout_s=60)
+    results = run_local(auto_gossip, 8, (topology, 150), timeout_s=60)
     starts = torch.stack([torch.from_numpy(s) for s, _, _ in results])
     models = torch.stack([torch.from_numpy(m) for _, m, _ in results])
     steps = torch.tensor([float(s) for _, _, s in results], dtype=torch.float64)
@@ -202,7 +160,6 @@ FIXTURE = [-1, -3, -5, -7, -9, -23, -25, -27, -29, -31, -33, -47, -49, -51, -53]
 
 
 def _fixture(ctx, protocol):
-    import time
 
     model = nn.Linear(1, 1, bias=False).double()
     with torch.no_grad():
@@ -232,7 +189,6 @@ def test_every_protocol_ends_with_the_last_outer_step_and_the_steps_after_it(pro
 
 
 def _passive_alone(ctx):
-    import time
 
     model = nn.Linear(1, 1, bias=False).double()
     with torch.no_grad():
