@@ -8,6 +8,7 @@
     python benchmarks/planner_bench.py tpu                        # TPU-v3 + TPU-v2, time objective
     python benchmarks/planner_bench.py memory                     # when memory binds
     python benchmarks/planner_bench.py measure   [--workers 2 4]  # hetrain profile + hetrain plan --measure
+    python benchmarks/planner_bench.py train     [--repeats 1]    # hetrain plan --train, 300 steps, 5 plans
 
 Times are wall-clock on whatever machine runs this; the figures in docs/planner.md were taken on a
 shared 2-core machine, so each is the minimum and median of several repeats.
@@ -261,10 +262,37 @@ def measure(workers: list[int], repeats: int) -> None:
                           f"| {err(c['compute_s'], meas['compute_s'])} | {levels} | {nbytes} |", flush=True)
 
 
+TRAIN_CASES = [("cnn", "plan"), ("cnn", "one-weird-trick"), ("mlp", "plan"), ("cnn-residual", "plan"),
+               ("cnn-residual", "one-weird-trick")]
+
+
+def train(repeats: int, devices: str = "tpu-v3:2,tpu-v2:2", steps: int = 300) -> None:
+    """`hetrain plan --train` (subprocesses, as a user runs them): each case's JSON record as a table row."""
+    print(f"\n### Training with a plan, {devices}, batch 64, {steps} steps (emulated devices)\n")
+    print("| workload | scheme | types (g0; g1; g2) | run | accuracy | max loss / gradient diff (float64) "
+          "| step ms predicted | measured | error | DDP ms predicted | measured | speedup over DP predicted | measured |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for workload, scheme in TRAIN_CASES:
+            for run in range(repeats):
+                out = Path(tmp) / "t.json"
+                subprocess.run([sys.executable, "-m", "hetrain.cli", "plan", "--train", "--workload", workload,
+                                "--scheme", scheme, "--devices", devices, "--steps", str(steps), "--json", str(out)],
+                               check=True, cwd=ROOT, capture_output=True, timeout=1800)
+                t = json.loads(out.read_text())["train"]
+                types = "; ".join(g.split(": ")[1] for g in t["types"])
+                print(f"| {workload} | {scheme} | {types} | {run + 1} | {t['final_accuracy']:.4f} "
+                      f"| {t['max_loss_diff_vs_unpartitioned']:.1e} / {t['max_grad_diff_vs_unpartitioned']:.1e} "
+                      f"| {t['step_s_predicted'] * 1e3:.1f} | {t['step_s_measured'] * 1e3:.1f} "
+                      f"| {t['step_error'] * 100:+.0f}% | {t['dp_step_s_predicted'] * 1e3:.1f} "
+                      f"| {t['dp_step_s_measured'] * 1e3:.1f} | {t['speedup_over_dp_predicted']:.2f}x "
+                      f"| {t['speedup_over_dp_measured']:.2f}x |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("section", choices=("speed", "command", "headline", "hypar", "search", "tpu", "memory",
-                                            "measure", "all"))
+                                            "measure", "train", "all"))
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--workers", type=int, nargs="+", default=[2, 4])
     args = parser.parse_args()
@@ -278,6 +306,8 @@ def main() -> None:
             headline(args.repeats)
         elif s == "measure":
             measure(args.workers, max(1, args.repeats // 2))
+        elif s == "train":
+            train(args.repeats)
         else:
             globals()[s]()
 

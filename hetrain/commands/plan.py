@@ -41,17 +41,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run one real training step of the plan on local gloo processes (one per device of "
                              "--devices, at most 8) and compare the prediction with the measurement; calibrate the "
                              "device file first with `hetrain profile`")
-    parser.add_argument("--steps", type=int, default=3, help="--measure: timed steps after a warm-up (default 3)")
+    parser.add_argument("--train", action="store_true",
+                        help="train a built-in --workload on digits with the plan, one local process per device of "
+                             "--devices (2 to 8), each device's speed and link emulated; report test accuracy, the "
+                             "check against the unpartitioned model, and the step time beside the prediction and DDP's")
+    parser.add_argument("--workload", default="cnn",
+                        help="--train: cnn (hetrain train's digits CNN, default), mlp, or cnn-residual (a residual block)")
+    parser.add_argument("--scheme", default="plan",
+                        help="--train: which partitioning to train: plan (default), data-parallel, one-weird-trick, "
+                             "hypar")
+    parser.add_argument("--time-scale", type=float, default=None,
+                        help="--train: emulated seconds per device second (default: the plan's predicted step "
+                             "lasts 0.1 s)")
+    parser.add_argument("--lr", type=float, default=0.1, help="--train: SGD learning rate (default 0.1, momentum 0.9)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="--measure: timed steps after a warm-up (default 3); --train: training steps (default 300)")
     parser.add_argument("--calibrate-s", type=float, default=1.0,
                         help="--measure: seconds spent measuring FLOP/s and bandwidth before each timed step, for "
                              "the 'calibrated' prediction (0: skip; default 1)")
-    parser.add_argument("--timeout-s", type=float, default=120.0,
-                        help="--verify: limit for each run; --measure: for the whole job (seconds)")
+    parser.add_argument("--timeout-s", type=float, default=None,
+                        help="--verify: limit for each run; --measure, --train: for the whole job (seconds; default "
+                             "120, --train 900)")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.timeout_s is None:
+        args.timeout_s = 900.0 if args.train else 120.0
     if args.verify:
         return _verify(args)
+    if args.train:
+        return _train(args)
+    if args.steps is None:
+        args.steps = 3
     for flag in ("model", "batch", "devices"):
         if getattr(args, flag) is None:
             raise UsageError(f"--{flag} is required (or use --verify)")
@@ -83,18 +104,70 @@ def run(args: argparse.Namespace) -> int:
                            timeout_s=args.timeout_s, calibrate_s=args.calibrate_s)
         data["measure"] = measured.json()
     if args.json:
-        from hetrain.outputs import write_json_atomic
-
-        try:
-            write_json_atomic(args.json, data)
-        except OSError as exc:
-            raise UsageError(f"--json {args.json}: cannot write ({exc.strerror}); choose a writable path") from None
+        _write(args.json, data)
     if not args.json or args.table:
         print(result.table())
         if measured is not None:
             print()
             print(measured.table())
     return 0 if measured is None or measured.check.get("ok", True) else 1
+
+
+def _train(args: argparse.Namespace) -> int:
+    from hetrain.planner.train import SCHEMES, WORKLOADS
+
+    if args.model is not None:
+        raise UsageError("--train trains a built-in --workload (" + ", ".join(WORKLOADS) + "), not --model; for a "
+                         "module of your own call hetrain.planner.train_with_plan (docs/planner.md)")
+    if args.measure:
+        raise UsageError("--train and --measure are separate runs; drop one")
+    if args.devices is None:
+        raise UsageError("--train needs --devices, e.g. --devices tpu-v3:2,tpu-v2:2")
+    if args.workload not in WORKLOADS:
+        raise UsageError(f"--workload {args.workload!r}: choose one of {', '.join(WORKLOADS)}")
+    if args.scheme not in SCHEMES:
+        raise UsageError(f"--scheme {args.scheme!r}: choose one of {', '.join(SCHEMES)}")
+    if args.dtype_bytes not in (None, 4.0):
+        raise UsageError(f"--train runs float32: leave --dtype-bytes at 4, not {args.dtype_bytes:g}")
+    steps = 300 if args.steps is None else args.steps
+    batch = 64 if args.batch is None else args.batch
+    if steps < 1 or batch < 1:
+        raise UsageError(f"--steps and --batch must be at least 1 (got {steps}, {batch})")
+    if not args.lr > 0:
+        raise UsageError(f"--lr must be positive, got {args.lr}")
+    from hetrain.data import load_dataset
+    from hetrain.planner import api
+    from hetrain.planner.trace import trace
+    from hetrain.planner.train import DIGITS_SAMPLE, train_with_plan, workload_module
+
+    devices = api.devices(args.devices)
+    module = workload_module(args.workload)
+    net = trace(module, DIGITS_SAMPLE, args.workload)
+    optimizer = "momentum" if args.optimizer == "adam" else args.optimizer  # what --train runs: SGD with momentum
+    result = api.compare_plans(net, batch, devices, args.objective, args.types, 4.0, optimizer=optimizer,
+                               fit_memory=not args.ignore_memory, search=args.search, width=args.width,
+                               depth=args.depth)
+    report = train_with_plan(module, load_dataset("cnn"), DIGITS_SAMPLE, devices, batch, steps, args.scheme,
+                             time_scale=args.time_scale, lr=args.lr, timeout_s=args.timeout_s, name=args.workload,
+                             plans=result.plans)
+    data = result.json()
+    data["train"] = report.json()
+    if args.json:
+        _write(args.json, data)
+    if not args.json or args.table:
+        print(result.table())
+        print()
+        print(report.table())
+    return 0 if report.checks_ok else 1
+
+
+def _write(path, data) -> None:
+    from hetrain.outputs import write_json_atomic
+
+    try:
+        write_json_atomic(path, data)
+    except OSError as exc:
+        raise UsageError(f"--json {path}: cannot write ({exc.strerror}); choose a writable path") from None
 
 
 def _shape(text: str | None):

@@ -161,3 +161,83 @@ def reduce_plan(layout: Layout, contrib: list, target: list) -> list:
 def transferred_elements(transfers, inner: int = 1) -> int:
     """Elements moved by a list of transfers (``inner``: elements per (row, column) cell)."""
     return sum(area(t.box) for t in transfers) * inner
+
+
+def allreduce_rounds(layout: Layout, boxes: list) -> list:
+    """Rounds that leave on every rank ``r`` the sum of all ranks' partial sums over ``boxes[r]``
+    (contributions and targets the same boxes), as the cost model charges them.
+
+    The space is cut into cells held by the same ranks; each cell is reduced up the hierarchy by
+    recursive halving (at a group whose two halves both hold it, the two halves' holders swap half of
+    their overlap each and add: a reduce-scatter) and then gathered back down (the mirror image).
+    So at every level each half receives the cell once in all (half while reducing, half while
+    gathering), where sending every contribution to every holder made the top level carry one copy
+    per pair. Returns ``[(mode, transfers), ...]`` in order, mode ``"add"`` or ``"copy"``, one level each.
+    """
+    depth = max((len(p) for p in layout.paths), default=0)
+    scatter: list[list] = [[] for _ in range(max(depth, 1))]
+    gather: list[list] = [[] for _ in range(max(depth, 1))]
+    for cell, holders in _cells(boxes):
+        if len(holders) > 1:
+            _halve(layout, holders, cell, 0, scatter, gather)
+    rounds = [("add", scatter[k]) for k in reversed(range(len(scatter))) if scatter[k]]
+    return rounds + [("copy", gather[k]) for k in range(len(gather)) if gather[k]]
+
+
+def _halve(layout, holders, cell, level, scatter, gather):
+    """Reduce-scatter ``cell`` over ``holders`` (one group, from ``level`` down): [(rank, piece), ...]."""
+    if len(holders) == 1:
+        return [(holders[0], cell)]
+    left = [r for r in holders if layout.paths[r][level] == 0]
+    right = [r for r in holders if layout.paths[r][level] == 1]
+    if not left or not right:
+        return _halve(layout, left or right, cell, level + 1, scatter, gather)
+    ours = _halve(layout, left, cell, level + 1, scatter, gather)
+    theirs = _halve(layout, right, cell, level + 1, scatter, gather)
+    out = []
+    for ra, ca in ours:
+        for rb, cb in theirs:
+            both = intersect(ca, cb)
+            if both is None:
+                continue
+            first, second = _cut_in_two(both)
+            scatter[level].append(Transfer(rb, ra, first, level))
+            gather[level].append(Transfer(ra, rb, first, level))
+            out.append((ra, first))
+            if second is not None:
+                scatter[level].append(Transfer(ra, rb, second, level))
+                gather[level].append(Transfer(rb, ra, second, level))
+                out.append((rb, second))
+    return out
+
+
+def _cut_in_two(b: Box):
+    if b[1] - b[0] >= 2:
+        mid = (b[0] + b[1]) // 2
+        return (b[0], mid, b[2], b[3]), (mid, b[1], b[2], b[3])
+    if b[3] - b[2] >= 2:
+        mid = (b[2] + b[3]) // 2
+        return (b[0], b[1], b[2], mid), (b[0], b[1], mid, b[3])
+    return b, None
+
+
+def _cells(boxes: list):
+    """Disjoint rectangles covering every box, each with the ranks whose box contains it; the cells of one
+    set of ranks merged into one rectangle where they form one."""
+    rows = sorted({v for b in boxes if b is not None and area(b) for v in (b[0], b[1])})
+    cols = sorted({v for b in boxes if b is not None and area(b) for v in (b[2], b[3])})
+    by_holders: dict[tuple, list] = {}
+    for r0, r1 in zip(rows, rows[1:]):
+        for c0, c1 in zip(cols, cols[1:]):
+            cell = (r0, r1, c0, c1)
+            holders = tuple(r for r, b in enumerate(boxes) if b is not None and area(b) and intersect(b, cell) == cell)
+            if holders:
+                by_holders.setdefault(holders, []).append(cell)
+    out = []
+    for holders, cells in by_holders.items():
+        hull = (min(c[0] for c in cells), max(c[1] for c in cells), min(c[2] for c in cells), max(c[3] for c in cells))
+        if area(hull) == sum(area(c) for c in cells):
+            out.append((hull, list(holders)))
+        else:
+            out.extend((c, list(holders)) for c in cells)
+    return out

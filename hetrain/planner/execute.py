@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 
+from hetrain.planner.boxes import Transfer
 from hetrain.planner.layers import INPUT
 from hetrain.planner.program import Program, square_side
 
-__all__ = ["Program", "check_worker", "worker"]
+__all__ = ["Program"]
 
 
 # ---- the worker -------------------------------------------------------------------------------------
@@ -46,8 +48,14 @@ class _Comm:
         self.pool = {} if pool is None else pool  # receive buffers, reused step after step
         self.count = 0
 
-    def run(self, transfers, piece, shape_of, deliver):
-        """Move ``transfers``; a level's time covers packing, the transfers and unpacking (adding)."""
+    def run(self, transfers, piece, shape_of, deliver, inner: int = 1):
+        """Move ``transfers``; a level's time covers packing, the transfers and unpacking (adding).
+
+        ``piece(t)``: the tensor a transfer sends, ``shape_of(t)``: the shape it receives,
+        ``deliver(t, buffer)``: what is done with what arrived.
+
+        ``inner``: elements per (row, column) cell of a box (a feature map's positions), for
+        subclasses that account bytes of transfers they do not take part in."""
         torch, dist, me = self.torch, self.dist, self.rank
         for level in sorted({t.level for t in transfers}):
             if self.sync:
@@ -60,9 +68,9 @@ class _Comm:
                 if t.level != level:
                     continue
                 if t.src == me:
-                    ops.append(dist.P2POp(dist.isend, piece(t.box).contiguous(), t.dst, tag=k))
+                    ops.append(dist.P2POp(dist.isend, piece(t).contiguous(), t.dst, tag=k))
                 if t.dst == me:
-                    shape = shape_of(t.box)
+                    shape = shape_of(t)
                     self.count += 1
                     buf = self.pool.get(self.count)
                     if buf is None or tuple(buf.shape) != tuple(shape):
@@ -75,7 +83,12 @@ class _Comm:
                 for t, buf in incoming:
                     deliver(t, buf)
                 self.bytes[level] += sum(b.numel() * b.element_size() for _, b in incoming)
+            self._exchanged(level, transfers, inner, start)
+            if ops:
                 self.seconds[level] += time.perf_counter() - start
+
+    def _exchanged(self, level, transfers, inner, start):
+        """Called after each level's exchange (whether or not this rank took part); a hook."""
 
 
 def _sub(t, box, sub, dims=(0, 1)):
@@ -84,6 +97,19 @@ def _sub(t, box, sub, dims=(0, 1)):
     index[dims[0]] = slice(sub[0] - box[0], sub[1] - box[0])
     index[dims[1]] = slice(sub[2] - box[2], sub[3] - box[2])
     return t[tuple(index)]
+
+
+def _extent(box):
+    return box[1] - box[0], box[3] - box[2]
+
+
+@dataclass(frozen=True)
+class Keyed(Transfer):
+    """A transfer of one of several tensors moved together: ``key`` names the tensor, ``cells`` its
+    elements per (row, column) cell."""
+
+    key: int = 0
+    cells: int = 1
 
 
 def _empty(box) -> bool:
@@ -122,7 +148,7 @@ class _Step:
         from hetrain.planner.boxes import intersect
 
         if own and src is not None and src_box == dst_box and all(t.dst != self.me for t in transfers):
-            comm.run(transfers, lambda b: _sub(src, src_box, b), None, None)  # only my sends
+            comm.run(transfers, lambda t: _sub(src, src_box, t.box), None, None, math.prod(inner))  # only my sends
             return src  # nothing arrives: no copy
         out = self._zeros(dst_box, inner)
         if own and src is not None and not _empty(src_box):
@@ -134,8 +160,42 @@ class _Step:
             view = _sub(out, dst_box, t.box)
             view.add_(buf) if add else view.copy_(buf)
 
-        comm.run(transfers, lambda b: _sub(src, src_box, b), lambda b: (b[1] - b[0], b[3] - b[2], *inner), deliver)
+        comm.run(transfers, lambda t: _sub(src, src_box, t.box), lambda t: (*_extent(t.box), *inner), deliver,
+                 math.prod(inner))
         return out
+
+    def _reduce(self, rounds, box, partial, inner, comm):
+        """``partial`` (on ``box``) summed with every other rank's over the box (see :meth:`_reduce_all`)."""
+        return self._reduce_all([(rounds, box, partial, inner)], comm)[0]
+
+    def _reduce_all(self, entries, comm):
+        """Each entry's ``partial`` (on its ``box``) summed with every other rank's over the box, by its
+        rounds (:func:`hetrain.planner.boxes.allreduce_rounds`); the rounds of all entries at the same phase
+        and level move together (one exchange for all the weight gradients of a step, as a bucketed
+        all-reduce does). ``entries``: ``(rounds, box, partial, inner)``; returns the sums in order."""
+        outs = [partial for _, _, partial, _ in entries]
+        merged: dict = {}
+        for key, (rounds, _, partial, inner) in enumerate(entries):
+            cells = math.prod(inner)
+            for mode, transfers in rounds:
+                level = transfers[0].level
+                phase = (0, -level) if mode == "add" else (1, level)
+                for t in transfers:
+                    if self.me in (t.src, t.dst) and outs[key] is partial:
+                        outs[key] = partial.clone()  # this rank's sums change: not the caller's tensor
+                    merged.setdefault(phase, []).append(Keyed(t.src, t.dst, t.box, t.level, key, cells))
+        boxes = [box for _, box, _, _ in entries]
+        inners = [inner for _, _, _, inner in entries]
+        for phase in sorted(merged):
+            add = phase[0] == 0
+
+            def deliver(t, buf, add=add):
+                view = _sub(outs[t.key], boxes[t.key], t.box)
+                view.add_(buf) if add else view.copy_(buf)
+
+            comm.run(merged[phase], lambda t: _sub(outs[t.key], boxes[t.key], t.box),
+                     lambda t: (*_extent(t.box), *inners[t.key]), deliver)
+        return outs
 
     def _post(self, p, y):
         """ReLU (unless p feeds a join), pooling to the consumers' size, flattening where they read vectors."""
@@ -168,11 +228,11 @@ class _Step:
                 need, out = p.input_box(i, me), p.output_box(i, me)
                 hb, ht = held[src]
                 x = self._gather(p.plans[("in", nid)], hb, ht, need, self._inner(src), comm)
-                with clock:
+                la = net.layers[i]
+                with clock(_box_flops(la, need, out)):
                     x.requires_grad_(True)
                     (i0, i1), (o0, o1) = (need[2], need[3]), (out[2], out[3])
-                    w = self.weights[i][i0:i1, o0:o1].detach().requires_grad_(True)
-                    la = net.layers[i]
+                    w = self._weight(i, (i0, i1, o0, o1)).detach().requires_grad_(True)
                     if x.numel() == 0 or w.numel() == 0:  # an empty box (a tiny dimension split unevenly)
                         side = square_side(la.hw_out) if la.kind == "conv" else 0
                         y = torch.zeros((out[1] - out[0], o1 - o0, *((side, side) if side else ())), dtype=self.dtype)
@@ -181,9 +241,9 @@ class _Step:
                         y = F.conv2d(x, w.permute(1, 0, 2, 3), stride=stride, padding=pad)
                     else:
                         y = x @ w
-                    partial = y.detach()
-                yfull = self._gather(p.plans[("out", nid)], out, partial, out, tuple(y.shape[2:]), comm, add=True)
-                with clock:
+                    partial = self._add_bias(i, need, y.detach())
+                yfull = self._reduce(p.reductions[("out", nid)], out, partial, tuple(y.shape[2:]), comm)
+                with clock():
                     pre = yfull.requires_grad_(True)
                     post = self._post(nid, pre)
                 held[nid] = (p.held[nid][me] if nid in p.held else out, post.detach())
@@ -196,18 +256,16 @@ class _Step:
                     hb, ht = held[q]
                     part = self._gather(p.plans[("in", nid, q)], hb, ht, box, self._inner(q), comm)
                     total = part if total is None else total + part
-                with clock:
+                with clock():
                     pre = total.requires_grad_(True)
                     post = self._post(nid, pre)
                 held[nid] = (p.held[nid][me], post.detach())
-        # loss: MSE on the last layer's output boxes (complete values after the reduction)
         last = len(net.nodes) - 1
-        with clock:
-            b0, b1, c0, c1 = p.output_box(net.nodes[last].index, me)
-            output = held[last][1]
-            err_out = (output - self.target[b0:b1, c0:c1]) / p.batch
+        output = held[last][1]
+        err_out = self._output_error(output, p.output_box(net.nodes[last].index, me), clock)
         dx_of = {}    # (consumer node, producer) -> (box, contribution)
         grads = {}
+        pending, owners = [], []  # weight (and bias) gradients, reduced together after the backward pass
         for nid in reversed(range(len(net.nodes))):
             node = net.nodes[nid]
             if nid == last:
@@ -222,26 +280,60 @@ class _Step:
                                              add=net.nodes[c].kind == "layer")
             if node.kind == "layer":
                 x, w, y, pre, post = saved[nid]
-                with clock:
+                la = net.layers[node.index]
+                need, out = p.input_box(node.index, me), p.output_box(node.index, me)
+                first = node.producers[0] == INPUT
+                with clock(_box_flops(la, need, out) * (1 if first else 2)):  # no input error for the first layer
                     dy = torch.autograd.grad(post, pre, err)[0] if nid != last else err
                     if y.requires_grad:
                         dx, dw = torch.autograd.grad(y, (x, w), dy)
                     else:
                         dx, dw = torch.zeros_like(x), torch.zeros_like(w)
                 wbox = p.weight_box(node.index, me)
-                grads[node.index] = (wbox, self._gather(p.plans[("dw", nid)], wbox, dw, wbox, tuple(dw.shape[2:]),
-                                                        comm, add=True))
+                pending.append((p.reductions[("dw", nid)], wbox, dw, tuple(dw.shape[2:])))
+                owners.append((node.index, wbox))
+                bias = self._bias_entry(node.index, need, dy)
+                if bias is not None:
+                    pending.append(bias)
+                    owners.append((node.index, None))
                 if node.producers[0] != INPUT:
                     dx_of[(nid, node.producers[0])] = (p.input_box(node.index, me), dx)
             else:
                 ebox = p.join_box(node.index, me, forward=False)
-                with clock:
+                with clock():
                     side = p.raw[nid][1]
                     dummy = self._zeros(ebox, (side, side) if side else ()).requires_grad_(True)
                     dpre = torch.autograd.grad(self._post(nid, dummy), dummy, err)[0]
                 for q in node.producers:
                     dx_of[(nid, q)] = (ebox, dpre)
+        for (i, wbox), total in zip(owners, self._reduce_all(pending, comm)):
+            if wbox is None:
+                self._bias_done(i, total)
+            else:
+                grads[i] = (wbox, total)
         return output, grads
+
+    # -- what a training step changes (see hetrain.planner.train_step) ----------------------------
+    def _weight(self, i, box):
+        """Layer ``i``'s weight on ``box`` = (i0, i1, o0, o1), in (inputs, outputs[, k, k]) order."""
+        return self.weights[i][box[0]:box[1], box[2]:box[3]]
+
+    def _add_bias(self, i, need, partial):
+        """The partial output with the bias added (none here: the check's layers have no bias)."""
+        return partial
+
+    def _bias_entry(self, i, need, dy):
+        """Layer ``i``'s bias gradient as a :meth:`_reduce_all` entry, or None (no bias here)."""
+        return None
+
+    def _bias_done(self, i, total):
+        """The summed bias gradient of layer ``i`` (None on a rank that holds none of the bias)."""
+
+    def _output_error(self, output, box, clock):
+        """The loss's error on this rank's box of the last layer's output: MSE here."""
+        b0, b1, c0, c1 = box
+        with clock():
+            return (output - self.target[b0:b1, c0:c1]) / self.p.batch
 
     def reference(self):
         """The unpartitioned step on this rank: (output, weight gradients), for the check."""
@@ -267,65 +359,34 @@ class _Step:
         return out.detach(), [w.grad for w in ws]
 
 
+def gradient_error(grads: dict, reference: list) -> tuple[float, float]:
+    """(largest absolute difference, largest reference value) of a step's weight gradients (box, tensor)
+    against the whole model's, each rank over its own boxes."""
+    err, scale = 0.0, 0.0
+    for i, (box, g) in grads.items():
+        ref = reference[i][box[0]:box[1], box[2]:box[3]]
+        if g.numel():
+            err = max(err, float((g - ref).abs().max()))
+            scale = max(scale, float(ref.abs().max()))
+    return err, scale
+
+
+def _box_flops(la, need, out) -> float:
+    """Forward FLOPs of one rank's box of layer ``la`` (2 per multiply-add), as the planner counts them."""
+    return 2.0 * (out[1] - out[0]) * (need[3] - need[2]) * (out[3] - out[2]) * la.kernel * la.hw_out
+
+
 class _Clock:
+    """Compute time; ``with clock(flops):`` (a subclass may pad the block to an emulated device's time)."""
+
     def __init__(self):
         self.seconds = 0.0
+
+    def __call__(self, flops: float = 0.0):
+        return self
 
     def __enter__(self):
         self._t = time.perf_counter()
 
     def __exit__(self, *exc):
         self.seconds += time.perf_counter() - self._t
-
-
-def worker(ctx, program: Program, dtype_name: str, steps: int, check: bool, calibrate_s: float = 0.0,
-           sync: bool = True) -> dict:
-    """One rank (run by :func:`hetrain.jobs.local_job.run_local`): a warm-up step, ``steps`` timed
-    steps (each right after ``calibrate_s`` seconds of FLOP/s and bandwidth measurement, when > 0, so
-    that a shared machine's drift affects both alike), and the check against the unpartitioned step."""
-    import torch
-    import torch.distributed as dist
-
-    from hetrain.planner.profile import calibrate
-
-    result = {"rank": ctx.rank}
-    dtype = getattr(torch, dtype_name)
-    levels = max((len(path) for path in program.layout.paths), default=1)
-    step = _Step(program, ctx.rank, torch, dist, dtype)
-    records, pool = [], {}
-    for k in range(steps + 1):  # the first is a warm-up
-        cal = calibrate(ctx.rank, ctx.world_size, calibrate_s) if (k and calibrate_s) else None
-        comm, clock = _Comm(torch, dist, ctx.rank, dtype, levels, sync, pool), _Clock()
-        dist.barrier()
-        start = time.perf_counter()
-        output, grads = step.run(comm, clock)
-        wall = time.perf_counter() - start
-        if k:
-            records.append({"step_s": wall, "compute_s": clock.seconds, "level_s": comm.seconds,
-                            "level_bytes": comm.bytes, "wait_s": comm.wait_s, "calibration": cal})
-    result["steps"] = records
-    if check:
-        ref_out, ref_grads = step.reference()
-        b0, b1, c0, c1 = program.output_box(len(program.net.layers) - 1, ctx.rank)
-        out_err = float((output - ref_out[b0:b1, c0:c1]).abs().max()) if output.numel() else 0.0
-        grad_err, scale = 0.0, 0.0
-        for i, (box, g) in grads.items():
-            ref = ref_grads[i][box[0]:box[1], box[2]:box[3]]
-            if g.numel():
-                grad_err = max(grad_err, float((g - ref).abs().max()))
-                scale = max(scale, float(ref.abs().max()))
-        result.update(output_err=out_err, grad_err=grad_err, grad_scale=scale,
-                      output_scale=float(ref_out.abs().max()))
-    return result
-
-
-def check_worker(ctx, programs: list, dtype_name: str = "float64") -> list:
-    """Run one step of each program and return (output error, gradient error, gradient scale) for each."""
-    import torch.distributed as dist
-
-    out = []
-    for program in programs:
-        r = worker(ctx, program, dtype_name, steps=1, check=True, sync=False)
-        out.append((r["output_err"], r["grad_err"], r["grad_scale"]))
-        dist.barrier()
-    return out

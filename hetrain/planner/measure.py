@@ -118,7 +118,8 @@ def measure(net, batch: int, plan, devices, steps: int = 3, timeout_s: float = 6
     """Run ``plan`` (for ``devices``) for real; ``calibrate_s`` > 0 also measures FLOP/s, bandwidth and
     latency for that long before each timed step (the 'calibrated' prediction)."""
     from hetrain.jobs import run_local
-    from hetrain.planner.execute import Program, worker
+    from hetrain.planner.execute import Program
+    from hetrain.planner.measure_worker import worker
 
     world = plan.num_devices
     if world < 2:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from hetrain.errors import UsageError
-from hetrain.planner.boxes import Layout, fetch_plan, reduce_plan
+from hetrain.planner.boxes import Layout, allreduce_rounds, fetch_plan, reduce_plan
 from hetrain.planner.layers import INPUT
 
 
@@ -40,7 +40,8 @@ class Program:
         for p in self.consumers:
             self.held[p] = [self._held(p, r, fwd=True) for r in range(W)]
             self.err[p] = [self._held(p, r, fwd=False) for r in range(W)]
-        self.plans = {}
+        self.plans = {}        # fetches (and the input errors' reductions): one list of transfers each
+        self.reductions = {}   # sums over the same boxes (outputs, weight gradients): rounds, see allreduce_rounds
         for nid, node in enumerate(nodes):
             p = node.producers[0]
             if node.kind == "layer":
@@ -49,8 +50,8 @@ class Program:
                 out = [self.output_box(i, r) for r in range(W)]
                 wbox = [self.weight_box(i, r) for r in range(W)]
                 self.plans[("in", nid)] = fetch_plan(lay, self.held[p], need)
-                self.plans[("out", nid)] = reduce_plan(lay, out, out)
-                self.plans[("dw", nid)] = reduce_plan(lay, wbox, wbox)
+                self.reductions[("out", nid)] = allreduce_rounds(lay, out)
+                self.reductions[("dw", nid)] = allreduce_rounds(lay, wbox)
                 if p != INPUT:
                     self.plans[("dx", nid)] = reduce_plan(lay, need, self.err[p])
             else:
@@ -64,6 +65,9 @@ class Program:
         for transfers in self.plans.values():
             for level in {t.level for t in transfers}:
                 self.rounds[level] += 1
+        for rounds in self.reductions.values():
+            for _, transfers in rounds:
+                self.rounds[transfers[0].level] += 1
 
     # ---- geometry -------------------------------------------------------------------------------
     def _raw(self, p):

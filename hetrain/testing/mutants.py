@@ -239,6 +239,47 @@ def anchors_kept_local() -> None:
     flat_state.FlatState.__init__ = lambda self, module, extra=(): init(self, module)
 
 
+def plan_shards_frozen() -> None:
+    """Training with a plan: the optimizer gets zero gradients, so no shard ever changes."""
+    from hetrain.planner.train_step import TrainStep
+
+    gradients = TrainStep.gradients
+    TrainStep.gradients = lambda self, grads: [g.zero_() for g in gradients(self, grads)]
+
+
+def plan_bias_on_every_rank() -> None:
+    """Training with a plan: every rank holding a layer's bias adds it to its partial outputs, even where
+    another rank's box of the same outputs starts at input feature 0 (the bias is summed twice)."""
+    from hetrain.planner.train_step import TrainStep
+
+    def holders_everywhere(init):
+        def wrapper(self, program, rank, torch, dist, dtype, weights, biases):
+            init(self, program, rank, torch, dist, dtype, weights, biases)
+            for i, b in enumerate(biases):
+                if b is not None and i not in self.biases:
+                    i0, i1, o0, o1 = program.weight_box(i, rank)
+                    self.biases[i] = b[o0:o1].to(dtype).clone()
+                    self.bias_boxes[i][rank] = (0, 1, o0, o1)
+        return wrapper
+
+    TrainStep.__init__ = holders_everywhere(TrainStep.__init__)
+    TrainStep._add_bias = lambda self, i, need, partial: (
+        partial if i not in self.biases or not partial.numel()
+        else partial + self.biases[i].reshape(1, -1, *([1] * (partial.dim() - 2))))
+
+
+def plan_flat_reductions() -> None:
+    """Training with a plan: sums over replicated boxes send every contribution to every holder (one
+    round per level), as before issue 42, instead of reducing up the hierarchy."""
+    from hetrain.planner import boxes, program
+
+    def flat(layout, held):
+        transfers = boxes.reduce_plan(layout, held, held)
+        return [("add", [t for t in transfers if t.level == k]) for k in sorted({t.level for t in transfers})]
+
+    boxes.allreduce_rounds = program.allreduce_rounds = flat
+
+
 MUTANTS = {"no-comm": no_comm, "outer-step-on-own-anchor": outer_step_on_own_anchor,
            "anchors-kept-local": anchors_kept_local, "anchor-at-build": anchor_at_build,
            "rows-by-steps": rows_by_steps, "no-steps-weighting": no_steps_weighting,
@@ -247,4 +288,5 @@ MUTANTS = {"no-comm": no_comm, "outer-step-on-own-anchor": outer_step_on_own_anc
            "fingerprint-without-comm": fingerprint_without_comm, "free-collectives": free_collectives,
            "topk-random-indices": topk_random_indices, "decoders-scaled": decoders_scaled,
            "stale-replicas-across-edges": stale_replicas_across_edges, "free-gg-requests": free_gg_requests,
-           "no-shared-start": no_shared_start}
+           "no-shared-start": no_shared_start, "plan-shards-frozen": plan_shards_frozen,
+           "plan-bias-on-every-rank": plan_bias_on_every_rank, "plan-flat-reductions": plan_flat_reductions}

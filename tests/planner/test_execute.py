@@ -13,9 +13,10 @@ from hypothesis import strategies as st
 from hetrain.jobs.local_job import run_local
 from hetrain.planner.boxes import Layout, area, fetch_plan, intersect, reduce_plan, subtract
 from hetrain.planner.devices import parse_array
-from hetrain.planner.execute import Program, check_worker
+from hetrain.planner.execute import Program
 from hetrain.planner.hierarchy import GroupPlan, PlanConfig, plan
 from hetrain.planner.layers import Layer, Net, Node
+from hetrain.planner.measure_worker import check_worker
 from hetrain.planner.search import Assignment
 
 
