@@ -52,6 +52,9 @@ def main() -> None:
     parser.add_argument("--compute-ms", type=float, default=0.0, help="emulated compute per batch (a sleep)")
     parser.add_argument("--slowdown", default="none", help="a hetrain slowdown spec, e.g. 0:3x")
     parser.add_argument("--static-shards", action="store_true", help="Accelerate's prepared loader, not shared")
+    parser.add_argument("--save-state", default=None, help="accelerator.save_state(DIR) after training (the "
+                        "protocol's state included: accelerator.register_for_checkpointing(sync))")
+    parser.add_argument("--load-state", default=None, help="accelerator.load_state(DIR) before training")
     args = parser.parse_args()
     slowdown = parse_slowdown(args.slowdown)
 
@@ -66,7 +69,12 @@ def main() -> None:
     rank, batches = accelerator.process_index, 0
 
     start = time.time()
-    with HetrainSync(accelerator, model, optimizer, protocol=args.protocol) as sync:
+    sync = HetrainSync(accelerator, model, optimizer, protocol=args.protocol)
+    accelerator.register_for_checkpointing(sync)  # the protocol's counters, anchors and loader epochs
+    if args.load_state:
+        accelerator.load_state(args.load_state)  # applied to the protocol when the block builds it
+    with sync:
+        resumed_iteration = sync.sync.stats.iteration if sync.sync is not None else 0
         if not args.static_shards:
             loader = sync.shared_loader(loader)  # each epoch shared out by speed
         for _ in range(args.epochs):
@@ -78,6 +86,8 @@ def main() -> None:
                 accelerator.backward(nn.functional.cross_entropy(model(x), y))
                 optimizer.step()  # then the protocol synchronizes (Prague: a group's P-Reduce)
     end = time.time()  # leaving the block waited for the final average
+    if args.save_state:
+        accelerator.save_state(args.save_state)  # a barrier: after the block, where every process arrives
 
     net = accelerator.unwrap_model(model).eval()
     with torch.no_grad():
@@ -89,6 +99,8 @@ def main() -> None:
         torch.save(net.state_dict(), out / f"rank{rank}.pt")
         (out / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "test_accuracy": accuracy, "start": start,
                                                           "end": end, "batches": batches,
+                                                          "resumed_iteration": resumed_iteration,
+                                                          "loader_epoch": getattr(loader, "epoch", None),
                                                           "metrics": sync.metrics()}, default=str))
     accelerator.wait_for_everyone()
     accelerator.end_training()

@@ -89,6 +89,8 @@ class HetrainSync:
         self.options = options
         self.sync: SyncProtocol | None = None
         self._ddp_settings: tuple | None = None
+        self._shared: list[SharedLoader] = []  # the shared loaders, in the order they were made
+        self._pending: dict | None = None  # a state loaded before the block built its protocol
         self._loaders: list[tuple] = []  # (prepared data loader, its rng_types) while the block runs
 
     def __enter__(self) -> HetrainSync:
@@ -119,6 +121,31 @@ class HetrainSync:
         self.sync = self.spec.runtime_class()(self.accelerator.unwrap_model(self.model), optimizer,
                                               timeout_s=self.timeout_s, on_failure=self.on_failure,
                                               **runtime, **self.options)
+        if self._pending is not None and self._pending.get("protocol") is not None:
+            self.sync.load_state_dict(self._pending["protocol"])  # counters, Hop's iteration, outer anchor, momentum
+            self._pending = {**self._pending, "protocol": None}
+
+    # -- checkpoints: accelerator.register_for_checkpointing(sync) -------------------------------
+    def state_dict(self) -> dict:
+        """The protocol's state and the shared loaders' epochs, for ``accelerator.register_for_checkpointing``
+        (``save_state`` is a barrier: call it after the block, or where every process reaches it together)."""
+        if self.sync is None and self._pending is not None:
+            return dict(self._pending)  # loaded, not used yet: saved as it came
+        return {"protocol_name": self.protocol, "protocol": None if self.sync is None else self.sync.state_dict(),
+                "shared_loader_epochs": [loader.epoch for loader in self._shared]}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` saved; before the block, the protocol's part waits until the block
+        builds the protocol (``accelerator.load_state`` usually runs before training starts)."""
+        if state.get("protocol_name") not in (None, self.protocol):
+            raise UsageError(f"HetrainSync: the checkpoint holds the {state['protocol_name']!r} protocol's state and "
+                             f"this block runs {self.protocol!r}; resume with the same protocol")
+        for loader, epoch in zip(self._shared, state.get("shared_loader_epochs", [])):
+            loader.epoch = epoch
+        if self.sync is not None and state.get("protocol") is not None:
+            self.sync.load_state_dict(state["protocol"])
+            state = {**state, "protocol": None}
+        self._pending = state
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         try:
@@ -141,7 +168,13 @@ class HetrainSync:
         """Synchronize the prepared loaders' random state now, not at every epoch (see the module docstring)."""
         from accelerate.utils import synchronize_rng_states
 
-        for loader in getattr(self.accelerator, "_dataloaders", []):  # no public accessor (Accelerate 1.16)
+        if not hasattr(self.accelerator, "_dataloaders"):  # no public accessor (Accelerate 1.16): never guess
+            import accelerate
+
+            raise UsageError(f"HetrainSync relies on Accelerator._dataloaders (the prepared loaders), which "
+                             f"Accelerate {accelerate.__version__} does not have; use an Accelerate within "
+                             "hetrain's supported range (pyproject.toml: accelerate>=0.30,<1.17)")
+        for loader in self.accelerator._dataloaders:
             rng_types = getattr(loader, "rng_types", None)
             if rng_types:
                 synchronize_rng_states(rng_types, getattr(loader, "synchronized_generator", None))
@@ -163,7 +196,12 @@ class HetrainSync:
                                 torch.distributed.PrefixStore(f"accelerate/batches/{next(_shared_loaders)}/", store),
                                 shuffle=isinstance(dataloader.sampler, RandomSampler), seed=self.seed,
                                 drop_last=dataloader.drop_last)
-        return SharedLoader(with_batch_sampler(dataloader, sampler), sampler, self.accelerator.device)
+        loader = SharedLoader(with_batch_sampler(dataloader, sampler), sampler, self.accelerator.device)
+        epochs = (self._pending or {}).get("shared_loader_epochs", [])
+        if len(epochs) > len(self._shared):
+            loader.epoch = epochs[len(self._shared)]  # a resumed run: this loader goes on from its saved epoch
+        self._shared.append(loader)
+        return loader
 
     def metrics(self) -> dict:
         """The protocol's metrics for this process (empty when disabled or passed through)."""

@@ -35,7 +35,9 @@ etc.), ``on_failure`` and ``timeout_s`` included.
 
 from __future__ import annotations
 
+import math
 import os
+import weakref
 from datetime import timedelta
 from itertools import count
 from typing import Any
@@ -44,10 +46,17 @@ from hetrain.integrations.extras import require
 
 require("lightning", "lightning", "HetrainStrategy")
 
+import lightning  # noqa: E402
 import torch  # noqa: E402
-from lightning.pytorch.overrides.distributed import _sync_module_states  # noqa: E402
 from lightning.pytorch.strategies import DDPStrategy  # noqa: E402
-from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher  # noqa: E402
+
+try:  # private names this strategy relies on: one line naming the version if they moved, never a fallback
+    from lightning.pytorch.overrides.distributed import _sync_module_states
+    from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
+except ImportError as _missing:  # pragma: no cover - only on a Lightning outside the supported range
+    raise ImportError(f"HetrainStrategy relies on private parts of Lightning ({_missing}), which Lightning "
+                      f"{lightning.__version__} does not have; use a Lightning within hetrain's supported range "
+                      "(pyproject.toml: lightning>=2.2,<2.7)") from None
 from lightning.pytorch.trainer.states import TrainerFn  # noqa: E402
 from lightning.pytorch.utilities.exceptions import SIGTERMException  # noqa: E402
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset  # noqa: E402
@@ -100,6 +109,7 @@ class HetrainStrategy(DDPStrategy):
         self.liveness: StoreLiveness | None = None
         self.samplers: list[SharedBatches] = []
         self._finished = False
+        self._resumed: dict | None = None  # the protocol's state from a checkpoint, loaded once it is built
 
     # -- processes and the process group -------------------------------------------------------
     def _configure_launcher(self) -> None:
@@ -152,8 +162,42 @@ class HetrainStrategy(DDPStrategy):
             self.liveness.notify(self.sync.worker_left)  # deaths seen while the protocol was built too
         if self.sync.module is not self.lightning_module:
             self.model = self.sync.module  # All-Reduce: its DistributedDataParallel wrapper
+        if self._resumed is not None:
+            self.sync.load_state_dict(self._resumed)  # the counters, Hop's iteration, the outer anchor and momentum
+            self._resumed = None
         if self.decoupled:
             _check_sigterm_locally(trainer)
+            if self.dynamic_batches:
+                _schedules_follow_the_job(self, trainer)
+                _validate_by_the_jobs_progress(self, trainer)
+
+    # -- checkpoints: the protocol's state beside the model's ------------------------------------
+    def save_checkpoint(self, checkpoint: dict, filepath, storage_options=None) -> None:
+        """As Lightning's, with the protocol's state under ``"hetrain"`` (rank 0's, as the model is)."""
+        if self.sync is not None:
+            checkpoint = {**checkpoint, "hetrain": self.sync.state_dict()}
+        super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
+
+    def load_checkpoint(self, checkpoint_path, *args, **kwargs) -> dict:
+        """As Lightning's; a checkpoint written by this strategy brings the protocol's state back at ``setup``."""
+        checkpoint = super().load_checkpoint(checkpoint_path, *args, **kwargs)
+        state = checkpoint.get("hetrain")
+        if state is not None:
+            if state.get("protocol") != self.spec.name:
+                raise UsageError(f"HetrainStrategy: {checkpoint_path} was written by the {state.get('protocol')!r} "
+                                 f"protocol and this run uses {self.spec.name!r}; resume with the same protocol")
+            self._resumed = state
+        return checkpoint
+
+    # -- the steps Lightning counts --------------------------------------------------------------
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        """``max_steps`` counts the steps the protocol counts: Hop's iterations advance for every rank when
+        a slow one skips, so every rank stops at the same iteration instead of the slow one training on."""
+        super().on_train_batch_start(batch, batch_idx)
+        trainer = self.lightning_module.trainer
+        if self.sync is not None and self.decoupled and trainer.max_steps > 0 \
+                and self.sync.stats.iteration >= trainer.max_steps:
+            trainer.should_stop = True
 
     @property
     def decoupled(self) -> bool:
@@ -174,13 +218,20 @@ class HetrainStrategy(DDPStrategy):
         sampler = SharedBatches(len(dataloader.dataset), dataloader.batch_size,
                                 torch.distributed.PrefixStore(f"lightning/batches/{next(_samplers)}/", job_store()),
                                 seed=self.seed, drop_last=dataloader.drop_last)
+        limit = trainer.limit_train_batches
+        if isinstance(limit, float) and limit < 1.0:  # a share of the epoch over all ranks (Lightning scales len)
+            sampler.limit = int(sampler.num_batches * limit)
         self.samplers.append(sampler)
         return with_batch_sampler(dataloader, sampler)
 
     # -- the end of training -------------------------------------------------------------------
     def on_train_end(self) -> None:
-        """Drain and average: every rank leaves training with the consensus model."""
+        """Drain and average: every rank leaves training with the consensus model (and its step-interval
+        schedules where the whole job's progress has them: at their end after the last epoch)."""
         super().on_train_end()
+        for config in self.lr_scheduler_configs:
+            if config.scheduler in _followed:
+                config.scheduler.step()
         self.finish()
 
     def finish(self) -> None:
@@ -238,8 +289,7 @@ def _check_sigterm_locally(trainer) -> None:
     """Lightning's epoch loop broadcasts rank 0's SIGTERM flag before every batch (a collective each
     batch); decoupled ranks check their own flag instead (a private method replaced on this trainer's loop)."""
     loop = trainer.fit_loop.epoch_loop
-    if not hasattr(loop, "_broadcast_sigterm_tensor"):
-        return
+    _private(loop, "_broadcast_sigterm_tensor", "the epoch loop's per-batch SIGTERM broadcast")
 
     def local_check() -> None:
         if getattr(trainer, "received_sigterm", False):
@@ -260,3 +310,99 @@ class _TolerantLauncher(_SubprocessScriptLauncher):
             self._call_children_scripts()
         _set_num_threads_if_needed(num_processes=self.num_processes)
         return function(*args, **kwargs)
+
+
+# -- schedules and validation by the whole job's progress (decoupled ranks, batches shared out) ---------
+_followed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # scheduler -> its strategy and config
+
+
+def _private(obj, name: str, what: str):
+    """``obj.name``, a private attribute of Lightning's this strategy relies on, or a one-line error
+    naming the Lightning version (never a silent fallback)."""
+    if not hasattr(obj, name):
+        raise UsageError(f"HetrainStrategy relies on {what} ({type(obj).__name__}.{name}), which Lightning "
+                         f"{lightning.__version__} does not have; use a Lightning within hetrain's supported "
+                         "range (pyproject.toml: lightning>=2.2,<2.7)")
+    return getattr(obj, name)
+
+
+def job_steps(strategy: HetrainStrategy, trainer, accumulate: int, frequency: int) -> int | None:
+    """Where a step-interval schedule stands for the whole job: runs bounded by ``max_steps`` by the
+    steps the protocol counts (they end the run); runs bounded by epochs by the batches taken over all
+    ranks (``estimated_stepping_batches`` is the epochs' optimizer steps over all ranks), so every
+    rank's schedule reaches its end when training does, whatever its share of the batches."""
+    sampler = strategy.samplers[-1] if strategy.samplers else None
+    if strategy.sync is None or sampler is None:
+        return None
+    per_epoch = math.ceil(sampler.num_batches / accumulate)
+    by_data = None if trainer.max_epochs in (None, -1) else per_epoch * max(trainer.max_epochs, 1)
+    if trainer.max_steps != -1 and (by_data is None or trainer.max_steps <= by_data):
+        steps = strategy.sync.stats.iteration
+    else:
+        steps = sampler.sampler.epoch * per_epoch + sampler.claimed // accumulate
+    return steps // max(frequency, 1)
+
+
+def _follow(scheduler_class: type) -> type:
+    """A subclass whose ``step()`` catches up with the job's progress (each call steps 0 or more times)."""
+    def step(self, *args, **kwargs):
+        owner = _followed.get(self)
+        target = None if owner is None else job_steps(*owner)
+        if target is None or args or kwargs:
+            return scheduler_class.step(self, *args, **kwargs)
+        target = min(target, getattr(self, "total_steps", target))  # OneCycleLR refuses to pass its end
+        if self.last_epoch >= target:
+            return None
+        while self.last_epoch < target:
+            scheduler_class.step(self)
+        return None
+
+    return type(f"JobProgress{scheduler_class.__name__}", (scheduler_class,), {"step": step, "__module__": __name__})
+
+
+def _schedules_follow_the_job(strategy: HetrainStrategy, trainer) -> None:
+    from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
+
+    accumulate = trainer.accumulate_grad_batches
+    for config in strategy.lr_scheduler_configs:
+        scheduler = config.scheduler
+        if config.interval != "step" or not isinstance(scheduler, LRScheduler) \
+                or isinstance(scheduler, ReduceLROnPlateau) or scheduler in _followed:
+            continue
+        scheduler.__class__ = _follow(type(scheduler))
+        _followed[scheduler] = (strategy, trainer, accumulate, config.frequency)
+
+
+def _validate_by_the_jobs_progress(strategy: HetrainStrategy, trainer) -> None:
+    """``val_check_interval`` as a fraction: validate when the epoch's batches over all ranks pass each
+    multiple of the fraction, and at the epoch's end, as Lightning does for one process. Integers keep
+    Lightning's meaning (every so many of this rank's batches)."""
+    loop = trainer.fit_loop.epoch_loop
+    original = _private(loop, "_should_check_val_fx", "the epoch loop's validation check")
+    epoch_due = _private(loop, "_should_check_val_epoch", "the epoch loop's validation check")
+    seen = {"epoch": -1, "block": 0}
+
+    def should_check(data_fetcher) -> bool:
+        sampler = strategy.samplers[-1] if strategy.samplers else None
+        every = trainer.val_check_batch
+        if sampler is None or not isinstance(trainer.val_check_interval, float) or not strategy.decoupled \
+                or every in (None, float("inf")) or trainer._val_check_time_interval is not None:
+            return original(data_fetcher)
+        if not epoch_due():
+            return False
+        if sampler.sampler.epoch != seen["epoch"]:
+            seen.update(epoch=sampler.sampler.epoch, block=0, last=False)
+        if trainer.should_stop and trainer.fit_loop._can_stop_early:
+            return True
+        # a sized loader's fetcher flags the last batch by count, which a shared epoch never reaches; the
+        # sampler knows: the loader's look-ahead claim found the epoch's batches gone
+        if loop.batch_progress.is_last_batch or sampler.exhausted:
+            due, seen["last"] = not seen["last"], True
+            return due
+        block = sampler.claimed // every
+        if block > seen["block"] and block * every < sampler.num_batches:  # the epoch's end validates anyway
+            seen["block"] = block
+            return True
+        return False
+
+    loop._should_check_val_fx = should_check

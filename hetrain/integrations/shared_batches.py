@@ -46,8 +46,10 @@ class SharedBatches(Sampler):
     """A batch sampler whose epochs are shared out among ranks by a counter on ``store``.
 
     ``store``: the job's store under a prefix of this sampler's own (every rank's
-    sampler must use the same one). It has no length: each rank learns how many
-    batches it took when it runs out.
+    sampler must use the same one). Its length is the epoch's batches over all ranks (an upper
+    bound on what one rank takes, so a loop or a scheduler sized by it never runs past it);
+    :attr:`position` says how far the job has got over all ranks, for schedules that follow the
+    whole job's progress rather than one rank's steps.
     """
 
     def __init__(self, num_samples: int, batch_size: int, store, *, shuffle: bool = True, seed: int = 0,
@@ -60,26 +62,51 @@ class SharedBatches(Sampler):
         self.drop_last = drop_last
         self.sampler = EpochOrder(num_samples, shuffle, seed)
         self.taken = 0  # batches this rank took in its current or last epoch
+        self.limit: int | None = None  # at most this many batches per epoch over all ranks (None: all)
+        self.claimed = 0  # batches of the current epoch claimed over all ranks, as of this rank's last claim
+        self.exhausted = False  # this rank found the epoch's batches all claimed (its iterator ends next)
 
     @property
     def num_batches(self) -> int:
         """Batches per epoch, over all ranks."""
         full, rest = divmod(self.num_samples, self.batch_size)
-        return full if self.drop_last or rest == 0 else full + 1
+        batches = full if self.drop_last or rest == 0 else full + 1
+        return batches if self.limit is None else min(batches, self.limit)
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    @property
+    def position(self) -> int:
+        """Batches claimed over all ranks since epoch 0, as of this rank's last claim."""
+        return self.sampler.epoch * self.num_batches + self.claimed
 
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
 
     def __iter__(self):
+        """This rank's batches of the epoch. Each claim is made one batch ahead, so that when a rank's
+        last batch is handed out, :attr:`exhausted` already says so (Lightning validates at an epoch's
+        end, and a shared epoch has no length that tells a rank which of its batches is the last)."""
         order = list(self.sampler)
-        self.taken = 0
+        self.taken = self.claimed = 0
+        self.exhausted = False
         key = f"epoch/{self.sampler.epoch}"
-        while True:
+
+        def claim():
             batch = self.store.add(key, 1) - 1
             if batch >= self.num_batches:
-                return
+                self.claimed, self.exhausted = self.num_batches, True
+                return None
+            self.claimed = batch + 1
+            return batch
+
+        current = claim()
+        while current is not None:
+            ahead = claim()
             self.taken += 1
-            yield order[batch * self.batch_size:(batch + 1) * self.batch_size]
+            yield order[current * self.batch_size:(current + 1) * self.batch_size]
+            current = ahead
 
 
 def with_batch_sampler(dataloader: DataLoader, batch_sampler: Sampler) -> DataLoader:

@@ -55,3 +55,16 @@ def test_prague_around_an_accelerate_loop_shares_the_epoch_and_leaves_every_proc
 def test_hop_over_accelerates_prepared_loader_keeps_its_static_shards(tmp_path):
     reports = run_example(tmp_path, "--protocol", "hop", "--static-shards")
     assert [r["metrics"]["iterations"] for r in reports] == [23, 23]  # Accelerate's shards: 1,437 images / 2 / 32
+
+
+def test_save_state_and_load_state_carry_the_protocols_state_and_the_shared_loaders_epoch(tmp_path):
+    """accelerator.register_for_checkpointing(sync): a run resumed by load_state goes on counting from
+    the saved iteration (rank 0's, as the model is) and its shared loader from the saved epoch."""
+    first = run_example(tmp_path / "a", "--protocol", "prague", "--save-state", str(tmp_path / "state"))
+    second = run_example(tmp_path / "b", "--protocol", "prague", "--load-state", str(tmp_path / "state"))
+    saved = first[0]["metrics"]["iteration"]
+    assert saved > 0
+    for report in second:
+        assert report["resumed_iteration"] == saved
+        assert report["metrics"]["iteration"] > saved
+        assert report["loader_epoch"] == 2  # epoch 0 was the first run's; this run's one epoch was epoch 1
