@@ -194,6 +194,8 @@ class HetrainStrategy(DDPStrategy):
         """``max_steps`` counts the steps the protocol counts: Hop's iterations advance for every rank when
         a slow one skips, so every rank stops at the same iteration instead of the slow one training on."""
         super().on_train_batch_start(batch, batch_idx)
+        if self.liveness is not None:
+            self.liveness.dead_workers()  # a rank the others declared dead (a stall) leaves here, in one line
         trainer = self.lightning_module.trainer
         if self.sync is not None and self.decoupled and trainer.max_steps > 0 \
                 and self.sync.stats.iteration >= trainer.max_steps:

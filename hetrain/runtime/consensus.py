@@ -32,7 +32,8 @@ _RETRY_PAUSE_S = 0.5
 _DEATH_NOTICE_S = 3.0  # how long a failed collective waits for the launcher to name a dead worker
 
 
-def average_state(state: FlatState, job: JobView, dead_workers: Callable[[], set[int]] | None = None) -> float:
+def average_state(state: FlatState, job: JobView, dead_workers: Callable[[], set[int]] | None = None,
+                  beacon=None) -> float:
     """Replace every surviving worker's model by the survivors' average; return the consensus distance.
 
     Consensus distance = sqrt(mean_i ||x_i - mean_x||^2) over the model (not an outer optimizer's
@@ -40,6 +41,8 @@ def average_state(state: FlatState, job: JobView, dead_workers: Callable[[], set
     """
     if job.world_size == 1:
         return 0.0
+    if beacon is not None:  # a straggler still stepping is waited for here, not inside the collective
+        beacon.wait_for_arrivals(dead_workers, "the final average")
     return over_survivors(job, dead_workers, "the final average",
                           lambda group, survivors, private: _average(state, group, len(survivors), job.timeout,
                                                                      private=private))

@@ -430,11 +430,12 @@ class Hop(SyncProtocol):
         self.channels.send("update", self.logic.out_neighbors, STOP)
         self.channels.send("token", token_stops, STOP)
         if not self.tolerant:
-            self.channels.join()
+            self.channels.join(self._beacon.progressing if self._beacon is not None else None)
             self.channels.flush()
         if self._channel_errors:
             raise WorkerError(self._channel_errors[0])
-        self.stats.extra["consensus_distance"] = average_state(self.state, self.job, self.dead_workers)
+        self.stats.extra["consensus_distance"] = average_state(self.state, self.job, self.dead_workers,
+                                                               self._beacon)
 
     def _release(self) -> None:
         self.channels.close()

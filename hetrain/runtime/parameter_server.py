@@ -399,6 +399,10 @@ class ParameterServer(SyncProtocol):
             final = torch.empty_like(self._pulled)
         if job.world_size > 1:
             final = final.to(job.device)
+            if self._beacon is not None and self._server is None:  # the server arrives once all have left
+                self._beacon.wait_for_arrivals(self.dead_workers, "the final model from rank 0")
+            elif self._beacon is not None:
+                self._beacon.store.set(f"finished/{job.rank}", "1")
             over_survivors(job, self.dead_workers, "the final model from rank 0",
                            lambda group, survivors, private: self._broadcast_final(final, group, survivors, private),
                            name="ps-final")

@@ -370,15 +370,19 @@ class PeerChannels:
         for window in self._windows.values():
             window.drain()
 
-    def join(self) -> None:
-        """Wait for every receiver thread to see its peer's STOP (bounded by the timeout)."""
-        for thread in self._threads.values():
-            thread.join(timeout=self.job.timeout_s)
-            if thread.is_alive():
-                raise WorkerError(
-                    f"worker {self.job.rank}: {thread.name} still waiting after {self.job.timeout_s:.0f} s "
-                    "for its peer to stop"
-                )
+    def join(self, progressing: Callable[[int], bool] | None = None) -> None:
+        """Wait for every receiver thread to see its peer's STOP: bounded by the timeout, or, with
+        ``progressing(peer)`` (a :class:`~hetrain.runtime.progress.ProgressBeacon`'s), for as long as
+        the peer still takes steps."""
+        for (_, peer, _), thread in self._threads.items():
+            while True:
+                thread.join(timeout=self.job.timeout_s if progressing is None else min(1.0, self.job.timeout_s))
+                if not thread.is_alive():
+                    break
+                if progressing is None or not progressing(peer):
+                    raise WorkerError(
+                        f"worker {self.job.rank}: {thread.name} still waiting for its peer to stop, which "
+                        f"made no step for {self.job.timeout_s:.0f} s")
 
     def close(self) -> None:
         """Stop the send reapers and drop the group; receiver threads end with their peers (or time out)."""

@@ -217,7 +217,8 @@ class GroupProtocol(SyncProtocol):
         if self.job.world_size > 1:
             if not self._local:
                 self._wait_all_left()
-            self.stats.extra["consensus_distance"] = average_state(self.state, self.job, self.dead_workers)
+            self.stats.extra["consensus_distance"] = average_state(self.state, self.job, self.dead_workers,
+                                                                   self._beacon)
         if self._server is not None:
             self.stats.extra.update(self.scheduler.stats())
         self._update_extra()

@@ -56,6 +56,7 @@ from hetrain.runtime.flat_state import FlatState
 from hetrain.runtime.job import DEFAULT_TIMEOUT_S, JobView, model_device
 from hetrain.runtime.link import EmulatedLink
 from hetrain.runtime.outer_step import OuterStep
+from hetrain.runtime.progress import ProgressBeacon
 from hetrain.runtime.speed_board import SpeedBoard
 
 # the communication keywords every protocol takes beside its own options (see the module docstring)
@@ -157,6 +158,7 @@ class SyncProtocol:
         self._steps_this_exchange = sync_every
         self._step_timer = StepTimer()
         self._speeds = SpeedBoard(self.job) if local_work == "auto" and self.job.world_size > 1 else None
+        self._beacon = ProgressBeacon.of(self.job)  # finishing workers wait for a straggler while it steps
 
     def _check_comm(self) -> None:
         """Raise OptionError for communication settings this protocol's options refuse (their ``check_comm``)."""
@@ -209,6 +211,8 @@ class SyncProtocol:
         self.stats.compute_s += step_s
         self.stats.iterations += 1
         self.stats.iteration += 1  # the one place it counts; Hop's _sync overwrites it with its logic's
+        if self._beacon is not None:
+            self._beacon.beat(self.stats.iterations)
         self._local_steps += 1
         self._step_timer.add(step_s)
         if self._local_steps < self._steps_this_exchange:
