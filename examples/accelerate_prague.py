@@ -66,7 +66,7 @@ def main() -> None:
     model, optimizer = accelerator.prepare(model, optimizer)
     if args.static_shards:
         loader = accelerator.prepare_data_loader(loader)
-    rank, batches = accelerator.process_index, 0
+    rank, batches, losses = accelerator.process_index, 0, []
 
     start = time.time()
     sync = HetrainSync(accelerator, model, optimizer, protocol=args.protocol)
@@ -83,8 +83,11 @@ def main() -> None:
                 time.sleep(args.compute_ms / 1000 * slowdown.factor(rank, batches))
                 batches += 1
                 optimizer.zero_grad()
-                accelerator.backward(nn.functional.cross_entropy(model(x), y))
+                loss = nn.functional.cross_entropy(model(x), y)
+                accelerator.backward(loss)
                 optimizer.step()  # then the protocol synchronizes (Prague: a group's P-Reduce)
+                losses.append(accelerator.gather_for_metrics(loss.detach()))  # inside the block: this process's
+            accelerator.wait_for_everyone()  # inside the block: returns at once (the processes run apart)
     end = time.time()  # leaving the block waited for the final average
     if args.save_state:
         accelerator.save_state(args.save_state)  # a barrier: after the block, where every process arrives
@@ -100,6 +103,7 @@ def main() -> None:
         (out / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "test_accuracy": accuracy, "start": start,
                                                           "end": end, "batches": batches,
                                                           "resumed_iteration": resumed_iteration,
+                                                          "losses_logged": len(losses),
                                                           "loader_epoch": getattr(loader, "epoch", None),
                                                           "metrics": sync.metrics()}, default=str))
     accelerator.wait_for_everyone()

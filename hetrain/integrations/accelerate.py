@@ -90,6 +90,7 @@ class HetrainSync:
         self.sync: SyncProtocol | None = None
         self._ddp_settings: tuple | None = None
         self._shared: list[SharedLoader] = []  # the shared loaders, in the order they were made
+        self._undo_local = None  # puts the accelerator's collectives back (see local_collectives)
         self._pending: dict | None = None  # a state loaded before the block built its protocol
         self._loaders: list[tuple] = []  # (prepared data loader, its rng_types) while the block runs
 
@@ -116,6 +117,7 @@ class HetrainSync:
             ddp.require_backward_grad_sync = False  # what ddp.no_sync() does, for the whole block
             ddp.broadcast_buffers = False  # each rank keeps its own BatchNorm statistics; the protocol averages them
         self._sync_loaders_once()
+        self._undo_local = local_collectives(self.accelerator)
         runtime: dict[str, Any] = {"seed": self.seed} if self.spec.seeded else {}
         optimizer = getattr(self.optimizer, "optimizer", self.optimizer)  # AcceleratedOptimizer wraps it
         self.sync = self.spec.runtime_class()(self.accelerator.unwrap_model(self.model), optimizer,
@@ -156,7 +158,10 @@ class HetrainSync:
         return False
 
     def _restore(self) -> None:
-        """Accelerate's DDP and loaders as they were before the block."""
+        """Accelerate's DDP, loaders and collectives as they were before the block."""
+        undo, self._undo_local = self._undo_local, None
+        if undo is not None:
+            undo()
         if self._ddp_settings is not None:
             self.model.require_backward_grad_sync, self.model.broadcast_buffers = self._ddp_settings
             self._ddp_settings = None
@@ -174,6 +179,7 @@ class HetrainSync:
             raise UsageError(f"HetrainSync relies on Accelerator._dataloaders (the prepared loaders), which "
                              f"Accelerate {accelerate.__version__} does not have; use an Accelerate within "
                              "hetrain's supported range (pyproject.toml: accelerate>=0.30,<1.17)")
+        refuse_dispatchers(self.accelerator._dataloaders)
         for loader in self.accelerator._dataloaders:
             rng_types = getattr(loader, "rng_types", None)
             if rng_types:
@@ -206,6 +212,47 @@ class HetrainSync:
     def metrics(self) -> dict:
         """The protocol's metrics for this process (empty when disabled or passed through)."""
         return self.sync.metrics() if self.sync is not None else {}
+
+
+LOCAL = ("wait_for_everyone", "gather", "gather_for_metrics", "reduce", "pad_across_processes")
+
+
+def local_collectives(accelerator):
+    """Inside the block the processes run apart, so the accelerator's collectives are made local (as
+    HetrainStrategy does for Lightning's): ``wait_for_everyone`` returns at once, ``gather``,
+    ``gather_for_metrics``, ``reduce`` and ``pad_across_processes`` return this process's own data
+    (a metric is then this process's). As collectives, a fast process would wait in each for the
+    slowest, and one waiting there while its Prague group waits for it would deadlock until the
+    timeout. ``save_state`` works on (its barriers are ``wait_for_everyone``): process 0 writes its
+    model as it is. Returns the function that puts them back."""
+    saved = {name: accelerator.__dict__.get(name) for name in LOCAL}
+    accelerator.wait_for_everyone = lambda: None
+    accelerator.gather = lambda tensor: tensor
+    accelerator.gather_for_metrics = lambda input_data, use_gather_object=False: input_data
+    accelerator.reduce = lambda tensor, reduction="sum", scale=1.0: tensor * scale if scale != 1.0 else tensor
+    accelerator.pad_across_processes = lambda tensor, dim=0, pad_index=0, pad_first=False: tensor
+
+    def undo() -> None:
+        for name, value in saved.items():
+            if value is None:
+                accelerator.__dict__.pop(name, None)
+            else:
+                accelerator.__dict__[name] = value
+
+    return undo
+
+
+def refuse_dispatchers(loaders) -> None:
+    """A loader that dispatches batches from process 0 (``DataLoaderDispatcher``: Accelerate's default for
+    iterable datasets, or ``dispatch_batches=True``) broadcasts every batch: refused in one line."""
+    from accelerate.data_loader import DataLoaderDispatcher
+
+    for loader in loaders:
+        if isinstance(loader, DataLoaderDispatcher):
+            raise UsageError("HetrainSync: a prepared loader dispatches batches from process 0 (Accelerate's "
+                             "DataLoaderDispatcher: a broadcast per batch, which processes running apart would "
+                             "wait in); use sync.shared_loader(loader) with the plain DataLoader, or "
+                             "Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches=False))")
 
 
 class SharedLoader:

@@ -49,6 +49,7 @@ def test_prague_around_an_accelerate_loop_shares_the_epoch_and_leaves_every_proc
     assert sum(r["batches"] for r in reports) == TRAIN_BATCHES  # one pass over the data, shared out by speed
     assert all(r["metrics"]["iterations"] == r["batches"] for r in reports)  # every step synchronized
     assert all(r["metrics"]["groups_formed"] > 0 for r in reports)  # Prague averaged in groups as it went
+    assert all(r["losses_logged"] == r["batches"] for r in reports)  # gather_for_metrics inside the block: local
 
 
 @pytest.mark.slow
