@@ -55,15 +55,24 @@ def main() -> None:
     parser.add_argument("--save-state", default=None, help="accelerator.save_state(DIR) after training (the "
                         "protocol's state included: accelerator.register_for_checkpointing(sync))")
     parser.add_argument("--load-state", default=None, help="accelerator.load_state(DIR) before training")
+    parser.add_argument("--accumulate", type=int, default=1, help="gradient accumulation steps (accelerator.accumulate)")
+    parser.add_argument("--one-cycle", action="store_true", help="a OneCycleLR through accelerator.prepare, sized "
+                        "as Accelerate's docs do: the whole epoch's batches x epochs / accumulation")
     args = parser.parse_args()
     slowdown = parse_slowdown(args.slowdown)
 
-    accelerator = Accelerator(cpu=True)
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=args.accumulate)
     data = load_dataset("digits")
     loader = DataLoader(TensorDataset(data.x_train, data.y_train), batch_size=32, shuffle=True)
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    model, optimizer = accelerator.prepare(model, optimizer)
+    scheduler = None
+    if args.one_cycle:
+        total = len(loader) * args.epochs // args.accumulate
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.05, total_steps=total)
+        model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    else:
+        model, optimizer = accelerator.prepare(model, optimizer)
     if args.static_shards:
         loader = accelerator.prepare_data_loader(loader)
     rank, batches, losses = accelerator.process_index, 0, []
@@ -82,10 +91,13 @@ def main() -> None:
             for x, y in loader:
                 time.sleep(args.compute_ms / 1000 * slowdown.factor(rank, batches))
                 batches += 1
-                optimizer.zero_grad()
-                loss = nn.functional.cross_entropy(model(x), y)
-                accelerator.backward(loss)
-                optimizer.step()  # then the protocol synchronizes (Prague: a group's P-Reduce)
+                with accelerator.accumulate(model):
+                    optimizer.zero_grad()
+                    loss = nn.functional.cross_entropy(model(x), y)
+                    accelerator.backward(loss)
+                    optimizer.step()  # then the protocol synchronizes (Prague: a group's P-Reduce)
+                    if scheduler is not None:
+                        scheduler.step()
                 losses.append(accelerator.gather_for_metrics(loss.detach()))  # inside the block: this process's
             accelerator.wait_for_everyone()  # inside the block: returns at once (the processes run apart)
     end = time.time()  # leaving the block waited for the final average
@@ -104,6 +116,9 @@ def main() -> None:
                                                           "end": end, "batches": batches,
                                                           "resumed_iteration": resumed_iteration,
                                                           "losses_logged": len(losses),
+                                                          "schedule": None if scheduler is None else {
+                                                              "total_steps": scheduler.scheduler.total_steps,
+                                                              "last_epoch": scheduler.scheduler.last_epoch},
                                                           "loader_epoch": getattr(loader, "epoch", None),
                                                           "metrics": sync.metrics()}, default=str))
     accelerator.wait_for_everyone()

@@ -52,6 +52,7 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 from torch.utils.data import DataLoader, RandomSampler  # noqa: E402
 
 from hetrain.errors import UsageError  # noqa: E402
+from hetrain.integrations.job_progress import follow_job  # noqa: E402
 from hetrain.integrations.shared_batches import SharedBatches, with_batch_sampler  # noqa: E402
 from hetrain.registry import get_spec  # noqa: E402
 from hetrain.runtime.job import DEFAULT_TIMEOUT_S, job_store, prefer_lazy_connections  # noqa: E402
@@ -91,6 +92,7 @@ class HetrainSync:
         self._ddp_settings: tuple | None = None
         self._shared: list[SharedLoader] = []  # the shared loaders, in the order they were made
         self._undo_local = None  # puts the accelerator's collectives back (see local_collectives)
+        self._followed: list = []  # prepared schedulers following the job's progress while the block runs
         self._pending: dict | None = None  # a state loaded before the block built its protocol
         self._loaders: list[tuple] = []  # (prepared data loader, its rng_types) while the block runs
 
@@ -118,6 +120,7 @@ class HetrainSync:
             ddp.broadcast_buffers = False  # each rank keeps its own BatchNorm statistics; the protocol averages them
         self._sync_loaders_once()
         self._undo_local = local_collectives(self.accelerator)
+        self._follow_schedulers()
         runtime: dict[str, Any] = {"seed": self.seed} if self.spec.seeded else {}
         optimizer = getattr(self.optimizer, "optimizer", self.optimizer)  # AcceleratedOptimizer wraps it
         self.sync = self.spec.runtime_class()(self.accelerator.unwrap_model(self.model), optimizer,
@@ -126,6 +129,32 @@ class HetrainSync:
         if self._pending is not None and self._pending.get("protocol") is not None:
             self.sync.load_state_dict(self._pending["protocol"])  # counters, Hop's iteration, outer anchor, momentum
             self._pending = {**self._pending, "protocol": None}
+
+    def _follow_schedulers(self) -> None:
+        """Schedulers prepared by Accelerate follow the shared epochs' progress over all processes (see
+        hetrain.integrations.job_progress): Accelerate's convention already sizes them by the whole epoch
+        (a prepared scheduler steps once per process for each optimizer step), so every process's schedule
+        ends with the training however the batches were shared."""
+        from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
+
+        if not hasattr(self.accelerator, "_schedulers"):
+            import accelerate
+
+            raise UsageError(f"HetrainSync relies on Accelerator._schedulers (the prepared schedulers), which "
+                             f"Accelerate {accelerate.__version__} does not have; use an Accelerate within "
+                             "hetrain's supported range (pyproject.toml: accelerate>=0.30,<1.17)")
+        for prepared in self.accelerator._schedulers:
+            inner = getattr(prepared, "scheduler", prepared)
+            if isinstance(inner, LRScheduler) and not isinstance(inner, ReduceLROnPlateau):
+                follow_job(inner, self._job_steps)
+                self._followed.append(inner)
+
+    def _job_steps(self) -> int | None:
+        """Optimizer steps of the whole job so far, counted in batches claimed over all processes (None
+        before a shared loader exists: a prepared loader's static shards step schedulers as Accelerate does)."""
+        if not self._shared:
+            return None
+        return self._shared[0].sampler.position // max(1, self.accelerator.gradient_accumulation_steps)
 
     # -- checkpoints: accelerator.register_for_checkpointing(sync) -------------------------------
     def state_dict(self) -> dict:
@@ -151,6 +180,9 @@ class HetrainSync:
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         try:
+            if exc_type is None:
+                for scheduler in self._followed:
+                    scheduler.step()  # to where the whole job got: the end of the schedule after the last epoch
             if self.sync is not None:
                 self.sync.__exit__(exc_type, exc, tb)  # finish (consensus), or only release after an error
         finally:
@@ -158,10 +190,13 @@ class HetrainSync:
         return False
 
     def _restore(self) -> None:
-        """Accelerate's DDP, loaders and collectives as they were before the block."""
+        """Accelerate's DDP, loaders, collectives and schedulers as they were before the block."""
         undo, self._undo_local = self._undo_local, None
         if undo is not None:
             undo()
+        for scheduler in self._followed:
+            follow_job(scheduler, lambda: None)  # stepped as usual again
+        self._followed = []
         if self._ddp_settings is not None:
             self.model.require_backward_grad_sync, self.model.broadcast_buffers = self._ddp_settings
             self._ddp_settings = None

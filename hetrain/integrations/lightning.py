@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import math
 import os
-import weakref
 from datetime import timedelta
 from itertools import count
 from typing import Any
@@ -62,6 +61,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException  # noqa: E40
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset  # noqa: E402
 
 from hetrain.errors import UsageError  # noqa: E402
+from hetrain.integrations.job_progress import follow_job, followed  # noqa: E402
 from hetrain.integrations.liveness import StoreLiveness  # noqa: E402
 from hetrain.integrations.shared_batches import SharedBatches, with_batch_sampler  # noqa: E402
 from hetrain.registry import get_spec  # noqa: E402
@@ -232,7 +232,7 @@ class HetrainStrategy(DDPStrategy):
         schedules where the whole job's progress has them: at their end after the last epoch)."""
         super().on_train_end()
         for config in self.lr_scheduler_configs:
-            if config.scheduler in _followed:
+            if followed(config.scheduler):
                 config.scheduler.step()
         self.finish()
 
@@ -315,9 +315,6 @@ class _TolerantLauncher(_SubprocessScriptLauncher):
 
 
 # -- schedules and validation by the whole job's progress (decoupled ranks, batches shared out) ---------
-_followed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # scheduler -> its strategy and config
-
-
 def _private(obj, name: str, what: str):
     """``obj.name``, a private attribute of Lightning's this strategy relies on, or a one-line error
     naming the Lightning version (never a silent fallback)."""
@@ -345,23 +342,6 @@ def job_steps(strategy: HetrainStrategy, trainer, accumulate: int, frequency: in
     return steps // max(frequency, 1)
 
 
-def _follow(scheduler_class: type) -> type:
-    """A subclass whose ``step()`` catches up with the job's progress (each call steps 0 or more times)."""
-    def step(self, *args, **kwargs):
-        owner = _followed.get(self)
-        target = None if owner is None else job_steps(*owner)
-        if target is None or args or kwargs:
-            return scheduler_class.step(self, *args, **kwargs)
-        target = min(target, getattr(self, "total_steps", target))  # OneCycleLR refuses to pass its end
-        if self.last_epoch >= target:
-            return None
-        while self.last_epoch < target:
-            scheduler_class.step(self)
-        return None
-
-    return type(f"JobProgress{scheduler_class.__name__}", (scheduler_class,), {"step": step, "__module__": __name__})
-
-
 def _schedules_follow_the_job(strategy: HetrainStrategy, trainer) -> None:
     from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
@@ -369,10 +349,9 @@ def _schedules_follow_the_job(strategy: HetrainStrategy, trainer) -> None:
     for config in strategy.lr_scheduler_configs:
         scheduler = config.scheduler
         if config.interval != "step" or not isinstance(scheduler, LRScheduler) \
-                or isinstance(scheduler, ReduceLROnPlateau) or scheduler in _followed:
+                or isinstance(scheduler, ReduceLROnPlateau) or followed(scheduler):
             continue
-        scheduler.__class__ = _follow(type(scheduler))
-        _followed[scheduler] = (strategy, trainer, accumulate, config.frequency)
+        follow_job(scheduler, lambda frequency=config.frequency: job_steps(strategy, trainer, accumulate, frequency))
 
 
 def _validate_by_the_jobs_progress(strategy: HetrainStrategy, trainer) -> None:

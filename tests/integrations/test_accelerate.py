@@ -25,14 +25,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_example(out: Path, *args: str) -> list[dict]:
-    """examples/accelerate_prague.py on 2 processes for one epoch; every process's report."""
+def run_example(out: Path, *args: str, epochs: int = 1) -> list[dict]:
+    """examples/accelerate_prague.py on 2 processes for ``epochs``; every process's report."""
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_PORT", "MASTER_ADDR", "WORLD_SIZE", "RANK",
                                                              "LOCAL_RANK")}
     env.update(OMP_NUM_THREADS="1", HF_HOME=str(out / "hf"))  # no user config of accelerate's in the way
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               "--main_process_port", str(_free_port()), str(EXAMPLE), "--epochs", "1", "--out", str(out), *args]
+               "--main_process_port", str(_free_port()), str(EXAMPLE), "--epochs", str(epochs), "--out", str(out), *args]
     returncode, output = run_in_own_session(command, cwd=ROOT, env=env, timeout_s=TIMEOUT_S)
     assert returncode == 0, output[-3000:]
     states = [torch.load(out / f"rank{r}.pt") for r in range(2)]
@@ -69,3 +69,16 @@ def test_save_state_and_load_state_carry_the_protocols_state_and_the_shared_load
         assert report["resumed_iteration"] == saved
         assert report["metrics"]["iteration"] > saved
         assert report["loader_epoch"] == 2  # epoch 0 was the first run's; this run's one epoch was epoch 1
+
+
+def test_gradient_accumulation_and_a_prepared_one_cycle_schedule_follow_the_shared_epochs(tmp_path):
+    """accelerator.accumulate(model) with 2 steps and a OneCycleLR through accelerator.prepare, sized as
+    Accelerate's docs size it (the epoch's batches x epochs / accumulation): the processes take unequal
+    shares, sync only on real optimizer steps, and both end at the end of the schedule."""
+    reports = run_example(tmp_path, "--protocol", "prague", "--accumulate", "2", "--one-cycle",
+                          "--slowdown", "0:3x", "--compute-ms", "5", epochs=2)
+    assert sum(r["batches"] for r in reports) == 2 * TRAIN_BATCHES
+    assert reports[0]["batches"] < reports[1]["batches"]  # process 0 is 3x slower: fewer batches
+    for r in reports:
+        assert r["schedule"]["last_epoch"] == r["schedule"]["total_steps"] == 2 * TRAIN_BATCHES // 2
+        assert r["metrics"]["iterations"] == r["batches"] // 2  # only real optimizer steps synchronize
