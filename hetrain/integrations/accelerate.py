@@ -142,7 +142,7 @@ class HetrainSync:
 
             raise UsageError(f"HetrainSync relies on Accelerator._schedulers (the prepared schedulers), which "
                              f"Accelerate {accelerate.__version__} does not have; use an Accelerate within "
-                             "hetrain's supported range (pyproject.toml: accelerate>=0.30,<1.17)")
+                             "hetrain's supported range (pyproject.toml: accelerate>=0.30.1,<1.17)")
         for prepared in self.accelerator._schedulers:
             inner = getattr(prepared, "scheduler", prepared)
             if isinstance(inner, LRScheduler) and not isinstance(inner, ReduceLROnPlateau):
@@ -213,7 +213,7 @@ class HetrainSync:
 
             raise UsageError(f"HetrainSync relies on Accelerator._dataloaders (the prepared loaders), which "
                              f"Accelerate {accelerate.__version__} does not have; use an Accelerate within "
-                             "hetrain's supported range (pyproject.toml: accelerate>=0.30,<1.17)")
+                             "hetrain's supported range (pyproject.toml: accelerate>=0.30.1,<1.17)")
         refuse_dispatchers(self.accelerator._dataloaders)
         for loader in self.accelerator._dataloaders:
             rng_types = getattr(loader, "rng_types", None)

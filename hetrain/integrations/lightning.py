@@ -55,7 +55,7 @@ try:  # private names this strategy relies on: one line naming the version if th
 except ImportError as _missing:  # pragma: no cover - only on a Lightning outside the supported range
     raise ImportError(f"HetrainStrategy relies on private parts of Lightning ({_missing}), which Lightning "
                       f"{lightning.__version__} does not have; use a Lightning within hetrain's supported range "
-                      "(pyproject.toml: lightning>=2.2,<2.7)") from None
+                      "(pyproject.toml: lightning>=2.2.5,<2.7)") from None
 from lightning.pytorch.trainer.states import TrainerFn  # noqa: E402
 from lightning.pytorch.utilities.exceptions import SIGTERMException  # noqa: E402
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset  # noqa: E402
@@ -70,6 +70,7 @@ from hetrain.runtime.protocol import SyncProtocol  # noqa: E402
 
 __all__ = ["HetrainStrategy"]
 
+SIGTERM_BROADCAST_SINCE = "2.5.2"  # the first Lightning whose epoch loop broadcasts rank 0's SIGTERM per batch
 _samplers = count()  # every rank makes its samplers and liveness watchers in the same order: same prefixes
 _fits = count()
 
@@ -290,7 +291,11 @@ def _training_loader(dataloader: object) -> bool:
 def _check_sigterm_locally(trainer) -> None:
     """Lightning's epoch loop broadcasts rank 0's SIGTERM flag before every batch (a collective each
     batch); decoupled ranks check their own flag instead (a private method replaced on this trainer's loop)."""
+    from packaging.version import Version
+
     loop = trainer.fit_loop.epoch_loop
+    if Version(lightning.__version__) < Version(SIGTERM_BROADCAST_SINCE):
+        return  # no per-batch broadcast before Lightning 2.5.2 (each rank checks its own flag already)
     _private(loop, "_broadcast_sigterm_tensor", "the epoch loop's per-batch SIGTERM broadcast")
 
     def local_check() -> None:
@@ -321,7 +326,7 @@ def _private(obj, name: str, what: str):
     if not hasattr(obj, name):
         raise UsageError(f"HetrainStrategy relies on {what} ({type(obj).__name__}.{name}), which Lightning "
                          f"{lightning.__version__} does not have; use a Lightning within hetrain's supported "
-                         "range (pyproject.toml: lightning>=2.2,<2.7)")
+                         "range (pyproject.toml: lightning>=2.2.5,<2.7)")
     return getattr(obj, name)
 
 
@@ -367,7 +372,7 @@ def _validate_by_the_jobs_progress(strategy: HetrainStrategy, trainer) -> None:
         sampler = strategy.samplers[-1] if strategy.samplers else None
         every = trainer.val_check_batch
         if sampler is None or not isinstance(trainer.val_check_interval, float) or not strategy.decoupled \
-                or every in (None, float("inf")) or trainer._val_check_time_interval is not None:
+                or every in (None, float("inf")) or getattr(trainer, "_val_check_time_interval", None) is not None:
             return original(data_fetcher)
         if not epoch_due():
             return False

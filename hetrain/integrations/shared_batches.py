@@ -69,12 +69,17 @@ class SharedBatches(Sampler):
     @property
     def num_batches(self) -> int:
         """Batches per epoch, over all ranks."""
-        full, rest = divmod(self.num_samples, self.batch_size)
-        batches = full if self.drop_last or rest == 0 else full + 1
+        batches = self._all_batches()
         return batches if self.limit is None else min(batches, self.limit)
 
+    def _all_batches(self) -> int:
+        full, rest = divmod(self.num_samples, self.batch_size)
+        return full if self.drop_last or rest == 0 else full + 1
+
     def __len__(self) -> int:
-        return self.num_batches
+        """The epoch's batches before :attr:`limit` (Lightning scales a loader's length by its own
+        ``limit_train_batches``, which is where the limit comes from)."""
+        return self._all_batches()
 
     @property
     def position(self) -> int:

@@ -4,11 +4,12 @@ Lightning starts, rank 0 slower; every rank writes what it saw to OUT/rank{r}.js
     python tests/integrations/lightning_conformance.py --strategy hop --case features --out DIR
 
 Cases:
-  features  OneCycleLR sized by trainer.estimated_stepping_batches (interval "step"), a cosine
-            schedule beside it, val_check_interval=0.5, accumulate_grad_batches=2, gradient clipping,
+  features  OneCycleLR (--schedule cosine: CosineAnnealingLR) sized by trainer.estimated_stepping_batches
+            (interval "step"), val_check_interval=0.5, accumulate_grad_batches=2, gradient clipping,
             two epochs; then test() and predict()
   resume    one epoch with a ModelCheckpoint (save_last), then fit(ckpt_path=last) for a second one
   maxsteps  max_steps=STEPS with rank 0 10x slower than rank 1
+  limits    limit_train_batches=0.5, check_val_every_n_epoch=2, four epochs
   more      bf16-mixed precision, two validation loaders, val_check_interval as an int, EarlyStopping on a
             logged validation loss, then validate()
 """
@@ -29,12 +30,13 @@ from torch.utils.data import DataLoader
 
 
 class Model(BoringModel):
-    def __init__(self, case: str, slow_ms: float):
+    def __init__(self, case: str, slow_ms: float, schedule: str = "onecycle"):
         super().__init__()
-        self.case, self.slow_ms = case, slow_ms
+        self.case, self.slow_ms, self.schedule = case, slow_ms, schedule
         self.validations = 0
         self.tested = self.predicted = 0
         self.seen_loaders: set = set()
+        self.val_epochs: list = []
 
     def train_dataloader(self):
         return DataLoader(RandomDataset(32, 64), batch_size=1, shuffle=True)  # shuffled: shared out by speed
@@ -61,6 +63,7 @@ class Model(BoringModel):
     def on_validation_epoch_end(self):
         if not self.trainer.sanity_checking:
             self.validations += 1
+            self.val_epochs.append(self.trainer.current_epoch)
 
     def test_step(self, batch, batch_idx):
         self.tested += 1
@@ -75,8 +78,11 @@ class Model(BoringModel):
         if self.case != "features":
             return opt
         total = self.trainer.estimated_stepping_batches
-        one_cycle = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=total)
-        return [opt], [{"scheduler": one_cycle, "interval": "step"}]
+        if self.schedule == "cosine":
+            scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total)
+        else:
+            scheduler = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=total)
+        return [opt], [{"scheduler": scheduler, "interval": "step"}]
 
 
 class Record(Callback):
@@ -115,9 +121,10 @@ def main() -> None:
     apply_from_env()  # $HETRAIN_MUTANT: the ranks Lightning starts are not hetrain's launcher's
     parser = argparse.ArgumentParser()
     parser.add_argument("--strategy", default="hop")
-    parser.add_argument("--case", default="features", choices=("features", "resume", "maxsteps", "more"))
+    parser.add_argument("--case", default="features", choices=("features", "resume", "maxsteps", "more", "limits"))
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--schedule", default="onecycle", choices=("onecycle", "cosine"))
     parser.add_argument("--slow-ms", type=float, default=20.0)
     parser.add_argument("--options", default="{}", help="protocol settings as JSON")
     parser.add_argument("--outer", action="store_true", help="DiLoCo's outer Nesterov step (lr 0.7, momentum 0.9)")
@@ -126,11 +133,11 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     options = json.loads(args.options)
-    model = Model(args.case, args.slow_ms)
+    model = Model(args.case, args.slow_ms, args.schedule)
     if args.outer:
         options["outer_optimizer"] = torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
     common = dict(accelerator="cpu", devices=2, logger=False, enable_progress_bar=False, enable_model_summary=False,
-                  num_sanity_val_steps=0)
+                  num_sanity_val_steps=0, default_root_dir=str(out))  # Lightning's default checkpoints go under OUT
     record = Record()
     report: dict = {}
     started = time.monotonic()
@@ -141,7 +148,8 @@ def main() -> None:
         trainer.fit(model)
         report["params_after_fit"] = [float(p.detach().double().sum()) for p in model.parameters()]
         scheduler = trainer.lr_scheduler_configs[0].scheduler
-        report.update(estimated=trainer.estimated_stepping_batches, total_steps=scheduler.total_steps,
+        report.update(estimated=trainer.estimated_stepping_batches,
+                      total_steps=getattr(scheduler, "total_steps", getattr(scheduler, "T_max", None)),
                       last_epoch=scheduler.last_epoch, final_lr=scheduler.get_last_lr()[0],
                       validations=model.validations, global_step=trainer.global_step,
                       batches=trainer.strategy.metrics().get("batches_taken_last_epoch")
@@ -163,6 +171,15 @@ def main() -> None:
         second.fit(model, ckpt_path=out / "ckpt" / "last.ckpt")
         report["final_state"] = _jsonable(second.strategy.sync.state_dict()) if hasattr(second.strategy, "sync") \
             else None
+    elif args.case == "limits":
+        trainer = Trainer(strategy=strategy_for(args.strategy, options), max_epochs=4, limit_train_batches=0.5,
+                          check_val_every_n_epoch=2, limit_val_batches=2, enable_checkpointing=False,
+                          callbacks=[record], **common)
+        trainer.fit(model)
+        taken = trainer.strategy.metrics().get("batches_taken_last_epoch") if hasattr(trainer.strategy, "sync") \
+            else trainer.num_training_batches
+        report.update(validations=model.validations, batches_last_epoch=taken, global_step=trainer.global_step,
+                      val_epochs=model.val_epochs)
     elif args.case == "more":
         from lightning.pytorch.callbacks import EarlyStopping
 

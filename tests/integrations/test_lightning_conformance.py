@@ -60,19 +60,31 @@ def test_every_strategy_schedulers_fractional_validation_accumulation_test_and_p
     check_features(run(tmp_path, strategy, "features"), strategy)
 
 
-def test_a_resumed_fit_continues_the_protocols_counters_anchor_and_outer_momentum(tmp_path):
-    ranks = run(tmp_path, "hop", "resume", "--options", '{"sync_every": 2}', "--outer")
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["hop", "prague", "adpsgd", "dpsgd", "ps", "ddp"])
+def test_a_cosine_schedule_sized_by_the_estimate_ends_at_its_minimum_on_every_rank(tmp_path, strategy):
+    ranks = run(tmp_path, strategy, "features", "--schedule", "cosine")
+    check_features(ranks, strategy)
+    assert all(r["final_lr"] == pytest.approx(0.0, abs=1e-12) for r in ranks)  # eta_min at T_max
+
+
+@pytest.mark.parametrize("strategy", ["hop", pytest.param("prague", marks=pytest.mark.slow),
+                                      pytest.param("adpsgd", marks=pytest.mark.slow),
+                                      pytest.param("dpsgd", marks=pytest.mark.slow),
+                                      pytest.param("ps", marks=pytest.mark.slow)])
+def test_a_resumed_fit_continues_the_protocols_counters_anchor_and_outer_momentum(tmp_path, strategy):
+    ranks = run(tmp_path, strategy, "resume", "--options", '{"sync_every": 2}', "--outer")
     for r in ranks:
         saved, start, final = r["saved_state"], r["start_state"], r["final_state"]
         assert saved is not None and saved["iteration"] > 0
         for key in ("iteration", "logic_iteration", "local_steps"):
-            assert start[key] == saved[key], key
+            assert start.get(key) == saved.get(key), key
         assert start["outer"] == saved["outer"]  # anchor and Nesterov momentum as saved
         assert final["iteration"] > saved["iteration"] and final["outer"]["steps"] > saved["outer"]["steps"]
 
 
-@pytest.mark.parametrize("strategy", ["hop", pytest.param("prague", marks=pytest.mark.slow),
-                                      pytest.param("ps", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("strategy", ["hop", *(pytest.param(s, marks=pytest.mark.slow)
+                                              for s in ("prague", "adpsgd", "dpsgd", "ps", "ddp"))])
 def test_max_steps_with_a_rank_ten_times_slower_ends_in_consensus_soon_after_the_slow_ranks_work(tmp_path,
                                                                                                strategy):
     steps = 200
@@ -99,3 +111,32 @@ def test_hop_bf16_two_validation_loaders_int_val_check_interval_early_stopping_a
 @pytest.mark.parametrize("strategy", ["prague", "adpsgd", "dpsgd", "ps", "ddp"])
 def test_every_strategy_bf16_two_validation_loaders_int_val_check_interval_early_stopping(tmp_path, strategy):
     check_more(run(tmp_path, strategy, "more"))
+
+
+def check_limits(ranks: list[dict], strategy: str) -> None:
+    for r in ranks:
+        assert r["val_epochs"] == [1, 3], r  # check_val_every_n_epoch=2, once per due epoch
+    taken = [r["batches_last_epoch"] for r in ranks]
+    assert sum(taken) == BATCHES // 2 if strategy != "ddp" else taken == [BATCHES // 4] * 2  # half an epoch
+
+
+def test_hop_limit_train_batches_as_a_fraction_of_the_shared_epoch_and_check_val_every_n_epoch(tmp_path):
+    check_limits(run(tmp_path, "hop", "limits"), "hop")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["prague", "adpsgd", "dpsgd", "ps", "ddp"])
+def test_every_strategy_limit_train_batches_and_check_val_every_n_epoch(tmp_path, strategy):
+    check_limits(run(tmp_path, strategy, "limits"), strategy)
+
+
+def test_a_private_attribute_lightning_no_longer_has_is_one_line_naming_the_version():
+    import lightning
+
+    from hetrain.errors import UsageError
+    from hetrain.integrations.lightning import _private
+
+    with pytest.raises(UsageError) as err:
+        _private(object(), "_should_check_val_fx", "the epoch loop's validation check")
+    message = str(err.value)
+    assert "\n" not in message and lightning.__version__ in message and "lightning>=2.2.5,<2.7" in message
