@@ -25,8 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from hetrain.groups.gg_service import GGServer, SchedulerHost, SocketClient
 from hetrain.protocols.group_generator import GroupGenerator
-from hetrain.runtime.gg_service import GGServer, SchedulerHost, SocketClient
 
 
 def in_process(workers: int, mode: str, duration_s: float) -> dict:

@@ -31,8 +31,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from hetrain.groups.preduce import PReduce
 from hetrain.jobs.local_job import run_local
-from hetrain.runtime.preduce import PReduce
 
 
 def _bench(ctx, group_sizes, sizes_mb, repeats, communicators):

@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/send_cost_bench.py --out /tmp/send_cost.json --sends 500   # quicker
 
 Two processes over gloo on loopback (a FileStore in a temporary directory, no
-port), each with the :class:`~hetrain.runtime.peer_channels.PeerChannels`
+port), each with the :class:`~hetrain.transport.peer_channels.PeerChannels`
 Hop uses: worker 0 sends, worker 1 receives both channels (into fresh
 tensors, PeerChannels' default). After a handshake and ``--warmup`` untimed iterations, each of
 ``--sends`` iterations times (``time.perf_counter``) exactly what Hop's
@@ -52,8 +52,8 @@ def _worker(rank: int, store_path: str, sends: int, warmup: int, numel: int, tim
         import torch
         import torch.distributed as dist
 
-        from hetrain.runtime.job import JobView, prefer_lazy_connections
-        from hetrain.runtime.peer_channels import STOP, TOKEN, UPDATE, PeerChannels
+        from hetrain.transport.job import JobView, prefer_lazy_connections
+        from hetrain.transport.peer_channels import STOP, TOKEN, UPDATE, PeerChannels
 
         torch.set_num_threads(1)
         prefer_lazy_connections()  # as hetrain's workers connect

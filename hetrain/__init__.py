@@ -22,14 +22,14 @@ import importlib
 __version__ = "0.1.0"
 
 _LAZY = {
-    "init": ("hetrain.runtime.job", "init"),
+    "init": ("hetrain.transport.job", "init"),
     "Hop": ("hetrain.runtime.hop", "Hop"),
     "DPSGD": ("hetrain.runtime.hop", "DPSGD"),
     "AllReduce": ("hetrain.runtime.allreduce", "AllReduce"),
     "Prague": ("hetrain.runtime.prague", "Prague"),
     "ADPSGD": ("hetrain.runtime.adpsgd", "ADPSGD"),
     "ParameterServer": ("hetrain.runtime.parameter_server", "ParameterServer"),
-    "PReduce": ("hetrain.runtime.preduce", "PReduce"),
+    "PReduce": ("hetrain.groups.preduce", "PReduce"),
     "PROTOCOLS": ("hetrain.registry", "PROTOCOLS"),
     "make_topology": ("hetrain.topology", "make_topology"),
     "parse_slowdown": ("hetrain.slowdown", "parse_slowdown"),

@@ -74,7 +74,7 @@ class RunConfig:
     outer_momentum: float | None = None  # None: DiLoCo's 0.9
     link_mbps: str | None = None
     link_latency_ms: str | None = None
-    # where the run's figures over time go: csv, tensorboard, wandb, mlflow (hetrain.integrations.scalar_writers)
+    # where the run's figures over time go: csv, tensorboard, wandb, mlflow (hetrain.loggers.scalar_writers)
     log: tuple[str, ...] = ("csv",)
 
     def replace(self, **changes) -> RunConfig:
@@ -112,9 +112,9 @@ class RunConfig:
     def comm_settings(self):
         """The run's :class:`~hetrain.comm.settings.CommSettings` (validated; UsageError naming the flag)."""
         def make():
-            from hetrain.comm.compression_spec import CompressionSpec
-            from hetrain.comm.link_spec import LinkSpec
             from hetrain.comm.settings import DILOCO_OUTER_LR, DILOCO_OUTER_MOMENTUM, CommSettings
+            from hetrain.compression.spec import CompressionSpec
+            from hetrain.transport.link_spec import LinkSpec
 
             return CommSettings(
                 sync_every=self.sync_every, local_work=self.local_work,
@@ -183,7 +183,7 @@ class RunConfig:
             raise OptionError("{backend} nccl runs on GPUs: add {device} cuda, or use {backend} gloo on the CPU")
         if self.resolved_backend() == "nccl":
             self._check_nccl(spec)
-        from hetrain.integrations.scalar_writers import check_log_kinds
+        from hetrain.loggers.scalar_writers import check_log_kinds
 
         check_log_kinds(self.log)
         unknown = sorted(set(self.options) - set(spec.option_names()))

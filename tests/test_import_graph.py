@@ -124,3 +124,84 @@ def test_import_hetrain_and_its_help_import_no_optional_package():
              "print(sorted({m.split('.')[0] for m in sys.modules} & {'tensorboard', 'wandb', 'mlflow'}))\n")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+# ----- the layers (issue 39): which package may import which, counting imports inside functions -----
+# A package is listed with what it may import besides itself. Bottom to top: the foundation (errors and
+# small pure helpers), the pure logic and specs (protocols, comm, the compression and link specs), the
+# wire (transport), codecs (compression) and logging sinks (loggers), group services (groups), the
+# protocol shells (runtime), then what drives them (launcher, simulator, planner, config), and at the top
+# the framework adapters (integrations), the commands and the CLI.
+FOUNDATION = {"hetrain", "errors", "topology", "slowdown", "faults", "outputs", "extras"}
+PURE_SPECS = {"hetrain.compression.spec", "hetrain.transport.link_spec"}
+MAY_IMPORT = {
+    "protocols": FOUNDATION,
+    "comm": FOUNDATION | {"protocols"} | PURE_SPECS,
+    "transport": FOUNDATION,
+    "compression": FOUNDATION,
+    "loggers": FOUNDATION | {"protocols"},
+    "groups": FOUNDATION | {"protocols", "comm", "transport", "compression"},
+    "runtime": FOUNDATION | {"protocols", "comm", "transport", "compression", "groups", "loggers"},
+}
+ABOVE_ALL = {"integrations", "commands", "cli", "__main__"}  # nothing below them imports them
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "hetrain"
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Imports that run against the layers: 'importer -> imported' for each."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        package = _package(module)
+        for target in sorted(targets):
+            other = _package(target)
+            if other == package:
+                continue
+            if other in ABOVE_ALL and package not in ABOVE_ALL | {"testing"}:
+                found.append(f"{module} -> {target}")
+            elif package in MAY_IMPORT and other not in MAY_IMPORT[package] and target not in MAY_IMPORT[package]:
+                found.append(f"{module} -> {target}")
+    return found
+
+
+def test_packages_import_only_the_layers_below_them():
+    violations = layer_violations(import_graph(deferred=True))
+    assert not violations, "imports against the layers (tests/test_import_graph.py, MAY_IMPORT): " + \
+        "; ".join(violations)
+
+
+def test_the_layer_check_sees_an_arrow_back_up():
+    graph = {"hetrain.transport.peer_channels": {"hetrain.runtime.protocol"},
+             "hetrain.runtime.protocol": {"hetrain.integrations.protocol_logger"},
+             "hetrain.comm.settings": {"hetrain.compression.spec", "hetrain.compression.codecs"},
+             "hetrain.groups.preduce": {"hetrain.transport.job"}}
+    assert layer_violations(graph) == ["hetrain.comm.settings -> hetrain.compression.codecs",
+                                       "hetrain.runtime.protocol -> hetrain.integrations.protocol_logger",
+                                       "hetrain.transport.peer_channels -> hetrain.runtime.protocol"]
+
+
+def test_no_runtime_module_is_a_wire_codec_or_group_service():
+    """The shells in hetrain/runtime build no process group and compress nothing themselves."""
+    import re
+
+    wire = re.compile(r"\b(new_group|new_subgroups|_new_process_group_helper|ProcessGroupGloo|isend|irecv)\(")
+    codec = re.compile(r"^class \w*(Codec|Compressor|Replicas)\b", re.M)
+    offending = [path.name for path in (PACKAGE / "runtime").glob("*.py")
+                 if wire.search(path.read_text()) or codec.search(path.read_text())]
+    assert not offending, offending
+
+
+def test_pure_specs_import_without_torch():
+    """The specs the simulator, the CLI and the planner read stay importable without torch."""
+    import subprocess
+    import sys
+
+    modules = ["hetrain.comm.settings", "hetrain.comm.local_work", *sorted(PURE_SPECS), "hetrain.protocols.hop_logic",
+               "hetrain.config"]
+    probe = ("import sys\n" + "".join(f"import {m}\n" for m in modules) +
+             "print('torch' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "False"

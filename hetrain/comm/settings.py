@@ -3,14 +3,14 @@
 * ``sync_every`` H: local optimizer steps between exchanges (1: every step, the default);
 * ``local_work``: ``fixed`` (H steps each) or ``auto`` (steps sized to each worker's speed,
   :mod:`hetrain.comm.local_work`);
-* ``compression``: what each message is compressed to (:mod:`hetrain.comm.compression_spec`);
+* ``compression``: what each message is compressed to (:mod:`hetrain.compression.spec`);
 * ``gossip_step``: how far a worker moves toward its neighbours' public copies under
   compression (CHOCO-SGD's consensus step; None: 1 for the quantizers, the compressed
   fraction for topk and powersgd, :meth:`CompressionSpec.default_gossip_step`);
 * ``outer``: the outer optimizer applied to the averaged pseudo-gradient
   (``none``, ``sgd`` or ``nesterov``, with ``outer_lr`` and ``outer_momentum``; DiLoCo's
   convention is nesterov, lr 0.7, momentum 0.9);
-* ``link``: the emulated network (:mod:`hetrain.comm.link_spec`).
+* ``link``: the emulated network (:mod:`hetrain.transport.link_spec`).
 
 The defaults change nothing: H = 1, no compression, no outer optimizer, no emulation.
 Errors name the Python argument (``{sync_every}``; the CLI shows ``--sync-every``).
@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hetrain.comm.compression_spec import CompressionSpec
-from hetrain.comm.link_spec import LinkSpec
 from hetrain.comm.local_work import MODES
+from hetrain.compression.spec import CompressionSpec
 from hetrain.protocols.options import OptionError
+from hetrain.transport.link_spec import LinkSpec
 
 OUTER_OPTIMIZERS = ("none", "sgd", "nesterov")
 DILOCO_OUTER_LR = 0.7

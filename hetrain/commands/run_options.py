@@ -176,7 +176,7 @@ def config_from_args(args: argparse.Namespace, **overrides) -> RunConfig:
         if hasattr(args, name):
             fields[name] = getattr(args, name)
     if hasattr(args, "log"):
-        from hetrain.integrations.scalar_writers import parse_log_kinds
+        from hetrain.loggers.scalar_writers import parse_log_kinds
 
         fields["log"] = parse_log_kinds(args.log)
     fields.update(overrides)

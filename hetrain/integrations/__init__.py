@@ -1,1 +1,4 @@
-"""Integrations with other tools (Lightning, Accelerate, ...); each is imported only when used."""
+"""Framework adapters (Lightning's strategy, Accelerate's ``HetrainSync``); each is imported only when used.
+
+Logging sinks live in :mod:`hetrain.loggers`; nothing below this package imports it.
+"""

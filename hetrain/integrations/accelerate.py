@@ -32,7 +32,7 @@ call it, in the same order; with ``allreduce`` (lockstep) or when disabled it re
 ``accelerator.prepare_data_loader(loader)``, so the same loop runs either way.
 
 Importing this module does what ``hetrain.init()`` does before the process group exists
-(prefer lazy gloo connections, import ``torch._dynamo``: see hetrain.runtime.job.init), so
+(prefer lazy gloo connections, import ``torch._dynamo``: see hetrain.transport.job.init), so
 import it before creating the ``Accelerator``. ``on_failure`` other than ``"abort"`` is
 refused: Accelerate's launchers (torchrun, mpirun) stop every process when one dies.
 """
@@ -42,12 +42,12 @@ from __future__ import annotations
 from itertools import count
 from typing import Any
 
-from hetrain.integrations.extras import require
+from hetrain.extras import require
 
 require("accelerate", "accelerate", "HetrainSync")
 
 import torch  # noqa: E402
-import torch._dynamo  # noqa: E402, F401 (before the process group: see hetrain.runtime.job.init)
+import torch._dynamo  # noqa: E402, F401 (before the process group: see hetrain.transport.job.init)
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 from torch.utils.data import DataLoader, RandomSampler  # noqa: E402
 
@@ -55,8 +55,8 @@ from hetrain.errors import UsageError  # noqa: E402
 from hetrain.integrations.job_progress import follow_job  # noqa: E402
 from hetrain.integrations.shared_batches import SharedBatches, with_batch_sampler  # noqa: E402
 from hetrain.registry import get_spec  # noqa: E402
-from hetrain.runtime.job import DEFAULT_TIMEOUT_S, job_store, prefer_lazy_connections  # noqa: E402
 from hetrain.runtime.protocol import SyncProtocol  # noqa: E402
+from hetrain.transport.job import DEFAULT_TIMEOUT_S, job_store, prefer_lazy_connections  # noqa: E402
 
 __all__ = ["HetrainSync"]
 

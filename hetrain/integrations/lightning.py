@@ -41,7 +41,7 @@ from datetime import timedelta
 from itertools import count
 from typing import Any
 
-from hetrain.integrations.extras import require
+from hetrain.extras import require
 
 require("lightning", "lightning", "HetrainStrategy")
 
@@ -65,8 +65,8 @@ from hetrain.integrations.job_progress import follow_job, followed  # noqa: E402
 from hetrain.integrations.liveness import StoreLiveness  # noqa: E402
 from hetrain.integrations.shared_batches import SharedBatches, with_batch_sampler  # noqa: E402
 from hetrain.registry import get_spec  # noqa: E402
-from hetrain.runtime.job import DEFAULT_TIMEOUT_S, job_store, prefer_lazy_connections  # noqa: E402
 from hetrain.runtime.protocol import SyncProtocol  # noqa: E402
+from hetrain.transport.job import DEFAULT_TIMEOUT_S, job_store, prefer_lazy_connections  # noqa: E402
 
 __all__ = ["HetrainStrategy"]
 
@@ -120,12 +120,12 @@ class HetrainStrategy(DDPStrategy):
 
     def setup_distributed(self) -> None:
         """As DDP does, after what ``hetrain.init()`` does first (lazy gloo connections, dynamo imported
-        before the group exists: see hetrain.runtime.job.init)."""
+        before the group exists: see hetrain.transport.job.init)."""
         prefer_lazy_connections()
         import torch._dynamo  # noqa: F401
 
         if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and not torch.distributed.is_initialized():
-            from hetrain.runtime.job import init
+            from hetrain.transport.job import init
 
             self.set_world_ranks()
             self._process_group_backend = self._get_process_group_backend()

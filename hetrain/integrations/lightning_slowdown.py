@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from hetrain.integrations.extras import require
+from hetrain.extras import require
 
 require("lightning", "lightning", "EmulatedCompute")
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hetrain.errors import WorkerError
-from hetrain.runtime.job import DEFAULT_TIMEOUT_S
+from hetrain.transport.job import DEFAULT_TIMEOUT_S
 
 PHASE_HOLD_S = 10.0
 

@@ -23,7 +23,6 @@ from tqdm import tqdm
 
 from hetrain.config import RunConfig
 from hetrain.data import Dataset, load_dataset
-from hetrain.integrations.scalar_writers import check_log_packages
 from hetrain.jobs import checkpoint
 from hetrain.jobs.capacity import efficiency_basis, lost_worker_iteration_s
 from hetrain.jobs.evaluation import evaluation_curve
@@ -33,6 +32,7 @@ from hetrain.jobs.phases import job_phases
 from hetrain.jobs.process_guard import die_with_parent
 from hetrain.jobs.train_worker import train_worker
 from hetrain.jobs.warm_start import start_early
+from hetrain.loggers.scalar_writers import check_log_packages
 from hetrain.metrics import build_metrics, format_summary
 from hetrain.outputs import prepare_out_dir, write_json_atomic, write_text_atomic
 from hetrain.protocols.options import OptionError
@@ -60,7 +60,7 @@ def run_training(config: RunConfig, out_dir: str | None, progress: bool = True, 
     ``launched_at``: the ``time.time()`` the job counts its start-up from (default: now; ``hetrain
     train`` passes its own process's start, so ``startup_s`` covers the whole command).
     ``log_shared_dir``: where ``config.log``'s stores shared by several runs go (MLflow's; default
-    ``out_dir``: :func:`hetrain.integrations.scalar_writers.make_writers`).
+    ``out_dir``: :func:`hetrain.loggers.scalar_writers.make_writers`).
     """
     launched_at = time.time() if launched_at is None else launched_at
     check_run_config(config)
@@ -84,8 +84,8 @@ def _run_logger(config: RunConfig, out, shared_dir: str | None):
     """The launcher's writer of ``config.log`` (None without an output directory or kinds)."""
     if out is None or not config.log:
         return None
-    from hetrain.integrations.run_logger import RunLogger
-    from hetrain.integrations.scalar_writers import make_writers
+    from hetrain.loggers.run_logger import RunLogger
+    from hetrain.loggers.scalar_writers import make_writers
 
     writer = make_writers(config.log, out, config.protocol, dict(vars(config)), shared_dir=shared_dir)
     return RunLogger(writer, config.num_workers, config.batch_size)
@@ -137,7 +137,7 @@ def _run_local_job(config: RunConfig, out, data: Dataset, bar, logger, launched_
 
 def _launcher_gg(config: RunConfig):
     """The Group Generator of a local Prague / AD-PSGD job, served by the launcher (None for the others)."""
-    from hetrain.runtime.gg_service import GGServer
+    from hetrain.groups.gg_service import GGServer
 
     scheduler = config.protocol_spec.make_scheduler(config.num_workers, config.protocol_options(), config.seed)
     return GGServer(scheduler, host="127.0.0.1") if scheduler is not None and config.num_workers > 1 else None
@@ -158,7 +158,7 @@ def run_training_torchrun(config: RunConfig, out_dir: str | None) -> dict | None
     import torch.distributed as dist
 
     from hetrain.jobs.context import WorkerContext
-    from hetrain.runtime.job import init
+    from hetrain.transport.job import init
 
     die_with_parent(os.getppid())  # torchrun's agent: no orphan if it is killed
     launched_at, connecting = process_started_at(), time.time()

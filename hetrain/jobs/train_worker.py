@@ -18,7 +18,6 @@ from torch import nn
 
 from hetrain.config import RunConfig
 from hetrain.data import Dataset, build_model, evaluate, load_dataset, loss_fn, make_optimizer, make_sampler
-from hetrain.integrations.protocol_logger import worker_figures
 from hetrain.jobs import checkpoint
 from hetrain.jobs.capacity import standalone_iteration_s
 from hetrain.jobs.context import WorkerContext
@@ -26,9 +25,10 @@ from hetrain.jobs.emulation import ComputeEmulator
 from hetrain.jobs.meter import WindowMeter, peak_rss_mb, tcp_connections
 from hetrain.jobs.phases import PhaseClock
 from hetrain.jobs.snapshots import SnapshotKeeper
-from hetrain.runtime.device_thread import synchronize
-from hetrain.runtime.job import model_device
+from hetrain.loggers.protocol_logger import worker_figures
 from hetrain.slowdown import parse_slowdown
+from hetrain.transport.device_thread import synchronize
+from hetrain.transport.job import model_device
 
 CALIBRATION_ITERATIONS = 3  # timed, after one warm-up, unless they take longer than:
 CALIBRATION_BUDGET_S = 0.25  # a slow model (the LM on busy cores: 2 s a step) is timed once, after its warm-up
@@ -115,7 +115,7 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
         snapshots.maybe_take(elapsed, protocol.stats.iteration, host_copy)
         if ctx.report is not None and elapsed - last_report >= PROGRESS_INTERVAL_S:
             ctx.report({"iteration": protocol.stats.iteration, "computed": computed, "t_s": elapsed,
-                        "figures": worker_figures(protocol)})  # for --log (hetrain.integrations.run_logger)
+                        "figures": worker_figures(protocol)})  # for --log (hetrain.loggers.run_logger)
             last_report = elapsed
         local_done = (config.iterations is not None and protocol.stats.iteration >= config.iterations) or (
             config.time_budget_s is not None and elapsed >= config.time_budget_s

@@ -119,8 +119,8 @@ def worker_main(spec: WorkerSpec, channels: JobChannels) -> None:
 
         from hetrain.jobs.context import LauncherMembership, WorkerContext
         from hetrain.jobs.start_gate import StartGate
-        from hetrain.runtime.job import prefer_lazy_connections, select_gpu
         from hetrain.testing.mutants import apply_from_env
+        from hetrain.transport.job import prefer_lazy_connections, select_gpu
 
         apply_from_env()  # tests only: HETRAIN_MUTANT=no-comm proves the protocol tests can fail
 

@@ -1,7 +1,7 @@
 """A bounded, least-recently-used record of which communicators a worker holds.
 
 Pure bookkeeping (no torch.distributed): the same class runs inside
-:class:`hetrain.runtime.preduce.PReduce` on every worker and inside the Group
+:class:`hetrain.groups.preduce.PReduce` on every worker and inside the Group
 Generator, which keeps one copy per worker. Both see a worker's groups in the
 same order (the GG's global order restricted to that worker), so they evict the
 same entries at the same points, and the GG can tell every member of a new

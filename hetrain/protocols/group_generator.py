@@ -2,7 +2,7 @@
 
 No I/O, no clock, no process group: the caller passes the time of each request
 (``now_s``), and everything random comes from one seeded generator, so the same
-requests give the same groups. :mod:`hetrain.runtime.gg_service` serves it to a
+requests give the same groups. :mod:`hetrain.groups.gg_service` serves it to a
 real job; a discrete-event simulator can call it directly.
 
 Who forms a group on a request is the mode's (``--gg``, group size s among n

@@ -1,6 +1,6 @@
 """When to ask the Group Generator: shortly before the compute is expected to end (pure; no torch).
 
-Shared by the runtime (:mod:`hetrain.runtime.gg_prefetch`, which sends the
+Shared by the runtime (:mod:`hetrain.groups.gg_prefetch`, which sends the
 request from a helper thread) and the simulator (:mod:`hetrain.sim.prague_sim`),
 so both hide the same round trip the same way.
 """

@@ -14,9 +14,9 @@ import torch.distributed as dist
 
 from hetrain.protocols.adpsgd_pairing import ADPSGDOptions, scheduler_for
 from hetrain.protocols.options import options_or_settings
-from hetrain.runtime.job import DEFAULT_TIMEOUT_S
 from hetrain.runtime.prague import GroupProtocol
 from hetrain.runtime.protocol import pop_comm_keywords
+from hetrain.transport.job import DEFAULT_TIMEOUT_S
 
 
 class ADPSGD(GroupProtocol):

@@ -20,14 +20,14 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from hetrain.comm.compression_spec import matrix_of
-from hetrain.comm.link_spec import ring_allreduce_bytes
+from hetrain.compression.spec import matrix_of
 from hetrain.errors import WorkerError
 from hetrain.protocols.allreduce_options import AllReduceOptions
 from hetrain.protocols.options import options_or_settings
 from hetrain.runtime.consensus import average_state
-from hetrain.runtime.job import DEFAULT_TIMEOUT_S
 from hetrain.runtime.protocol import SyncProtocol
+from hetrain.transport.job import DEFAULT_TIMEOUT_S
+from hetrain.transport.link_spec import ring_allreduce_bytes
 
 # Workers agree on stopping every this many iterations (a stop may come up to this many
 # iterations late); agreeing at every iteration doubled the collectives per step.

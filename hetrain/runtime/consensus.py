@@ -24,8 +24,8 @@ import torch.distributed as dist
 
 from hetrain.errors import WorkerError
 from hetrain.runtime.flat_state import FlatState
-from hetrain.runtime.job import JobView
-from hetrain.runtime.watched_call import call_unless_dead
+from hetrain.transport.job import JobView, subset_group
+from hetrain.transport.watched_call import call_unless_dead
 
 T = TypeVar("T")
 _RETRY_PAUSE_S = 0.5
@@ -108,8 +108,7 @@ def survivor_group(job: JobView, dead: set[int], name: str = "survivors", incarn
     prefix = f"{name}/{'-'.join(map(str, sorted(dead))) or 'none'}/"
     if incarnations and any(incarnations):
         prefix += "inc-" + "-".join(str(incarnations[w]) for w in survivors) + "/"
-    return dist.ProcessGroupGloo(dist.PrefixStore(prefix, job.store), survivors.index(job.rank), len(survivors),
-                                 job.timeout)
+    return subset_group(job, survivors, prefix)
 
 
 def _average(state: FlatState, group, size: int, timeout: datetime.timedelta, *, private: bool) -> float:

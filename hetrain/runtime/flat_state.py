@@ -16,7 +16,7 @@ A protocol with an outer optimizer appends the optimizer's *anchors* (``extra``)
 protocols then average the anchors with the same weights as the models (see
 :mod:`hetrain.runtime.outer_step`). ``model_numel`` counts the module's part alone.
 
-Flat buffers come from a :class:`~hetrain.runtime.buffer_pool.BufferPool`: at
+Flat buffers come from a :class:`~hetrain.transport.buffer_pool.BufferPool`: at
 100 MB a fresh allocation per step costs more kernel time than the step's math.
 """
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hetrain.runtime.buffer_pool import BufferPool
+from hetrain.transport.buffer_pool import BufferPool
 
 _WIDTH = {torch.float64: 3, torch.float32: 2, torch.bfloat16: 1, torch.float16: 1}
 

@@ -24,16 +24,17 @@ import torch
 from torch import nn
 
 from hetrain.comm.local_work import weights_by_steps
+from hetrain.compression.codecs import make_codec
+from hetrain.compression.gossip_codec import PublicCopy, ReplicaSet, choco_mix
 from hetrain.errors import UsageError, WorkerError
 from hetrain.protocols.hop_config import DPSGDOptions, HopOptions
 from hetrain.protocols.hop_logic import AveragePlan, HopWorker
 from hetrain.protocols.membership import neighbour_weights, repair
 from hetrain.protocols.options import options_or_settings
-from hetrain.runtime.codecs import make_codec
 from hetrain.runtime.consensus import average_state
-from hetrain.runtime.gossip_codec import PublicCopy, ReplicaSet, choco_mix
-from hetrain.runtime.job import DEFAULT_TIMEOUT_S
-from hetrain.runtime.peer_channels import (
+from hetrain.runtime.protocol import SyncProtocol, pop_comm_keywords
+from hetrain.transport.job import DEFAULT_TIMEOUT_S
+from hetrain.transport.peer_channels import (
     DELTA,
     KEYFRAME,
     MODEL_KINDS,
@@ -43,7 +44,6 @@ from hetrain.runtime.peer_channels import (
     Message,
     PeerChannels,
 )
-from hetrain.runtime.protocol import SyncProtocol, pop_comm_keywords
 
 DEATH_POLL_S = 0.1  # continue mode: how often a waiting worker looks for deaths
 SUSPECT_GRACE_S = 3.0  # continue mode: a lost peer the launcher has not named dead by then is an error

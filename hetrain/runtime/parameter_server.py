@@ -12,16 +12,16 @@ requests, one for answers, so the thread's receive never blocks a send). A
 worker that stops sends ``leave`` and is no longer waited for; when all have
 left, rank 0 broadcasts the global model so every worker ends with it.
 
-Emulated links (:mod:`hetrain.runtime.link`): pushes and answers carry the
+Emulated links (:mod:`hetrain.transport.link`): pushes and answers carry the
 link's stamps, and the receiving side holds each until the link would have
 delivered it (rank 0's ingress takes every push: the server's bottleneck).
 Compression: a push is the compressed delta with error feedback
-(:mod:`hetrain.runtime.error_feedback`); an answer is the compressed
+(:mod:`hetrain.compression.error_feedback`); an answer is the compressed
 difference between the global model and the server's copy of what that worker
 holds (its first answer in full), so nothing is lost on either way.
 
 Every 100 MB message of a large model (a delta, an answer, a received one) is
-a CPU buffer from a :class:`~hetrain.runtime.buffer_pool.BufferPool` (the
+a CPU buffer from a :class:`~hetrain.transport.buffer_pool.BufferPool` (the
 model's own when it lives on the CPU), not a fresh allocation per step. Rank 0
 holds a round's deltas and answers at once and few between rounds, so its pool
 keeps that many idle buffers instead of one (memory stays what a round needs).
@@ -35,19 +35,19 @@ import time
 import torch
 import torch.distributed as dist
 
+from hetrain.compression.codecs import Codec, make_codec
+from hetrain.compression.error_feedback import ErrorFeedback
 from hetrain.errors import UsageError, WorkerError
 from hetrain.protocols.options import options_or_settings
 from hetrain.protocols.ps_logic import ParameterServerLogic, PSOptions, ServerStep
-from hetrain.runtime.buffer_pool import DEFAULT_CAPACITY, DEFAULT_SPARE, BufferPool
-from hetrain.runtime.codecs import Codec, make_codec
 from hetrain.runtime.consensus import over_survivors, wait_for_death_notice
-from hetrain.runtime.error_feedback import ErrorFeedback
-from hetrain.runtime.job import DEFAULT_TIMEOUT_S, private_group
-from hetrain.runtime.link import EmulatedLink
-from hetrain.runtime.pair_links import PairLinks
 from hetrain.runtime.protocol import SyncProtocol, pop_comm_keywords
-from hetrain.runtime.send_window import SendWindow
-from hetrain.runtime.watched_call import DeathDuringCall, call_unless_dead
+from hetrain.transport.buffer_pool import DEFAULT_CAPACITY, DEFAULT_SPARE, BufferPool
+from hetrain.transport.job import DEFAULT_TIMEOUT_S, private_group
+from hetrain.transport.link import EmulatedLink
+from hetrain.transport.pair_links import PairLinks
+from hetrain.transport.send_window import SendWindow
+from hetrain.transport.watched_call import DeathDuringCall, call_unless_dead
 
 _PUSH, _LEAVE = 0, 1
 _FULL, _DELTA = 0, 1  # an answer: the global model, or its compressed difference from the worker's copy

@@ -7,8 +7,8 @@
 
 :class:`GroupProtocol` is the shell shared with AD-PSGD: it asks a
 :class:`~hetrain.protocols.ledger.GroupScheduler` (served beside rank 0 by
-:mod:`hetrain.runtime.gg_service`, or computed locally for the static
-schedule) for groups and runs them with :class:`~hetrain.runtime.preduce.PReduce`.
+:mod:`hetrain.groups.gg_service`, or computed locally for the static
+schedule) for groups and runs them with :class:`~hetrain.groups.preduce.PReduce`.
 Reasons behind the design are in ``docs/prague.md``.
 """
 
@@ -19,19 +19,19 @@ import time
 import torch
 import torch.distributed as dist
 
+from hetrain.compression.codecs import make_codec
 from hetrain.errors import UsageError, WorkerError
+from hetrain.groups.background_average import BackgroundAverage
+from hetrain.groups.gg_prefetch import GroupPrefetch
+from hetrain.groups.gg_service import GGServer, LocalClient, SchedulerHost, SocketClient
+from hetrain.groups.preduce import MemberDied, PReduce
 from hetrain.protocols.ledger import GroupScheduler
 from hetrain.protocols.options import options_or_settings
 from hetrain.protocols.prague_options import PragueOptions, scheduler_for
 from hetrain.protocols.request_timing import ComputeEstimate, ask_after_s
-from hetrain.runtime.background_average import BackgroundAverage
-from hetrain.runtime.codecs import make_codec
 from hetrain.runtime.consensus import average_state
-from hetrain.runtime.gg_prefetch import GroupPrefetch
-from hetrain.runtime.gg_service import GGServer, LocalClient, SchedulerHost, SocketClient
-from hetrain.runtime.job import DEFAULT_TIMEOUT_S
-from hetrain.runtime.preduce import MemberDied, PReduce
 from hetrain.runtime.protocol import SyncProtocol, pop_comm_keywords
+from hetrain.transport.job import DEFAULT_TIMEOUT_S
 
 _STATUS_POLL_S = 0.02
 
@@ -279,10 +279,10 @@ class Prague(GroupProtocol):
     docs/prague.md); ``communicator_cache``: communicators kept per worker;
     ``workers_per_node``: node size for the node-aware static schedule;
     ``gg_prefetch_ms``: ask the GG this long before the compute is expected to
-    end, hiding the round trip (0: ask after it; :mod:`~hetrain.runtime.gg_prefetch`);
+    end, hiding the round trip (0: ask after it; :mod:`~hetrain.groups.gg_prefetch`);
     ``preduce_overlap=1`` (default) runs a step's P-Reduces on a thread while
     the next step computes, applying the average one step late (0: block on them)
-    (:mod:`~hetrain.runtime.background_average`); ``gg_shards``/``gg_epoch_s``:
+    (:mod:`~hetrain.groups.background_average`); ``gg_shards``/``gg_epoch_s``:
     that many Group Generators, each over a shard
     of the workers redrawn every ``gg_epoch_s`` seconds
     (:mod:`~hetrain.protocols.sharded_gg`); ``seed``:

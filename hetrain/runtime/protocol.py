@@ -44,20 +44,20 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
-from hetrain.comm.compression_spec import CompressionSpec
-from hetrain.comm.link_spec import LinkSpec, ring_allreduce_bytes
 from hetrain.comm.local_work import MODES as LOCAL_WORK_MODES
 from hetrain.comm.local_work import StepTimer, steps_per_exchange
 from hetrain.comm.settings import CommSettings
+from hetrain.compression.spec import CompressionSpec
 from hetrain.protocols.membership import ON_FAILURE
 from hetrain.protocols.options import OptionError
-from hetrain.runtime.device_thread import synchronize
 from hetrain.runtime.flat_state import FlatState
-from hetrain.runtime.job import DEFAULT_TIMEOUT_S, JobView, model_device
-from hetrain.runtime.link import EmulatedLink
 from hetrain.runtime.outer_step import OuterStep
 from hetrain.runtime.progress import ProgressBeacon
 from hetrain.runtime.speed_board import SpeedBoard
+from hetrain.transport.device_thread import synchronize
+from hetrain.transport.job import DEFAULT_TIMEOUT_S, JobView, model_device
+from hetrain.transport.link import EmulatedLink
+from hetrain.transport.link_spec import LinkSpec, ring_allreduce_bytes
 
 # the communication keywords every protocol takes beside its own options (see the module docstring)
 COMM_KEYWORDS = ("sync_every", "outer_optimizer", "compression", "gossip_step", "local_work", "link")
@@ -236,7 +236,7 @@ class SyncProtocol:
         self._last_step_end = self._last_exchange_end = end
         self._after_step_loggers()
 
-    _step_loggers: tuple = ()  # what log_to attached (hetrain.integrations.protocol_logger)
+    _step_loggers: tuple = ()  # what log_to attached (hetrain.loggers.protocol_logger)
 
     def log_to(self, writer, every: int = 1, prefix: str | None = None):
         """Write this worker's figures (wait fraction, exchanges, bytes sent; Hop and D-PSGD: queue length
@@ -244,9 +244,9 @@ class SyncProtocol:
 
         ``writer``: anything with ``add_scalar(tag, value, step)`` (TensorBoard's SummaryWriter, hetrain's
         writers); the step is the worker's iteration. Returns the
-        :class:`~hetrain.integrations.protocol_logger.ProtocolLogger` (call it to write now; ``stop()``).
+        :class:`~hetrain.loggers.protocol_logger.ProtocolLogger` (call it to write now; ``stop()``).
         """
-        from hetrain.integrations.protocol_logger import ProtocolLogger
+        from hetrain.loggers.protocol_logger import ProtocolLogger
 
         logger = ProtocolLogger(self, writer, every, prefix)
         self._step_loggers = (*self._step_loggers, logger)

@@ -28,7 +28,7 @@ are free and holds them until it ends (members cannot send anything else
 meanwhile).
 
 An emulated network (``--link-mbps``, ``--link-latency-ms``: a
-:class:`~hetrain.comm.link_spec.LinkSpec`, the runtime's own) adds to this what the
+:class:`~hetrain.transport.link_spec.LinkSpec`, the runtime's own) adds to this what the
 runtime's emulation adds to the real loopback: a message's path latency, its
 bytes over each end's own link rate (a constrained worker's link instead of the
 default bandwidth), and for a collective :meth:`LinkSpec.collective_s` of the
@@ -39,8 +39,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hetrain.comm.link_spec import LinkSpec, ring_allreduce_bytes
 from hetrain.protocols.exchange_rule import uses_direct_exchange
+from hetrain.transport.link_spec import LinkSpec, ring_allreduce_bytes
 
 # Loopback gloo on the 2-core development machine: one-way send/recv of 8 bytes took 46 us
 # between 2 processes and 150-180 us with 8 processes sharing the cores; 10 MB moved at

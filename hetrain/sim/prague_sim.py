@@ -21,7 +21,7 @@ This module supplies time and messages only:
   before the compute is expected to end (:mod:`hetrain.protocols.request_timing`,
   as the runtime does), and an answer that arrives early waits for the compute;
 * with ``preduce_overlap``, a step's groups run while the next step computes (the
-  runtime's :mod:`~hetrain.runtime.background_average`): the next sync waits for
+  runtime's :mod:`~hetrain.groups.background_average`): the next sync waits for
   them, and the math adds ``average - snapshot`` to the worker's model.
 """
 

@@ -178,7 +178,7 @@ def fingerprint_without_comm() -> None:
 
 def free_collectives() -> None:
     """The emulated link counts a collective's bytes but holds nobody for them."""
-    from hetrain.runtime.link import EmulatedLink
+    from hetrain.transport.link import EmulatedLink
 
     def counted_only(self, members, sent_bytes, received_bytes, steps):
         with self._lock:
@@ -190,7 +190,7 @@ def free_collectives() -> None:
 
 def topk_random_indices() -> None:
     """Top-k sends k values at random positions instead of the largest."""
-    from hetrain.runtime import codecs
+    from hetrain.compression import codecs
 
     def encode(self, x):
         x = x.reshape(-1).to(torch.float32)
@@ -202,7 +202,7 @@ def topk_random_indices() -> None:
 
 def decoders_scaled() -> None:
     """Every lossy codec's decoder returns a hundredth of what was sent."""
-    from hetrain.runtime import codecs
+    from hetrain.compression import codecs
 
     for cls in (codecs.BFloat16, codecs.Int8, codecs.TopK, codecs.PowerSGD):
         decode = cls.decode
@@ -218,7 +218,7 @@ def stale_replicas_across_edges() -> None:
 
 def free_gg_requests() -> None:
     """The Group Generator's requests and answers pay no emulated link."""
-    from hetrain.runtime.link import EmulatedLink
+    from hetrain.transport.link import EmulatedLink
 
     EmulatedLink.round_trip = lambda self, peer, sent_bytes, received_bytes: None
 

@@ -4,12 +4,12 @@ import math
 
 import pytest
 
-from hetrain.comm.compression_spec import CompressionSpec
-from hetrain.comm.link_spec import LinkSpec, ring_allreduce_bytes
 from hetrain.comm.local_work import steps_per_exchange, weights_by_steps
 from hetrain.comm.settings import CommSettings
+from hetrain.compression.spec import CompressionSpec
 from hetrain.errors import UsageError
 from hetrain.protocols.options import OptionError
+from hetrain.transport.link_spec import LinkSpec, ring_allreduce_bytes
 
 
 def test_link_spec_per_worker_values_and_the_rest():

@@ -37,8 +37,8 @@ def test_four_gloo_ranks_share_one_gpu(tmp_path, protocol):
 
 
 def _preduce_on_gpu(ctx, compression):
-    from hetrain.runtime.codecs import make_codec
-    from hetrain.runtime.preduce import PReduce
+    from hetrain.compression.codecs import make_codec
+    from hetrain.groups.preduce import PReduce
 
     codec = make_codec(compression, 1000) if compression != "none" else None
     preduce = PReduce(cache_size=4, timeout_s=30, codec=codec)

@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 dist = torch.distributed
 
-from hetrain.integrations.extras import require  # noqa: E402
+from hetrain.extras import require  # noqa: E402
 from hetrain.integrations.liveness import SILENCE_S, StoreLiveness  # noqa: E402
 from hetrain.integrations.shared_batches import SharedBatches  # noqa: E402
 

@@ -40,6 +40,7 @@ def main(out_path: str, steps: int = 30, batch: int = 32) -> None:
             json.dump({"diff": diff, "accuracy": accuracy, "losses": losses, "types": list(plan.assignment.types),
                        "alpha": plan.alpha, "held": held, "whole": sum(p.numel() for p in trained.parameters())},
                       f)
+    dist.barrier()  # leave together: a gloo peer torn down while the other still runs can abort it
     dist.destroy_process_group()
 
 

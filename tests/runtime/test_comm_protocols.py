@@ -8,13 +8,13 @@ from comm_models import Quadratic, _make, _train_steps
 from torch import nn
 
 import hetrain
-from hetrain.comm.link_spec import LinkSpec
 from hetrain.jobs.local_job import run_local
 from hetrain.protocols.options import OptionError
-from hetrain.runtime.data_plane import LAYOUT_ENV
-from hetrain.runtime.job import JobView
-from hetrain.runtime.link import EmulatedLink
-from hetrain.runtime.peer_channels import STOP, UPDATE, PeerChannels
+from hetrain.transport.data_plane import LAYOUT_ENV
+from hetrain.transport.job import JobView
+from hetrain.transport.link import EmulatedLink
+from hetrain.transport.link_spec import LinkSpec
+from hetrain.transport.peer_channels import STOP, UPDATE, PeerChannels
 
 # ----- H = 1, no compression: today's protocols, bit for bit --------------------------------------------
 # (first four values and the sum of each worker's final model, before finish(), as the code before local

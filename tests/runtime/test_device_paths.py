@@ -12,7 +12,7 @@ from hetrain.config import RunConfig
 from hetrain.data import build_model, load_dataset, make_sampler
 from hetrain.jobs.train_worker import measure_math_s
 from hetrain.protocols.options import OptionError
-from hetrain.runtime.job import JobView
+from hetrain.transport.job import JobView
 
 
 def test_the_calibration_feeds_the_model_batches_on_its_device():

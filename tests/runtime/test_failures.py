@@ -208,8 +208,8 @@ def test_the_servers_answer_to_a_worker_that_just_died_does_not_stop_it_in_conti
     import torch
 
     from hetrain.protocols.ps_logic import ParameterServerLogic
-    from hetrain.runtime.buffer_pool import BufferPool
     from hetrain.runtime.parameter_server import _Server
+    from hetrain.transport.buffer_pool import BufferPool
 
     model = torch.zeros(4)
     server = _Server(model, ParameterServerLogic(2, staleness=1), _ClosedConnection(), 5.0,

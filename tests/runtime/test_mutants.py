@@ -91,14 +91,14 @@ COMM_MUTANTS = {
     "no-shared-start": [
         "tests/runtime/test_comm_protocols.py::test_neighbours_that_start_from_one_model_skip_the_first_keyframe"],
     "stale-replicas-across-edges": ["tests/runtime/test_compressed_membership.py"],
-    "topk-random-indices": ["tests/comm/test_codecs.py::test_topk_keeps_exactly_the_largest_values_and_nothing_else"],
+    "topk-random-indices": ["tests/compression/test_codecs.py::test_topk_keeps_exactly_the_largest_values_and_nothing_else"],
     "plan-shards-frozen": [f"{PT}::test_a_planned_cnn_learns_digits_and_every_checked_step_equals_the_whole_model"],
     "plan-bias-on-every-rank": [f"{PT}::test_every_split_type_unequal_ratios_and_a_residual_join_train_exactly"],
     "plan-flat-reductions": [
         f"{PT}::test_a_replicated_tensor_crosses_each_level_once_per_side_as_the_cost_model_counts"],
-    "decoders-scaled": ["tests/comm/test_codecs.py::test_topk_keeps_exactly_the_largest_values_and_nothing_else",
-                        "tests/comm/test_codecs.py::test_powersgd_reconstructs_a_low_rank_model_and_sends_vectors_whole",
-                        "tests/comm/test_codecs.py::test_quantizers_decode_to_the_values_not_a_scaled_copy"],
+    "decoders-scaled": ["tests/compression/test_codecs.py::test_topk_keeps_exactly_the_largest_values_and_nothing_else",
+                        "tests/compression/test_codecs.py::test_powersgd_reconstructs_a_low_rank_model_and_sends_vectors_whole",
+                        "tests/compression/test_codecs.py::test_quantizers_decode_to_the_values_not_a_scaled_copy"],
 }
 
 

@@ -12,11 +12,11 @@ import torch
 
 from hetrain.cli import main
 from hetrain.config import RunConfig
+from hetrain.groups.preduce import PReduce
 from hetrain.jobs.local_job import run_local
 from hetrain.jobs.run import run_training
 from hetrain.protocols.ledger import Group
 from hetrain.runtime.prague import GroupProtocol
-from hetrain.runtime.preduce import PReduce
 
 BASE = dict(num_workers=4, compute_ms=20.0, slowdown="0:2x", time_budget_s=6.0, timeout_s=20.0)
 

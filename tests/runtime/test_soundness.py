@@ -18,10 +18,10 @@ from hetrain.errors import WorkerError
 from hetrain.jobs.local_job import run_local
 from hetrain.jobs.meter import rss_mb
 from hetrain.runtime.hop import DPSGD
-from hetrain.runtime.job import JobView
 from hetrain.runtime.parameter_server import ParameterServer
-from hetrain.runtime.peer_channels import STOP, UPDATE, PeerChannels
-from hetrain.runtime.send_window import DEFAULT_MAX_IN_FLIGHT
+from hetrain.transport.job import JobView
+from hetrain.transport.peer_channels import STOP, UPDATE, PeerChannels
+from hetrain.transport.send_window import DEFAULT_MAX_IN_FLIGHT
 
 MESSAGES = 2000
 ONE_MB_FLOATS = 262_144

@@ -1,0 +1,169 @@
+"""Compressors for flat model buffers: a message is one uint8 tensor (:mod:`hetrain.compression.spec`).
+
+    codec = make_codec("int8", numel=flat.numel())
+    payload = codec.encode(flat)            # uint8, codec.payload_nbytes bytes
+    approx = codec.decode(payload)          # float32, flat's length
+
+Every codec is deterministic: the same input gives the same bytes on every
+worker (the receivers of a gossip message reconstruct what its sender
+reconstructs). ``encode`` may keep state between calls (PowerSGD warm-starts
+from its previous Q); ``decode`` keeps none.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from hetrain.compression.spec import INT8_BLOCK, CompressionSpec, low_rank_numel, matrix_of
+
+_F32 = torch.float32
+
+
+def _as_bytes(*tensors: torch.Tensor) -> torch.Tensor:
+    return torch.cat([t.contiguous().view(torch.uint8).reshape(-1) for t in tensors])
+
+
+class Codec:
+    """Base: ``encode(x) -> uint8 payload``, ``decode(payload) -> float32`` of ``numel`` values."""
+
+    def __init__(self, spec: CompressionSpec, numel: int, shapes: list[tuple] | None = None):
+        self.spec = spec
+        self.numel = numel
+        self.shapes = shapes
+        self.payload_nbytes = spec.payload_nbytes(numel, shapes)
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def decode(self, payload: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def empty_payload(self, device) -> torch.Tensor:
+        return torch.empty(self.payload_nbytes, dtype=torch.uint8, device=device)
+
+
+class Identity(Codec):
+    def encode(self, x):
+        return _as_bytes(x.reshape(-1).to(_F32))
+
+    def decode(self, payload):
+        return payload.view(_F32).clone()
+
+
+class BFloat16(Codec):
+    def encode(self, x):
+        return _as_bytes(x.reshape(-1).to(torch.bfloat16))
+
+    def decode(self, payload):
+        return payload.view(torch.bfloat16).to(_F32)
+
+
+class Int8(Codec):
+    """Blocks of INT8_BLOCK values, each int8 times its own scale (absmax / 127), rounded to nearest."""
+
+    def encode(self, x):
+        x = x.reshape(-1).to(_F32)
+        blocks = math.ceil(self.numel / INT8_BLOCK)
+        padded = torch.nn.functional.pad(x, (0, blocks * INT8_BLOCK - self.numel)).view(blocks, INT8_BLOCK)
+        scale = padded.abs().amax(dim=1) / 127.0
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        q = torch.round(padded / scale[:, None]).clamp_(-127, 127).to(torch.int8).reshape(-1)[: self.numel]
+        return _as_bytes(scale, q)
+
+    def decode(self, payload):
+        blocks = math.ceil(self.numel / INT8_BLOCK)
+        scale = payload[: 4 * blocks].view(_F32)
+        q = payload[4 * blocks:].view(torch.int8).to(_F32)
+        q = torch.nn.functional.pad(q, (0, blocks * INT8_BLOCK - self.numel)).view(blocks, INT8_BLOCK)
+        return (q * scale[:, None]).reshape(-1)[: self.numel]
+
+
+class TopK(Codec):
+    """The ``k`` values of largest magnitude as (int32 index, float32 value); ties by index (torch.topk)."""
+
+    def __init__(self, spec, numel, shapes=None):
+        super().__init__(spec, numel, shapes)
+        self.k = spec.topk_count(numel)
+
+    def encode(self, x):
+        x = x.reshape(-1).to(_F32)
+        index = torch.topk(x.abs(), self.k, sorted=False).indices
+        index, _ = torch.sort(index)  # the same bytes whatever order topk returns them in
+        return _as_bytes(index.to(torch.int32), x[index])
+
+    def decode(self, payload):
+        index = payload[: 4 * self.k].view(torch.int32).long()
+        values = payload[4 * self.k:].view(_F32)
+        out = torch.zeros(self.numel, dtype=_F32, device=payload.device)
+        out[index] = values
+        return out
+
+
+class PowerSGD(Codec):
+    """Each matrix M (rows x rest) as P Q^T: P = orth(M Q_prev), Q = M^T P, Q_prev kept for the next call."""
+
+    def __init__(self, spec, numel, shapes=None):
+        shapes = [tuple(s) for s in (shapes or [(numel,)])]
+        if sum(math.prod(s) if s else 1 for s in shapes) != numel:
+            raise ValueError(f"powersgd: the shapes hold {sum(math.prod(s) for s in shapes)} values, not {numel}")
+        super().__init__(spec, numel, shapes)
+        self._plan = []  # (offset, numel, (rows, cols, rank) or None)
+        offset = 0
+        for shape in shapes:
+            count = math.prod(shape) if shape else 1
+            matrix = matrix_of(shape)
+            low = matrix is not None and low_rank_numel(shape, spec.rank) < count
+            self._plan.append((offset, count, (*matrix, min(spec.rank, *matrix)) if low else None))
+            offset += count
+        self._q: dict[int, torch.Tensor] = {}
+
+    def _initial_q(self, index: int, cols: int, rank: int, device) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(1234 + index)
+        return torch.randn(cols, rank, generator=generator, dtype=_F32).to(device)
+
+    def encode(self, x):
+        x = x.reshape(-1).to(_F32)
+        parts = []
+        for index, (offset, count, low) in enumerate(self._plan):
+            piece = x[offset: offset + count]
+            if low is None:
+                parts.append(piece)
+                continue
+            rows, cols, rank = low
+            m = piece.view(rows, cols)
+            q = self._q.get(index)
+            if q is None:
+                q = self._initial_q(index, cols, rank, x.device)
+            p = torch.linalg.qr(m @ q).Q  # rows x rank, orthonormal columns
+            q = m.t() @ p  # cols x rank: M ~ P Q^T
+            self._q[index] = q
+            parts += [p.reshape(-1), q.reshape(-1)]
+        return _as_bytes(torch.cat(parts))
+
+    def decode(self, payload):
+        values = payload.view(_F32)
+        out = torch.empty(self.numel, dtype=_F32, device=payload.device)
+        at = 0
+        for offset, count, low in self._plan:
+            if low is None:
+                out[offset: offset + count] = values[at: at + count]
+                at += count
+                continue
+            rows, cols, rank = low
+            p = values[at: at + rows * rank].view(rows, rank)
+            at += rows * rank
+            q = values[at: at + cols * rank].view(cols, rank)
+            at += cols * rank
+            out[offset: offset + count] = (p @ q.t()).reshape(-1)
+        return out
+
+
+_CODECS = {"none": Identity, "bf16": BFloat16, "int8": Int8, "topk": TopK, "powersgd": PowerSGD}
+
+
+def make_codec(spec: str | CompressionSpec, numel: int, shapes: list[tuple] | None = None) -> Codec:
+    """The codec of ``spec`` for flat buffers of ``numel`` values (``shapes``: their tensors, for powersgd)."""
+    spec = CompressionSpec.parse(spec)
+    return _CODECS[spec.kind](spec, numel, shapes)

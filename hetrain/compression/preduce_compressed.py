@@ -1,0 +1,55 @@
+"""A P-Reduce whose messages are compressed: CHOCO-SGD's public copies, kept per member set.
+
+A group's members do not hold each other's models, so what one sends cannot be
+a difference from what the others hold, unless they keep copies. Here every
+member set that has a communicator in the cache (:mod:`hetrain.groups.preduce`)
+also keeps, on each of its members, a public copy of every member's model, all
+members' copies identical. The set's first P-Reduce is a plain one; afterwards
+each member sends ``C(x_i - x̂_i)`` (an all-gather of compressed bytes), every
+member adds every decoded difference to the copies, and moves toward their
+average:
+
+    x_i <- x_i + gamma * (mean_j x̂_j - x̂_i)
+
+which keeps the group's sum of models (what the group averages is not changed
+by the compression) and, with gamma = 1 and no loss, is the plain average.
+What a compressor drops stays in ``x_i - x̂_i`` and is sent later (error feedback).
+The copies live and are evicted with the set's communicator (the same points
+on every member), so each member holds ``group size`` copies per cached set:
+memory that the communicator cache's size bounds. Weighted averages
+(``local_work="auto"``) weight the copies by the local steps each member sent.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hetrain.compression.codecs import Codec
+
+
+class GroupReplicas:
+    """Public copies of one member set's models (index = position in the sorted member tuple)."""
+
+    def __init__(self, average: torch.Tensor, size: int):
+        self.publics = [average.detach().clone() for _ in range(size)]
+
+
+def compressed_exchange(comm, buf: torch.Tensor, index: int, size: int, codec: Codec, replicas: GroupReplicas,
+                        gamma: float, weight: float | None, timeout) -> int:
+    """Move ``buf`` (this member's model, in place) toward the group's public average; return bytes sent."""
+    publics = replicas.publics
+    payload = codec.encode(buf - publics[index])
+    extra = torch.tensor([1.0 if weight is None else float(weight)], dtype=torch.float32, device=buf.device)
+    message = torch.cat([payload, extra.view(torch.uint8)])
+    gathered = [torch.empty_like(message) for _ in range(size)]
+    comm.allgather([gathered], [message]).wait(timeout)
+    weights = []
+    for member, received in enumerate(gathered):
+        publics[member].add_(codec.decode(received[:-4]).to(publics[member].dtype))
+        weights.append(float(received[-4:].clone().view(torch.float32)))  # (a copy: 4-byte aligned)
+    total = sum(weights)
+    target = torch.zeros_like(buf)
+    for public, w in zip(publics, weights):
+        target.add_(public, alpha=w / total)
+    buf.add_(target.sub_(publics[index]), alpha=gamma)
+    return message.numel()

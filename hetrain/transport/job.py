@@ -1,0 +1,217 @@
+"""A protocol's view of its job: the process group (default: the world), its store, device and timeout.
+
+Protocols follow torch's own averagers: they take ``process_group=None``
+(the default group) and work out the rest. :class:`JobView` is that rest:
+this worker's rank and the group's size, the device the model lives on, the
+timeout that bounds every wait, the node layout (torchrun's ``LOCAL_RANK`` /
+``LOCAL_WORLD_SIZE``), and a store namespace of its own on the job's c10d
+store (for services such as Prague's Group Generator and for the
+communicators a protocol builds).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from itertools import count
+
+import torch
+import torch.distributed as dist
+
+DEFAULT_TIMEOUT_S = 60.0
+_instances: dict[tuple, count] = {}
+
+
+def job_store():
+    """The job's c10d store (the default group's), under the prefix ``hetrain/``.
+
+    PyTorch has no public accessor for the default group's store; this wraps the
+    one private call in one place. None when unavailable (services that need a
+    store then say so).
+    """
+    try:
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        return dist.PrefixStore("hetrain/", _get_default_store())
+    except Exception:  # pragma: no cover - the private API moved
+        return None
+
+
+GLOO_LAZY_ENV = "TORCH_GLOO_LAZY_INIT"
+
+
+def prefer_lazy_connections() -> None:
+    """Let gloo connect a pair of ranks on their first message, not every pair when a group is made.
+
+    A decentralized worker talks to a few neighbours; eagerly, each world-sized
+    group costs it a connection to every other rank (docs/decisions.md,
+    "Connections"). An explicit ``TORCH_GLOO_LAZY_INIT`` in the environment wins.
+    """
+    os.environ.setdefault(GLOO_LAZY_ENV, "1")
+
+
+def init(backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, device: str | None = None) -> torch.device:
+    """Join the job torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR, ...); return this worker's device.
+
+    Initialises the default process group if needed (NCCL when CUDA is available,
+    else gloo, unless ``backend`` says) and, with NCCL, selects ``LOCAL_RANK``'s GPU.
+    ``device="cuda"`` with gloo puts the model on a GPU too (``LOCAL_RANK`` modulo the GPUs:
+    several ranks may share one) and moves tensors through the host to communicate.
+
+    It imports ``torch._dynamo`` first. Imported after the default group exists (the first
+    optimizer a script creates imports it), it takes 10 references to that group (torch 2.13), so
+    ``destroy_process_group()`` cannot free it: its gloo threads outlive Python's finalization, and
+    one that drops a tensor then aborts the process ("terminate called without an active
+    exception"; the example under torchrun: 1 run in 4-20, docs/decisions.md).
+    """
+    prefer_lazy_connections()
+    if not dist.is_initialized():
+        import torch._dynamo  # noqa: F401 (before the group: see above)
+
+        if backend is None:
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = _attempt_store(timeout)
+        if store is None:
+            dist.init_process_group(backend, timeout=timeout)
+        else:
+            dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]),
+                                    world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
+    if dist.get_backend() == "nccl" or device == "cuda":
+        local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank()))
+        return select_gpu(local_rank)
+    return torch.device("cpu")
+
+
+def select_gpu(rank: int) -> torch.device:
+    """This process's GPU: ``rank`` modulo the GPUs (NCCL jobs are refused more ranks than GPUs before
+    they start), made the current device so that threads and kernels default to it."""
+    device = torch.device("cuda", rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
+
+
+def _attempt_store(timeout: datetime.timedelta):
+    """Under torchrun with its agent's store (torch's default since 2.5), that store under a prefix of
+    this attempt's own (``TORCHELASTIC_RESTART_COUNT``); None otherwise (``init_process_group``'s own).
+
+    The agent keeps one store across ``--max-restarts`` restarts, and a restarted job's ranks read
+    the dead attempt's addresses from it: gloo then connects to ports nobody listens on and the
+    restart fails (pytorch/pytorch#135712; seen here with hop under torchrun, a rank SIGKILLed
+    mid-run). Each torchrun restart restarts every rank, so every rank has the same count.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "MASTER_ADDR" not in os.environ:
+        return None
+    agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=timeout)
+    return dist.PrefixStore(f"hetrain/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", agent)
+
+
+@dataclass(frozen=True)
+class JobView:
+    group: object  # the torch.distributed process group (None: the default group)
+    rank: int  # this worker's rank in ``group``
+    world_size: int
+    device: torch.device
+    timeout_s: float
+    store: object  # a namespace of the job's store for this protocol instance (None: one worker, no store)
+    local_rank: int = 0
+    local_world_size: int = 1
+    backend: str = "gloo"  # the group's: nccl, or gloo (also for CUDA models: tensors travel through the host)
+
+    @classmethod
+    def of(cls, process_group, device: torch.device, timeout_s: float, kind: str) -> JobView:
+        """The view of ``process_group`` (None: the default group) for a protocol instance of ``kind``.
+
+        Every member builds its protocol instances in the same order, so the n-th
+        instance of a kind on a group gets the same store namespace on every member.
+        """
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        if not dist.is_initialized():
+            return cls(process_group, 0, 1, device, timeout_s, None)
+        rank, size = dist.get_rank(process_group), dist.get_world_size(process_group)
+        if rank < 0:
+            raise ValueError(f"worker {dist.get_rank()} built a protocol on a process group it is not in")
+        ranks = tuple(dist.get_process_group_ranks(process_group)) if process_group is not None else ()
+        key = (kind, ranks)
+        instance = next(_instances.setdefault(key, count()))
+        group_tag = "world" if not ranks else "g" + "-".join(map(str, ranks))
+        base = job_store()
+        store = dist.PrefixStore(f"{kind}/{group_tag}/{instance}/", base) if base is not None else None
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", size))
+        local_rank = int(os.environ.get("LOCAL_RANK", rank % max(1, local_world)))
+        backend = str(dist.get_backend(process_group)).lower()
+        return cls(process_group, rank, size, device, timeout_s, store, local_rank, local_world, backend)
+
+    @property
+    def timeout(self) -> datetime.timedelta:
+        return datetime.timedelta(seconds=self.timeout_s)
+
+    @property
+    def multi_node(self) -> bool:
+        return self.local_world_size < self.world_size
+
+    @property
+    def nccl(self) -> bool:
+        return self.backend == "nccl"
+
+    @property
+    def wire_device(self) -> torch.device:
+        """Where tensors must be to be sent over the job's backend: the GPU under NCCL, else the host
+        (gloo's point-to-point and all-gather take CPU tensors only)."""
+        return self.device if self.nccl else torch.device("cpu")
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    for tensor in model.parameters():
+        return tensor.device
+    return torch.device("cpu")
+
+
+def store_group(store, index: int, size: int, timeout_s: float, *, nccl: bool = False):
+    """The one way hetrain builds a process group: ``size`` members on ``store`` (a PrefixStore naming the
+    group), this process at ``index``, NCCL or gloo, with the job's timeout. Built directly on the store,
+    so only the members take part (no collective on the world); every member calls it with the same
+    store prefix at the same point."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if nccl:
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout  # torch-private; the constructor takes no timeout otherwise
+        return dist.ProcessGroupNCCL(store, index, size, options)
+    return dist.ProcessGroupGloo(store, index, size, timeout)
+
+
+def private_group(job: JobView, name: str, timeout_s: float | None = None, *, cpu: bool = False):
+    """A process group of the job's members built directly on the store (no collective on the world).
+
+    Used for point-to-point channels and servers: p2p with fixed tags on a group
+    that also runs collectives can be matched against a collective's messages.
+    Every member calls it with the same ``name`` at the same point. NCCL when the
+    job's backend is, unless ``cpu`` (gloo, for CPU tensors).
+    """
+    return store_group(dist.PrefixStore(f"{name}/", job.store), job.rank, job.world_size,
+                       timeout_s or job.timeout_s, nccl=job.nccl and not cpu)
+
+
+def pair_group(job: JobView, name: str, peer: int, incarnations: tuple[int, int], *, cpu: bool = False):
+    """A two-member group of this worker and ``peer``, named by both ranks and their incarnations.
+
+    After a replacement joins (``respawn``), its neighbours cannot reach it over
+    groups built before it started (their pairs to its rank are broken and never
+    reconnect), so each pair that involves a replaced worker gets a group of its
+    own. ``incarnations``: (this worker's, the peer's). Returns the group; this
+    worker's index in it is 0 when its rank is the lower one.
+    """
+    lo, hi = sorted((job.rank, peer))
+    inc = dict(zip((job.rank, peer), incarnations))
+    store = dist.PrefixStore(f"{name}/pair/{lo}-{hi}/{inc[lo]}-{inc[hi]}/", job.store)
+    return store_group(store, 0 if job.rank == lo else 1, 2, job.timeout_s, nccl=job.nccl and not cpu)
+
+
+def subset_group(job: JobView, members: list[int], prefix: str, timeout_s: float | None = None, *,
+                 nccl: bool = False):
+    """A group of ``members`` (ranks of the job, this one among them) on the store under ``prefix``."""
+    return store_group(dist.PrefixStore(prefix, job.store), members.index(job.rank), len(members),
+                       timeout_s or job.timeout_s, nccl=nccl)

@@ -1,0 +1,104 @@
+"""Compressors and error feedback: sizes, determinism, and nothing lost over time."""
+
+import pytest
+import torch
+
+from hetrain.compression.codecs import make_codec
+from hetrain.compression.error_feedback import ErrorFeedback
+from hetrain.compression.gossip_codec import PublicCopy, ReplicaSet, choco_mix
+
+SHAPES = [(64, 64), (64,), (10, 64), (10,)]  # the digits MLP: 4,810 values
+SPECS = ["none", "bf16", "int8", "topk:0.01", "powersgd:2"]
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_payload_size_and_determinism(spec):
+    x = torch.randn(4810, generator=torch.Generator().manual_seed(0))
+    a, b = make_codec(spec, 4810, SHAPES), make_codec(spec, 4810, SHAPES)
+    payload = a.encode(x)
+    assert payload.dtype == torch.uint8 and payload.numel() == a.payload_nbytes
+    assert torch.equal(payload, b.encode(x))  # every worker reconstructs the same bytes
+    decoded = b.decode(payload)
+    assert decoded.shape == (4810,) and torch.equal(decoded, a.decode(payload))
+    error = float((decoded - x).norm() / x.norm())
+    assert error < {"none": 1e-7, "bf16": 5e-3, "int8": 2e-2, "topk:0.01": 1.0, "powersgd:2": 1.0}[spec]
+
+
+def test_topk_keeps_exactly_the_largest_values_and_nothing_else():
+    """The decoded vector is x on the k largest magnitudes and 0 elsewhere: a codec that kept other
+    indices, or scaled what it kept, fails here (a loose bound on the error would not see it)."""
+    x = torch.randn(4810, generator=torch.Generator().manual_seed(3))
+    codec = make_codec("topk:0.01", 4810, SHAPES)
+    decoded = codec.decode(codec.encode(x))
+    largest = torch.topk(x.abs(), codec.k).indices
+    assert torch.equal(decoded[largest], x[largest])
+    kept = torch.zeros(4810, dtype=torch.bool)
+    kept[largest] = True
+    assert not decoded[~kept].any()
+
+
+def test_powersgd_reconstructs_a_low_rank_model_and_sends_vectors_whole():
+    gen = torch.Generator().manual_seed(4)
+    parts = [torch.randn(64, 2, generator=gen) @ torch.randn(2, 64, generator=gen), torch.randn(64, generator=gen),
+             torch.randn(10, 2, generator=gen) @ torch.randn(2, 64, generator=gen), torch.randn(10, generator=gen)]
+    x = torch.cat([p.reshape(-1) for p in parts])
+    codec = make_codec("powersgd:2", 4810, SHAPES)
+    decoded = codec.decode(codec.encode(x))
+    assert float((decoded - x).norm() / x.norm()) < 1e-4  # rank 2 holds a rank-2 matrix whole
+    assert torch.equal(decoded[4096:4160], x[4096:4160])  # a bias goes uncompressed
+
+
+@pytest.mark.parametrize("spec", ["int8", "bf16"])
+def test_quantizers_decode_to_the_values_not_a_scaled_copy(spec):
+    x = torch.randn(4810, generator=torch.Generator().manual_seed(5))
+    codec = make_codec(spec, 4810, SHAPES)
+    decoded = codec.decode(codec.encode(x))
+    # least-squares scale of decoded against x: 1 for a faithful codec
+    assert abs(float(decoded @ x) / float(x @ x) - 1.0) < 1e-2
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_error_feedback_loses_nothing_over_a_thousand_rounds(spec):
+    """Sum of what was transmitted, plus the residual still held, equals the sum of the inputs."""
+    x = torch.randn(4810, generator=torch.Generator().manual_seed(1))
+    feedback = ErrorFeedback(make_codec(spec, 4810, SHAPES))
+    transmitted = torch.zeros(4810, dtype=torch.float64)
+    rounds = 1000
+    for _ in range(rounds):
+        _, sent = feedback.encode(x)
+        transmitted += sent.double()
+    total = rounds * x.double()
+    assert torch.allclose(transmitted + feedback.residual.double(), total, rtol=0, atol=1e-3 * float(x.abs().max()))
+    # and the residual stays bounded: what is held back does not grow with the rounds
+    assert float(feedback.residual.norm()) < 0.2 * float(total.norm())
+
+
+def test_choco_copies_agree_and_mixing_keeps_the_sum():
+    """A sender's public copy and its receiver's replica stay bit-identical; with symmetric weights the
+    mix moves each worker by gamma times the difference of public copies, so the pair's sum is kept."""
+    gen = torch.Generator().manual_seed(2)
+    x = [torch.randn(1000, generator=gen) for _ in range(2)]
+    codec = lambda: make_codec("topk:0.1", 1000)  # noqa: E731
+    publics = [PublicCopy(codec()) for _ in range(2)]
+    replicas = [ReplicaSet(codec(), lambda: torch.empty(1000)) for _ in range(2)]
+    for _ in range(30):
+        snapshots = []
+        for i in range(2):
+            delta, to_delta, keyframe, to_key = publics[i].prepare(x[i], [1 - i])
+            if keyframe is not None:
+                snapshots.append(replicas[1 - i].keyframe(i, keyframe.clone()))
+            else:
+                snapshots.append(replicas[1 - i].delta(i, delta))
+        for i in range(2):
+            assert torch.equal(replicas[1 - i].public(i), publics[i].public)
+        before = x[0] + x[1]
+        x = [choco_mix(x[i], publics[i].public, 0.5, [(0.5, snapshots[1 - i])], 0.2, torch.empty(1000))
+             for i in range(2)]
+        assert torch.allclose(x[0] + x[1], before, atol=1e-4)
+    assert float((x[0] - x[1]).norm()) < 0.5 * float(before.norm())
+
+
+def test_a_delta_before_any_keyframe_is_an_error():
+    replicas = ReplicaSet(make_codec("int8", 10), lambda: torch.empty(10))
+    with pytest.raises(RuntimeError, match="before any keyframe"):
+        replicas.delta(3, torch.zeros(make_codec("int8", 10).payload_nbytes, dtype=torch.uint8))
