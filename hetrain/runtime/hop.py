@@ -181,8 +181,8 @@ class Hop(SyncProtocol):
             if self._outer is not None:
                 self._outer.capture()
             self.logic.iteration = iteration
-            self.stats.iteration = iteration
-            self.stats.extra["joined_at_iteration"] = iteration
+            self.stats.iteration = iteration * self.sync_every  # the counter counts local steps: H per exchange
+            self.stats.extra["joined_at_iteration"] = self.stats.iteration
             self.logic.max_iteration_gap = 0  # the gap to the models it adopted says nothing of the protocol
 
     # ----- receiver threads ------------------------------------------------------
@@ -354,6 +354,7 @@ class Hop(SyncProtocol):
                         return
                     continue
                 plan = self.logic.apply_skip(skip)
+                self.stats.iteration += (skip.to_iteration - skip.from_iteration) * self.sync_every  # steps skipped
             self._apply(plan, self.state.gather())
             # out-neighbours may be waiting for a skipped iteration's model: send this one
             self._send_model(self.logic.iteration - 1, self.state.gather())
@@ -376,7 +377,6 @@ class Hop(SyncProtocol):
             plan = self.logic.complete()
         self._apply(plan, own)  # own is not modified: it may still be on its way to the neighbours
         self._begin_iteration()
-        self.stats.iteration = self.logic.iteration * self.sync_every  # in local steps: H per exchange
 
     def _send_update(self, dsts: list[int], iteration: int, model: torch.Tensor) -> None:
         """Send ``model`` to ``dsts``: as it is, or (compression) as a delta to those that hold this
@@ -444,7 +444,7 @@ class Hop(SyncProtocol):
         counters = self.logic.counters()  # the logic's one list of counters; those ProtocolStats has go there
         for name in _STATS_COUNTERS:
             setattr(self.stats, name, counters[name])
-        self.stats.iteration = self.logic.iteration
+        self.stats.extra["exchange_iteration"] = self.logic.iteration  # the logic's counter: one per exchange
         self.stats.extra.update({k: v for k, v in counters.items() if k not in _STATS_COUNTERS},
                                 sends_in_flight_max=self.channels.max_in_flight_seen())
         return super().metrics()

@@ -72,9 +72,10 @@ def pop_comm_keywords(settings: dict) -> dict:
 class ProtocolStats:
     """Counters every protocol reports (per worker); protocol-specific ones go in ``extra``."""
 
-    iterations: int = 0  # iterations whose gradient this worker computed (in this run, by this process)
-    iteration: int = 0  # the worker's iteration counter: one up per step (SyncProtocol.step), counting on
-    # from a resumed or replaced predecessor's; Hop sets it from its logic (it jumps when Hop skips)
+    iterations: int = 0  # local steps this process computed in this run (not counting a predecessor's)
+    iteration: int = 0  # the worker's one iteration counter, in local steps: one up per step
+    # (SyncProtocol.step), counting on from a resumed or replaced predecessor's; Hop adds the steps of the
+    # exchanges it skips (sync_every each) and a replacement starts from the models it adopts
     skipped_iterations: int = 0
     compute_s: float = 0.0
     wait_s: float = 0.0
@@ -210,7 +211,7 @@ class SyncProtocol:
         step_s = now - self._last_step_end
         self.stats.compute_s += step_s
         self.stats.iterations += 1
-        self.stats.iteration += 1  # the one place it counts; Hop's _sync overwrites it with its logic's
+        self.stats.iteration += 1  # one up per local step (Hop's skips add theirs)
         if self._beacon is not None:
             self._beacon.beat(self.stats.iterations)
         self._local_steps += 1

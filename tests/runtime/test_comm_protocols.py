@@ -240,6 +240,11 @@ def test_auto_local_work_gives_a_slower_worker_fewer_local_steps():
     assert slow["local_steps_last"] <= 3 and all(m["local_steps_last"] >= 6 for m in fast)
     # they reach exchanges together: exchange counts within a few of each other, not 4x apart
     assert slow["exchanges"] >= 0.6 * min(m["exchanges"] for m in fast)
+    # one iteration counter, in local steps (steps computed plus the skipped exchanges' H each), not the
+    # logic's count of exchanges (which metrics() once reported, H times smaller at the end of a run)
+    for m in results:
+        assert m["iteration"] == m["iterations"] + 8 * m["skipped_iterations"], m
+        assert m["exchange_iteration"] < m["iteration"]
 
 
 def _group_over_link(ctx, protocol):
