@@ -3,7 +3,9 @@
 Run-level settings are fields; the protocol's own settings are ``options``, a
 mapping by Python argument name (``{"backup": 1, "max_ig": 8}``) that the
 protocol's options class (:mod:`hetrain.registry`) validates and fills with
-its defaults. A config resolves its protocol's spec and options object once
+its defaults; the communication settings are ``comm``, the same kind of mapping
+(``{"sync_every": 8, "compression": "int8"}``) for
+:class:`~hetrain.comm.settings.CommSettings`. A config resolves its protocol's spec and options object once
 (``protocol_spec``, ``protocol_options()``) and asks the options object the
 protocol's rules; it names no protocol. Errors name the Python field
 (``num_workers``); the CLI shows them as flags (``--workers``).
@@ -15,6 +17,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from hetrain.comm import settings as comm_carrier
 from hetrain.protocols.options import OptionError
 
 WORKLOADS = ("mlp", "cnn", "synthetic", "lm")
@@ -31,7 +34,8 @@ DEFAULT_LR = {"sgd": 0.1, "adamw": 1e-3}
 # CLI flags whose names differ from the Python field (the rest are --field-with-dashes)
 FLAG_NAMES = {"num_workers": "--workers", "time_budget_s": "--time-budget", "eval_interval_s": "--eval-interval",
               "timeout_s": "--timeout", "checkpoint_every_s": "--checkpoint-every",
-              "heartbeat_timeout_s": "--heartbeat-timeout", "compression": "--compress"}
+              "heartbeat_timeout_s": "--heartbeat-timeout",
+              **{f.name: comm_carrier.flag_of(f) for f in comm_carrier.comm_fields() if f.metadata["flag"]}}
 
 
 @dataclass(frozen=True)
@@ -64,16 +68,9 @@ class RunConfig:
     fail: str = "none"  # fault injection: none | W@Ts | W@wall:Ts | W@PHASE, [:stop] | random:rate=R (hetrain.faults)
     on_failure: str | None = None  # abort | continue | respawn; None: the protocol's default (registry)
     options: dict[str, Any] = field(default_factory=dict)  # the protocol's options, by Python name
-    # communication (hetrain.comm.settings): local steps, outer optimizer, compression, emulated links
-    sync_every: int = 1
-    local_work: str = "fixed"
-    compression: str = "none"
-    gossip_step: float | None = None
-    outer_optimizer: str = "none"
-    outer_lr: float | None = None  # None: DiLoCo's 0.7
-    outer_momentum: float | None = None  # None: DiLoCo's 0.9
-    link_mbps: str | None = None
-    link_latency_ms: str | None = None
+    # communication (hetrain.comm.settings.CommSettings): local steps, outer optimizer, compression, emulated
+    # links, by Python name, as given (the rest: CommSettings' defaults)
+    comm: dict[str, Any] = field(default_factory=dict)
     # where the run's figures over time go: csv, tensorboard, wandb, mlflow (hetrain.loggers.scalar_writers)
     log: tuple[str, ...] = ("csv",)
 
@@ -112,20 +109,21 @@ class RunConfig:
     def comm_settings(self):
         """The run's :class:`~hetrain.comm.settings.CommSettings` (validated; UsageError naming the flag)."""
         def make():
-            from hetrain.comm.settings import DILOCO_OUTER_LR, DILOCO_OUTER_MOMENTUM, CommSettings
-            from hetrain.compression.spec import CompressionSpec
-            from hetrain.transport.link_spec import LinkSpec
-
-            return CommSettings(
-                sync_every=self.sync_every, local_work=self.local_work,
-                compression=CompressionSpec.parse(self.compression), gossip_step=self.gossip_step,
-                outer=self.outer_optimizer,
-                outer_lr=DILOCO_OUTER_LR if self.outer_lr is None else self.outer_lr,
-                outer_momentum=DILOCO_OUTER_MOMENTUM if self.outer_momentum is None else self.outer_momentum,
-                link=LinkSpec.parse(self.link_mbps, self.link_latency_ms).check_workers(self.num_workers),
-            ).validate()
+            names = [f.name for f in comm_carrier.comm_fields()]
+            unknown = sorted(set(self.comm) - set(names))
+            if unknown:
+                raise OptionError(f"no communication setting {unknown[0]!r}; they are {', '.join(names)}")
+            return comm_carrier.CommSettings(**self.comm).validate(self.num_workers)
 
         return self._once("comm", make)
+
+    def record(self) -> dict:
+        """The run's settings as a flat record (metrics.json's ``config``): the fields, the communication
+        settings in place of ``comm`` (each as given; None: its default)."""
+        data = dict(vars(self))
+        data.pop("comm")
+        data.update(self.comm_settings().given())
+        return data
 
     def resolved_optimizer(self) -> str:
         return self.optimizer or WORKLOAD_DEFAULTS[self.workload]["optimizer"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import warnings
 
+from hetrain.comm.settings import comm_fields, flag_of
 from hetrain.config import OPTIMIZERS, WORKLOADS, RunConfig
 from hetrain.errors import UsageError
 from hetrain.registry import PROTOCOL_NAMES, all_option_fields, get_spec, protocols_using
@@ -77,30 +78,18 @@ def add_run_options(parser: argparse.ArgumentParser, defaults: RunConfig) -> Non
 
 
 def add_comm_options(parser: argparse.ArgumentParser, defaults: RunConfig) -> None:
-    """Local steps, outer optimizer, compression and the emulated network (hetrain.comm.settings)."""
+    """Local steps, outer optimizer, compression and the emulated network: one flag per field of
+    :class:`~hetrain.comm.settings.CommSettings` (default None: the setting's own default)."""
     g = parser.add_argument_group("communication (every protocol but allreduce, unless said otherwise)")
-    g.add_argument("--sync-every", type=int, default=defaults.sync_every, metavar="H",
-                   help="local optimizer steps between exchanges (default 1); what is exchanged is then the model's "
-                        "change since the last exchange (the pseudo-gradient)")
-    g.add_argument("--local-work", choices=("fixed", "auto"), default=defaults.local_work,
-                   help="fixed: H local steps each; auto: steps proportional to each worker's measured speed (the "
-                        "fastest takes H), averages weighted by steps")
-    g.add_argument("--outer-optimizer", choices=("none", "sgd", "nesterov"), default=defaults.outer_optimizer,
-                   help="optimizer applied to the averaged pseudo-gradient (DiLoCo: nesterov); none: plain averaging")
-    g.add_argument("--outer-lr", type=float, default=defaults.outer_lr, help="outer learning rate (default 0.7)")
-    g.add_argument("--outer-momentum", type=float, default=defaults.outer_momentum,
-                   help="outer momentum (default 0.9)")
-    g.add_argument("--compress", dest="compression", default=defaults.compression,
-                   help="none | bf16 | int8 | topk:FRACTION | powersgd:RANK, with error feedback (allreduce: none, "
-                        "bf16, powersgd:RANK)")
-    g.add_argument("--gossip-step", type=float, default=defaults.gossip_step,
-                   help="with compression: how far a worker moves toward its neighbours' copies (CHOCO's step; "
-                        "default 1, or the compressed fraction for topk and powersgd)")
-    g.add_argument("--link-mbps", default=defaults.link_mbps, metavar="SPEC",
-                   help="emulate each worker's link: Mbit/s each way, e.g. 100 or 0:50,*:1000 (default: unconstrained)")
-    g.add_argument("--link-latency-ms", default=defaults.link_latency_ms, metavar="SPEC",
-                   help="emulated one-way latency per worker, e.g. 20 or 0:80,*:1 (a message takes the larger of "
-                        "its two ends')")
+    for setting in comm_fields():
+        meta = setting.metadata
+        g.add_argument(flag_of(setting), dest=setting.name, type=meta["type"], choices=meta["choices"],
+                       metavar=meta["metavar"], default=defaults.comm.get(setting.name), help=meta["help"])
+
+
+def comm_values(args: argparse.Namespace) -> dict:
+    """The communication settings the user gave, by Python name."""
+    return {f.name: getattr(args, f.name) for f in comm_fields() if getattr(args, f.name, None) is not None}
 
 
 def add_runtime_options(parser: argparse.ArgumentParser, defaults: RunConfig) -> None:
@@ -167,9 +156,7 @@ def config_from_args(args: argparse.Namespace, **overrides) -> RunConfig:
         time_budget_s=args.time_budget_s, target_accuracy=args.target_accuracy,
         fail=args.fail, on_failure=args.on_failure,
         options={k: v for k, v in values.items() if k in spec.option_names()},
-        sync_every=args.sync_every, local_work=args.local_work, compression=args.compression,
-        gossip_step=args.gossip_step, outer_optimizer=args.outer_optimizer, outer_lr=args.outer_lr,
-        outer_momentum=args.outer_momentum, link_mbps=args.link_mbps, link_latency_ms=args.link_latency_ms,
+        comm=comm_values(args),
     )
     for name in ("eval_interval_s", "device", "backend", "timeout_s", "heartbeat_timeout_s", "checkpoint_dir",
                  "checkpoint_every_s", "resume"):

@@ -29,29 +29,29 @@ from pathlib import Path
 
 import torch
 
+from hetrain.comm import settings as comm_carrier
 from hetrain.protocols.options import OptionError
 
 FORMAT = 1
 MANIFEST = "manifest.json"
 FINGERPRINT_FIELDS = ("protocol", "num_workers", "workload", "model_params", "batch_size", "momentum", "seed")
-# the communication settings a checkpoint's protocol state depends on (outer anchor and momentum, local-step
-# position, compression replicas), with their flags; the emulated link is the network's, not the state's
-COMM_FINGERPRINT = {"sync_every": "--sync-every", "local_work": "--local-work", "compression": "--compress",
-                    "gossip_step": "--gossip-step", "outer_optimizer": "--outer-optimizer", "outer_lr": "--outer-lr",
-                    "outer_momentum": "--outer-momentum"}
-COMM_DEFAULTS = {"sync_every": 1, "local_work": "fixed", "compression": "none", "gossip_step": None,
-                 "outer_optimizer": "none", "outer_lr": None, "outer_momentum": None}
+def comm_fingerprint(comm) -> dict:
+    """The communication settings a checkpoint's protocol state depends on (outer anchor and momentum, local-step
+    position, compression replicas): those :class:`~hetrain.comm.settings.CommSettings` marks ``state`` (the
+    emulated link is the network's, not the state's), resolved (an outer optimizer's lr and momentum only when
+    there is one)."""
+    stateful = comm_carrier.state_settings()
+    data = {name: value for name, value in comm.as_dict().items() if name in stateful}
+    if data.get("outer_optimizer") == "none":  # no outer optimizer: its lr and momentum mean nothing
+        data["outer_lr"] = data["outer_momentum"] = None
+    return data
 
 
 def fingerprint(config) -> dict:
     """What a resumed run must share with the run that wrote the checkpoint (resolved values)."""
     data = {name: getattr(config, name) for name in FINGERPRINT_FIELDS}
     data.update(optimizer=config.resolved_optimizer(), lr=config.resolved_lr(),
-                options=dict(sorted(config.options.items())))
-    comm = config.comm_settings().as_dict()
-    data.update({name: comm[name] for name in COMM_FINGERPRINT})
-    if data.get("outer_optimizer") == "none":  # no outer optimizer: its lr and momentum mean nothing
-        data["outer_lr"] = data["outer_momentum"] = None
+                options=dict(sorted(config.options.items())), **comm_fingerprint(config.comm_settings()))
     return data
 
 
@@ -84,13 +84,14 @@ def prepare(directory: str, config, resume: bool) -> bool:
         raise OptionError(f"{{resume}}: {manifest} is missing or unreadable ({exc}); it is not a hetrain "
                           "checkpoint directory") from None
     expected = json.loads(json.dumps(fingerprint(config)))  # the same JSON round trip as the saved one
-    for name in COMM_FINGERPRINT:  # a manifest written before they were recorded: the defaults
-        saved.setdefault(name, COMM_DEFAULTS.get(name))
+    for name, default in comm_fingerprint(comm_carrier.CommSettings()).items():  # a manifest written before they were
+        saved.setdefault(name, default)  # recorded: the defaults
     differing = sorted(k for k in set(saved) | set(expected) if saved.get(k) != expected.get(k))
     if differing:
-        name = next((k for k in COMM_FINGERPRINT if k in differing), differing[0])
-        if name in COMM_FINGERPRINT:
-            raise OptionError(f"{{resume}}: the checkpoint in {path} was written with {COMM_FINGERPRINT[name]} "
+        flags = comm_carrier.state_settings()
+        name = next((k for k in flags if k in differing), differing[0])
+        if name in flags:
+            raise OptionError(f"{{resume}}: the checkpoint in {path} was written with {flags[name]} "
                               f"{saved.get(name)!r}, this run has {expected.get(name)!r}; resume with the "
                               "settings it was written with, or choose another {checkpoint_dir}")
         raise OptionError(f"{{resume}}: the checkpoint in {path} is of another configuration ({name} was "

@@ -87,7 +87,7 @@ def _run_logger(config: RunConfig, out, shared_dir: str | None):
     from hetrain.loggers.run_logger import RunLogger
     from hetrain.loggers.scalar_writers import make_writers
 
-    writer = make_writers(config.log, out, config.protocol, dict(vars(config)), shared_dir=shared_dir)
+    writer = make_writers(config.log, out, config.protocol, config.record(), shared_dir=shared_dir)
     return RunLogger(writer, config.num_workers, config.batch_size)
 
 
@@ -237,7 +237,7 @@ def finalize_run(config: RunConfig, results: list[dict | None], out, interrupted
         extra={"interrupted": interrupted, "resumed": config.resume, "on_failure": config.resolved_on_failure(),
                "workers_lost": len(deaths), "workers_joined": len(joins or []), "deaths": deaths,
                "joins": joins or [], "num_workers": config.num_workers, **(gg_stats or {}),
-               **timing, "config": dict(vars(config))},
+               **timing, "config": config.record()},
     )
     # iterations that count: a dead worker's last gradient may never have left it
     metrics["goodput_samples_per_s"] = max(0, metrics["total_iterations"] - len(deaths)) * config.batch_size / wall_s

@@ -88,7 +88,7 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
     protocol = config.protocol_spec.build(
         model, None, config.protocol_options(), seed=config.seed, timeout_s=config.timeout_s,
         on_failure=on_failure, dead_workers=ctx.dead_workers if on_failure != "abort" else None,
-        **comm_arguments(comm, model), **(services or {}))
+        comm=comm, **(services or {}))
     if joining:
         protocol.inherit_iteration(ctx.start_iteration)
     clock.lap("connect_s")
@@ -172,18 +172,6 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
     clock.lap("finish_s")
     worker.update(clock.phases)
     return {"worker": worker, "snapshots": kept}
-
-
-def comm_arguments(comm, model: nn.Module) -> dict:
-    """The protocol's communication keywords from the run's :class:`~hetrain.comm.settings.CommSettings`
-    (the outer optimizer built over ``model``'s parameters); empty when they change nothing."""
-    arguments = {"sync_every": comm.sync_every, "local_work": comm.local_work, "compression": comm.compression,
-                 "gossip_step": comm.gossip_step, "link": comm.link}
-    if comm.outer != "none":
-        arguments["outer_optimizer"] = torch.optim.SGD(model.parameters(), lr=comm.outer_lr,
-                                                       momentum=comm.outer_momentum,
-                                                       nesterov=comm.outer == "nesterov")
-    return arguments
 
 
 def _save(config: RunConfig, rank: int, model, optimizer, sampler, protocol) -> None:

@@ -22,7 +22,7 @@ class AllReduceOptions(ProtocolOptions):
     def check_comm(self, comm) -> None:
         """DDP averages gradients inside every backward pass: no local steps, no outer optimizer, and the
         compressions torch ships as DDP hooks (a sum of int8 or top-k messages needs an all-gather)."""
-        if comm.sync_every != 1 or comm.local_work != "fixed" or comm.outer != "none":
+        if comm.sync_every != 1 or comm.local_work != "fixed" or comm.outer_named != "none":
             raise OptionError("allreduce (DDP) averages gradients at every step: {sync_every}, {local_work} and "
                               "{outer_optimizer} apply to hop, dpsgd, prague, adpsgd and ps")
         if comm.compression.kind not in COMPRESSIONS:

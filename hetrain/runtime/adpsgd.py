@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
+from hetrain.comm.settings import CommSettings
 from hetrain.protocols.adpsgd_pairing import ADPSGDOptions, scheduler_for
 from hetrain.protocols.options import options_or_settings
 from hetrain.runtime.prague import GroupProtocol
-from hetrain.runtime.protocol import pop_comm_keywords
+from hetrain.runtime.protocol import comm_from
+from hetrain.runtime.public_signature import document_settings
 from hetrain.transport.job import DEFAULT_TIMEOUT_S
 
 
@@ -34,15 +36,19 @@ class ADPSGD(GroupProtocol):
 
     name = "adpsgd"
 
-    def __init__(self, model, optimizer=None, *, options: ADPSGDOptions | None = None, seed: int = 0,
-                 process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort",
-                 dead_workers=None, gg_address: tuple[str, str] | None = None, **settings):
-        comm = pop_comm_keywords(settings)
+    def __init__(self, model, optimizer=None, *, options: ADPSGDOptions | None = None,
+                 comm: CommSettings | None = None, seed: int = 0, process_group=None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort", dead_workers=None,
+                 gg_address: tuple[str, str] | None = None, **settings):
+        comm = comm_from(comm, settings, "ADPSGD")
         options = options_or_settings(ADPSGDOptions, options, settings, "ADPSGD")
         world = dist.get_world_size(process_group) if dist.is_initialized() else 1
-        self.options = options
         scheduler = scheduler_for(world, options, seed)
         super().__init__(model, optimizer, scheduler, communicator_cache=options.communicator_cache,
                          local_scheduler=False, process_group=process_group, timeout_s=timeout_s,
-                         on_failure=on_failure, dead_workers=dead_workers, gg_address=gg_address, **comm)
+                         on_failure=on_failure, dead_workers=dead_workers, gg_address=gg_address, options=options,
+                         comm=comm)
         self.stats.extra["role"] = "active" if scheduler.is_active(self.job.rank) else "passive"
+
+
+document_settings(ADPSGD, ADPSGDOptions)

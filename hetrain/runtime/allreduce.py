@@ -20,12 +20,14 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
+from hetrain.comm.settings import CommSettings
 from hetrain.compression.spec import matrix_of
 from hetrain.errors import WorkerError
 from hetrain.protocols.allreduce_options import AllReduceOptions
 from hetrain.protocols.options import options_or_settings
 from hetrain.runtime.consensus import average_state
-from hetrain.runtime.protocol import SyncProtocol
+from hetrain.runtime.protocol import SyncProtocol, comm_from
+from hetrain.runtime.public_signature import document_settings
 from hetrain.transport.job import DEFAULT_TIMEOUT_S
 from hetrain.transport.link_spec import ring_allreduce_bytes
 
@@ -124,11 +126,13 @@ class AllReduce(SyncProtocol):
     name = "allreduce"
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
-                 options: AllReduceOptions | None = None, process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 on_failure: str = "abort", dead_workers=None, **comm):
-        self.options = options_or_settings(AllReduceOptions, options, {}, "AllReduce")
-        self.options.check_on_failure(on_failure)
-        super().__init__(model, optimizer, process_group=process_group, timeout_s=timeout_s, **comm)
+                 options: AllReduceOptions | None = None, comm: CommSettings | None = None, process_group=None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort", dead_workers=None, **settings):
+        comm = comm_from(comm, settings, "AllReduce")
+        options = options_or_settings(AllReduceOptions, options, settings, "AllReduce")
+        options.check_on_failure(on_failure)
+        super().__init__(model, optimizer, options=options, comm=comm, process_group=process_group,
+                         timeout_s=timeout_s)
         device_ids = [self.job.device.index] if self.job.device.type == "cuda" else None
         self.ddp = DistributedDataParallel(model, device_ids=device_ids, process_group=process_group)
         self._timer = _HookTimer(process_group, self.link, self.job.world_size, self.compression)
@@ -189,3 +193,6 @@ class AllReduce(SyncProtocol):
         # (docs/decisions.md). References the user still holds can keep it alive regardless.
         self.ddp = None
         gc.collect()  # DDP sits in reference cycles
+
+
+document_settings(AllReduce, AllReduceOptions)

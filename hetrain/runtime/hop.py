@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from hetrain.comm.local_work import weights_by_steps
+from hetrain.comm.settings import CommSettings
 from hetrain.compression.codecs import make_codec
 from hetrain.compression.gossip_codec import PublicCopy, ReplicaSet, choco_mix
 from hetrain.errors import UsageError, WorkerError
@@ -32,7 +33,8 @@ from hetrain.protocols.hop_logic import AveragePlan, HopWorker
 from hetrain.protocols.membership import neighbour_weights, repair
 from hetrain.protocols.options import options_or_settings
 from hetrain.runtime.consensus import average_state
-from hetrain.runtime.protocol import SyncProtocol, pop_comm_keywords
+from hetrain.runtime.protocol import SyncProtocol, comm_from
+from hetrain.runtime.public_signature import document_settings
 from hetrain.transport.job import DEFAULT_TIMEOUT_S
 from hetrain.transport.peer_channels import (
     DELTA,
@@ -82,12 +84,13 @@ class Hop(SyncProtocol):
     options_class: type[HopOptions | DPSGDOptions] = HopOptions
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
-                 options: HopOptions | DPSGDOptions | None = None, process_group=None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort", dead_workers=None, **settings):
-        comm = pop_comm_keywords(settings)
-        self.options = options_or_settings(self.options_class, options, settings, type(self).__name__)
-        super().__init__(model, optimizer, process_group=process_group, timeout_s=timeout_s,
-                         on_failure=on_failure, dead_workers=dead_workers, **comm)
+                 options: HopOptions | DPSGDOptions | None = None, comm: CommSettings | None = None,
+                 process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort",
+                 dead_workers=None, **settings):
+        comm = comm_from(comm, settings, type(self).__name__)
+        options = options_or_settings(self.options_class, options, settings, type(self).__name__)
+        super().__init__(model, optimizer, options=options, comm=comm, process_group=process_group,
+                         timeout_s=timeout_s, on_failure=on_failure, dead_workers=dead_workers)
         self.topology = self.options.topology_for(self.job.world_size)
         self.config = self.options.config_for(self.topology)
         if self.topology.num_workers != self.job.world_size:
@@ -474,3 +477,7 @@ class DPSGD(Hop):
 
     name = "dpsgd"
     options_class = DPSGDOptions
+
+
+document_settings(Hop, HopOptions)
+document_settings(DPSGD, DPSGDOptions)

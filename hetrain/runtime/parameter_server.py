@@ -35,13 +35,15 @@ import time
 import torch
 import torch.distributed as dist
 
+from hetrain.comm.settings import CommSettings
 from hetrain.compression.codecs import Codec, make_codec
 from hetrain.compression.error_feedback import ErrorFeedback
 from hetrain.errors import UsageError, WorkerError
 from hetrain.protocols.options import options_or_settings
 from hetrain.protocols.ps_logic import ParameterServerLogic, PSOptions, ServerStep
 from hetrain.runtime.consensus import over_survivors, wait_for_death_notice
-from hetrain.runtime.protocol import SyncProtocol, pop_comm_keywords
+from hetrain.runtime.protocol import SyncProtocol, comm_from
+from hetrain.runtime.public_signature import document_settings
 from hetrain.transport.buffer_pool import DEFAULT_CAPACITY, DEFAULT_SPARE, BufferPool
 from hetrain.transport.job import DEFAULT_TIMEOUT_S, private_group
 from hetrain.transport.link import EmulatedLink
@@ -163,13 +165,13 @@ class ParameterServer(SyncProtocol):
 
     name = "ps"
 
-    def __init__(self, model, optimizer=None, *, options: PSOptions | None = None, process_group=None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort", dead_workers=None, **settings):
-        comm = pop_comm_keywords(settings)
+    def __init__(self, model, optimizer=None, *, options: PSOptions | None = None, comm: CommSettings | None = None,
+                 process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort",
+                 dead_workers=None, **settings):
+        comm = comm_from(comm, settings, "ParameterServer")
         options = options_or_settings(PSOptions, options, settings, "ParameterServer")
-        self.options = options
-        super().__init__(model, optimizer, process_group=process_group, timeout_s=timeout_s,
-                         on_failure=on_failure, dead_workers=dead_workers, **comm)
+        super().__init__(model, optimizer, options=options, comm=comm, process_group=process_group,
+                         timeout_s=timeout_s, on_failure=on_failure, dead_workers=dead_workers)
         job = self.job
         self.options = options.validate(job.world_size)
         self.staleness = options.staleness
@@ -460,3 +462,6 @@ class ParameterServer(SyncProtocol):
             self._wait(dist.broadcast(model, src=root, group=self.job.group, async_op=True), "the resumed model")
         self._pulled = model.cpu().clone()
         self.state.scatter(model)
+
+
+document_settings(ParameterServer, PSOptions)

@@ -19,6 +19,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from hetrain.comm.settings import CommSettings
 from hetrain.compression.codecs import make_codec
 from hetrain.errors import UsageError, WorkerError
 from hetrain.groups.background_average import BackgroundAverage
@@ -30,7 +31,8 @@ from hetrain.protocols.options import options_or_settings
 from hetrain.protocols.prague_options import PragueOptions, scheduler_for
 from hetrain.protocols.request_timing import ComputeEstimate, ask_after_s
 from hetrain.runtime.consensus import average_state
-from hetrain.runtime.protocol import SyncProtocol, pop_comm_keywords
+from hetrain.runtime.protocol import SyncProtocol, comm_from
+from hetrain.runtime.public_signature import document_settings
 from hetrain.transport.job import DEFAULT_TIMEOUT_S
 
 _STATUS_POLL_S = 0.02
@@ -45,9 +47,9 @@ class GroupProtocol(SyncProtocol):
     def __init__(self, model, optimizer, scheduler: GroupScheduler, *, communicator_cache: int,
                  local_scheduler: bool, process_group, timeout_s: float, on_failure: str = "abort",
                  dead_workers=None, gg_address: tuple[str, str] | None = None, gg_prefetch_ms: float = 0.0,
-                 preduce_overlap: bool = False, **comm):
-        super().__init__(model, optimizer, process_group=process_group, timeout_s=timeout_s,
-                         on_failure=on_failure, dead_workers=dead_workers, **comm)
+                 preduce_overlap: bool = False, options=None, comm: CommSettings | None = None):
+        super().__init__(model, optimizer, options=options, comm=comm, process_group=process_group,
+                         timeout_s=timeout_s, on_failure=on_failure, dead_workers=dead_workers)
         job = self.job
         if job.store is None and job.world_size > 1:
             raise UsageError(f"{self.name} needs the job's c10d store (torch.distributed initialised)")
@@ -300,21 +302,21 @@ class Prague(GroupProtocol):
 
     name = "prague"
 
-    def __init__(self, model, optimizer=None, *, options: PragueOptions | None = None, seed: int = 0,
-                 process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort",
-                 dead_workers=None, gg_address: tuple[str, str] | None = None, **settings):
-        comm = pop_comm_keywords(settings)
+    def __init__(self, model, optimizer=None, *, options: PragueOptions | None = None,
+                 comm: CommSettings | None = None, seed: int = 0, process_group=None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort", dead_workers=None,
+                 gg_address: tuple[str, str] | None = None, **settings):
+        comm = comm_from(comm, settings, "Prague")
         options = options_or_settings(PragueOptions, options, settings, "Prague")
         world = dist.get_world_size(process_group) if dist.is_initialized() else 1
         scheduler = scheduler_for(world, options, seed)
         options.check_on_failure(on_failure)
-        self.options = options
         self.gg_mode = options.gg
         super().__init__(model, optimizer, scheduler, communicator_cache=options.communicator_cache,
                          local_scheduler=options.local_schedule, process_group=process_group, timeout_s=timeout_s,
                          on_failure=on_failure, dead_workers=dead_workers, gg_address=gg_address,
                          gg_prefetch_ms=options.gg_prefetch_ms, preduce_overlap=bool(options.preduce_overlap),
-                         **comm)
+                         options=options, comm=comm)
         self.stats.extra["gg_mode"] = options.gg
 
     def _stop_wanted(self, local_done: bool) -> bool:
@@ -338,3 +340,6 @@ class Prague(GroupProtocol):
             ) from None
         self._pay_vote(flag.numel() * flag.element_size())
         return bool(flag.item() > 0)
+
+
+document_settings(Prague, PragueOptions)

@@ -44,10 +44,9 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
-from hetrain.comm.local_work import MODES as LOCAL_WORK_MODES
+from hetrain.comm import settings as comm_carrier
 from hetrain.comm.local_work import StepTimer, steps_per_exchange
 from hetrain.comm.settings import CommSettings
-from hetrain.compression.spec import CompressionSpec
 from hetrain.protocols.membership import ON_FAILURE
 from hetrain.protocols.options import OptionError
 from hetrain.runtime.flat_state import FlatState
@@ -57,15 +56,21 @@ from hetrain.runtime.speed_board import SpeedBoard
 from hetrain.transport.device_thread import synchronize
 from hetrain.transport.job import DEFAULT_TIMEOUT_S, JobView, model_device
 from hetrain.transport.link import EmulatedLink
-from hetrain.transport.link_spec import LinkSpec, ring_allreduce_bytes
-
-# the communication keywords every protocol takes beside its own options (see the module docstring)
-COMM_KEYWORDS = ("sync_every", "outer_optimizer", "compression", "gossip_step", "local_work", "link")
+from hetrain.transport.link_spec import ring_allreduce_bytes
 
 
-def pop_comm_keywords(settings: dict) -> dict:
-    """Take the communication keywords out of a public class's ``**settings`` (the rest are its options)."""
-    return {name: settings.pop(name) for name in COMM_KEYWORDS if name in settings}
+def comm_from(comm: CommSettings | None, settings: dict, owner: str) -> CommSettings:
+    """The communication settings of a public class: ``comm`` as given, or built from the communication
+    keywords of its ``**settings`` (taken out of it: the rest are the protocol's options)."""
+    keywords = {f.name for f in comm_carrier.comm_fields()} | {"link"}  # link: a LinkSpec for the two link fields
+    given = {name: settings.pop(name) for name in list(settings) if name in keywords}
+    if comm is None:
+        return comm_carrier.CommSettings.from_keywords(**given)
+    if given:
+        raise TypeError(f"{owner}() takes comm= or communication keywords, not both (got {sorted(given)})")
+    if not isinstance(comm, comm_carrier.CommSettings):
+        raise TypeError(f"{owner}() comm= must be a CommSettings, got {type(comm).__name__}")
+    return comm
 
 
 @dataclass
@@ -91,20 +96,31 @@ class ProtocolStats:
         return data
 
 
+def _outer_step(model: nn.Module, comm: CommSettings) -> OuterStep | None:
+    """The outer optimizer ``comm`` names (DiLoCo's SGD with Nesterov momentum over the model's parameters),
+    or the optimizer object given from Python; None for plain averaging."""
+    if not isinstance(comm.outer_optimizer, str):
+        return OuterStep(model, comm.outer_optimizer)
+    if comm.outer_optimizer == "none":
+        return None
+    return OuterStep(model, torch.optim.SGD(model.parameters(), lr=comm.resolved_outer_lr,
+                                            momentum=comm.resolved_outer_momentum,
+                                            nesterov=comm.outer_optimizer == "nesterov"))
+
+
 class SyncProtocol:
     """Base class; see the module docstring. ``name`` is the registry's protocol name."""
 
     name = "base"
     outer_gossips_anchors = False  # True: the anchors are averaged beside the models (Prague, AD-PSGD)
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
-                 process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort",
-                 dead_workers: Callable[[], set[int]] | None = None, sync_every: int = 1,
-                 outer_optimizer: torch.optim.Optimizer | None = None, compression: str | CompressionSpec = "none",
-                 gossip_step: float | None = None, local_work: str = "fixed", link: LinkSpec | str | float | None = None):
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *, options=None,
+                 comm: CommSettings | None = None, process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 on_failure: str = "abort", dead_workers: Callable[[], set[int]] | None = None):
         if on_failure not in ON_FAILURE:
             raise OptionError(f"{{on_failure}} must be one of {', '.join(ON_FAILURE)}, got {on_failure!r}")
         self.model = model
+        self.options = options  # the protocol's options object (None: a protocol without options)
         self.on_failure = on_failure
         self.tolerant = on_failure != "abort"  # continue or respawn: route around the dead
         self.dead_workers = dead_workers if self.tolerant else None
@@ -117,13 +133,14 @@ class SyncProtocol:
         self.joining = self.incarnation > 0  # a replacement joining a running job
         if self.joining:  # the deaths so far (a rank dead now comes back as a rejoin)
             self.dead = set(self.dead_workers()) - {self.job.rank}
-        self._outer = OuterStep(model, outer_optimizer) if outer_optimizer is not None else None
+        self.comm = (comm or comm_carrier.CommSettings()).validate(self.job.world_size)
+        self._outer = _outer_step(model, self.comm)
         gossip = self._outer is not None and self.outer_gossips_anchors
         self.state = FlatState(model, extra=self._outer.anchor if gossip else [])  # anchors travel with the model
         if gossip:
             self._outer.state = self.state
         self.stats = ProtocolStats()
-        self._setup_comm(model, sync_every, compression, gossip_step, local_work, link)
+        self._setup_comm()
         self._hooks = []
         if optimizer is not None:
             self._hooks.append(optimizer.register_step_post_hook(self._after_optimizer_step))
@@ -136,39 +153,22 @@ class SyncProtocol:
         self._last_step_end = time.perf_counter()
         self._last_exchange_end = self._last_step_end
 
-    def _setup_comm(self, model, sync_every, compression, gossip_step, local_work, link) -> None:
-        if not isinstance(sync_every, int) or sync_every < 1:
-            raise OptionError(f"{{sync_every}} must be a positive integer, got {sync_every!r}")
-        if local_work not in LOCAL_WORK_MODES:
-            raise OptionError(f"{{local_work}} must be one of {', '.join(LOCAL_WORK_MODES)}, got {local_work!r}")
-        if gossip_step is not None and not 0 < gossip_step <= 1:
-            raise OptionError(f"{{gossip_step}} must be in (0, 1], got {gossip_step}")
-        if link is not None and not isinstance(link, LinkSpec):
-            link = LinkSpec.parse(link)
-        if link is not None:
-            link.check_workers(self.job.world_size)
-        self.sync_every = sync_every
-        self.local_work = local_work
-        self.compression = CompressionSpec.parse(compression)
+    def _setup_comm(self) -> None:
+        comm = self.comm
+        self.sync_every = comm.sync_every
+        self.local_work = comm.local_work
+        self.compression = comm.compression
         shapes = [tuple(t.shape) for t in self.state.tensors]
-        self.gossip_step = float(gossip_step) if gossip_step is not None else \
+        self.gossip_step = float(comm.gossip_step) if comm.gossip_step is not None else \
             self.compression.default_gossip_step(self.state.numel, shapes)
-        self.link = EmulatedLink(link, self.job.rank)
-        self._check_comm()
+        self.link = EmulatedLink(comm.link, self.job.rank)
+        if self.options is not None:
+            self.options.check_comm(comm)  # what this protocol refuses (allreduce: local steps, ...)
         self._local_steps = 0  # local steps since the last exchange
-        self._steps_this_exchange = sync_every
+        self._steps_this_exchange = comm.sync_every
         self._step_timer = StepTimer()
-        self._speeds = SpeedBoard(self.job) if local_work == "auto" and self.job.world_size > 1 else None
+        self._speeds = SpeedBoard(self.job) if comm.local_work == "auto" and self.job.world_size > 1 else None
         self._beacon = ProgressBeacon.of(self.job)  # finishing workers wait for a straggler while it steps
-
-    def _check_comm(self) -> None:
-        """Raise OptionError for communication settings this protocol's options refuse (their ``check_comm``)."""
-        options = getattr(self, "options", None)
-        if options is not None:
-            options.check_comm(CommSettings(
-                sync_every=self.sync_every, local_work=self.local_work, compression=self.compression,
-                gossip_step=self.gossip_step, outer="none" if self._outer is None else "sgd",
-                link=self.link.spec or LinkSpec()))
 
     # -- the PyTorch-facing surface ---------------------------------------------------------
     @property

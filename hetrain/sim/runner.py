@@ -57,7 +57,7 @@ def refuse_unmodelled(config: RunConfig) -> None:
         raise OptionError("the simulator reports accuracy, not validation loss; {target_loss} applies to "
                           "hetrain train's lm workload (use {target_accuracy})")
     comm = config.comm_settings()
-    if comm.outer != "none":
+    if comm.outer_named != "none":
         raise OptionError("the simulator does not model an {outer_optimizer} (its math averages models); "
                           "measure it with hetrain train")
     from hetrain.faults import parse_fail

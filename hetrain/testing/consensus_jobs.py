@@ -27,7 +27,9 @@ def gossip_only(ctx, topology: str, exchanges: int, outer: bool):
     start = model.w.detach().clone()
     optimizer = torch.optim.SGD(model.parameters(), **NESTEROV) if outer else None
     if topology == "prague":  # groups of two, a new partner every exchange (the smart Group Generator)
-        sync = hetrain.Prague(model, None, group_size=2, sync_every=1, outer_optimizer=optimizer)
+        # no overlap: with it, a pair's last average lands on whichever member steps again (a member that
+        # already took its last step holds it until finish), so the mean before finish moves under load
+        sync = hetrain.Prague(model, None, group_size=2, sync_every=1, outer_optimizer=optimizer, preduce_overlap=0)
     else:
         sync = hetrain.DPSGD(model, None, topology=topology, sync_every=1, outer_optimizer=optimizer)
     for _ in range(exchanges):

@@ -101,7 +101,7 @@ def test_steps_weighted_mixing_keeps_the_steps_weighted_mean_on_symmetric_graphs
 
 @pytest.mark.parametrize("changes, message", [
     ({"sync_every": 0}, "sync_every"), ({"local_work": "auto"}, "sync_every"), ({"gossip_step": 1.5}, "gossip_step"),
-    ({"outer": "adam"}, "outer_optimizer"), ({"outer_momentum": 1.0}, "outer_momentum"),
+    ({"outer_optimizer": "adam"}, "outer_optimizer"), ({"outer_optimizer": object()}, "outer_optimizer"), ({"outer_momentum": 1.0}, "outer_momentum"),
 ])
 def test_comm_settings_refuse_what_cannot_work(changes, message):
     with pytest.raises(OptionError, match=message):

@@ -186,3 +186,28 @@ def test_one_worker_without_torch_distributed_trains_alone(cls):
             model(torch.randn(8, 4)).sum().backward()
             optimizer.step()
     assert sync.metrics()["iteration"] == 3 and not torch.equal(model.weight, before)
+
+
+@pytest.mark.parametrize("name, options_cls", [("Hop", "HopOptions"), ("DPSGD", "DPSGDOptions"),
+                                               ("Prague", "PragueOptions"), ("ADPSGD", "ADPSGDOptions"),
+                                               ("ParameterServer", "PSOptions"), ("AllReduce", "AllReduceOptions")])
+def test_help_shows_every_setting_of_a_public_class_with_its_default(name, options_cls):
+    """help() reads the signature and the docstring: both name every option and communication setting."""
+    import dataclasses
+    import inspect
+    import pydoc
+
+    from hetrain import protocols  # noqa: F401
+    from hetrain.comm.settings import comm_fields
+    from hetrain.registry import PROTOCOLS
+
+    cls = getattr(hetrain, name)
+    options = next(spec.options for spec in PROTOCOLS.values() if spec.options.__name__ == options_cls)
+    expected = {f.name: f.default for f in dataclasses.fields(options) if "help" in f.metadata}
+    expected.update({f.name: f.default for f in comm_fields()})
+    parameters = inspect.signature(cls).parameters
+    assert {n: parameters[n].default for n in expected} == expected
+    assert all(parameters[n].kind is inspect.Parameter.KEYWORD_ONLY for n in expected)
+    text = pydoc.render_doc(cls, renderer=pydoc.plaintext)
+    assert "sync_every=1" in text and "Args:" in text
+    assert all(f"{n} (default" in text for n in expected)

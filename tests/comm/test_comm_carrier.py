@@ -1,0 +1,78 @@
+"""A communication setting is one field of CommSettings: nothing else is touched, yet it becomes a flag,
+travels in a RunConfig, enters the resume fingerprint and the metrics record, and reaches a protocol shell
+(by ``comm=`` and by keyword) and the simulator as the one object (docs/protocol-anatomy.md, issue 39).
+
+The toy setting below is declared the way a real one is (a field with ``comm_option``); the test swaps the
+class in where the code looks it up (``hetrain.comm.settings``), as a new field would be found there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import hetrain
+from hetrain.comm import settings
+from hetrain.comm.settings import CommSettings, comm_option
+from hetrain.commands.run_options import add_comm_options, comm_values
+from hetrain.config import RunConfig
+from hetrain.jobs.checkpoint import fingerprint
+from hetrain.sim.runner import simulate
+
+
+@dataclass(frozen=True)
+class ToyComm(CommSettings):
+    toy_rounds: int = comm_option(3, help="toy: rounds per exchange (default 3)")
+
+    def validate(self, num_workers: int | None = None) -> ToyComm:
+        if self.toy_rounds < 1:
+            raise settings.OptionError(f"{{toy_rounds}} must be >= 1, got {self.toy_rounds}")
+        return super().validate(num_workers)
+
+
+@pytest.fixture
+def toy_setting(monkeypatch):
+    monkeypatch.setattr(settings, "CommSettings", ToyComm)
+
+
+def test_one_field_is_a_flag_a_config_entry_a_fingerprint_and_a_record(toy_setting):
+    parser = argparse.ArgumentParser()
+    add_comm_options(parser, RunConfig())
+    args = parser.parse_args(["--toy-rounds", "5", "--sync-every", "4"])
+    config = RunConfig(protocol="hop", num_workers=2, iterations=4, comm=comm_values(args)).validate()
+    assert config.comm == {"toy_rounds": 5, "sync_every": 4}
+    assert config.comm_settings().toy_rounds == 5
+    assert fingerprint(config)["toy_rounds"] == 5  # state=True by default: a resume must match
+    assert config.record()["toy_rounds"] == 5
+    with pytest.raises(settings.OptionError, match="toy_rounds"):
+        RunConfig(protocol="hop", num_workers=2, iterations=4, comm={"toy_rounds": 0}).validate()
+
+
+def test_one_field_reaches_the_shell_and_the_simulator(toy_setting, tmp_path):
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        model = torch.nn.Linear(2, 1)
+        given = hetrain.DPSGD(model, None, topology="complete", toy_rounds=7)  # by keyword
+        assert given.comm.toy_rounds == 7
+        given.close()
+        config = RunConfig(protocol="dpsgd", num_workers=1, iterations=2, comm={"toy_rounds": 6}).validate()
+        built = config.protocol_spec.build(model, None, config.protocol_options(), comm=config.comm_settings())
+        assert built.comm.toy_rounds == 6  # the one object, whole
+        built.close()
+    finally:
+        dist.destroy_process_group()
+    metrics = simulate(RunConfig(protocol="hop", num_workers=4, iterations=3, comm={"toy_rounds": 2}))
+    assert metrics["toy_rounds"] == 2
+
+
+def test_every_setting_has_a_flag_help_and_a_default_that_changes_nothing():
+    fields = dataclasses.fields(CommSettings)
+    assert all(f.metadata["help"] for f in fields)
+    flags = [settings.flag_of(f) for f in fields]
+    assert len(set(flags)) == len(flags) and "--compress" in flags
+    assert CommSettings().default
