@@ -64,12 +64,12 @@ from hetrain.protocols.options import OptionError
 from hetrain.transport.job import job_store, store_group
 from hetrain.transport.link import EmulatedLink
 from hetrain.transport.link_spec import ring_allreduce_bytes
+from hetrain.transport.membership import CONFIRM_DEATH_S
 from hetrain.transport.watched_call import DeathDuringCall, call_unless_dead
 
 _DIAGNOSE_GRACE_S = 2.0  # how long a timed-out member waits for the others' arrival marks
 _EXCHANGE_TAG = 0
 _DEATH_POLL_S = 0.05
-_DEATH_NOTICE_S = 3.0  # a failed call waits this long for the launcher to name a dead member
 
 
 class MemberDied(WorkerError):
@@ -180,7 +180,7 @@ class PReduce:
             self._replicas.pop(comm_key, None)
             raise exc from None
         except Exception as exc:  # gloo/NCCL raise RuntimeError on timeouts and lost peers
-            dead = self._dead_members(members, grace_s=_DEATH_NOTICE_S)
+            dead = self._dead_members(members, grace_s=CONFIRM_DEATH_S)
             if dead:
                 raise MemberDied(self.rank, members, dead) from None
             missing = self._diagnose(members, comm_key, uses)

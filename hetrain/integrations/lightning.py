@@ -153,7 +153,7 @@ class HetrainStrategy(DDPStrategy):
             store = job_store()
             store = torch.distributed.PrefixStore(f"lightning/liveness/{next(_fits)}/", store) if store else None
             self.liveness = StoreLiveness.start(store, self.global_rank, self.world_size, self.timeout_s)
-            runtime.update(on_failure=self.on_failure, dead_workers=self.liveness.dead_workers)
+            runtime.update(on_failure=self.on_failure, dead_workers=self.liveness)
         if self.spec.seeded:
             runtime["seed"] = self.seed
         self.sync = self.spec.runtime_class()(self.lightning_module, self.optimizers[0], timeout_s=self.timeout_s,

@@ -26,14 +26,15 @@ import threading
 import time
 
 from hetrain.errors import WorkerError
+from hetrain.transport.membership import Membership
 
 log = logging.getLogger(__name__)
 
 INTERVAL_S = 0.2
-SILENCE_S = 1.5  # below Hop's grace for a lost peer not yet named dead (hetrain.runtime.hop.SUSPECT_GRACE_S)
+SILENCE_S = 1.5  # below the bound for naming a lost peer dead (hetrain.transport.membership.CONFIRM_DEATH_S)
 
 
-class StoreLiveness:
+class StoreLiveness(Membership):
     def __init__(self, store, rank: int, world_size: int, timeout_s: float):
         self.on_death = None  # called with each rank found dead (from the watching thread)
         self.store = store
@@ -57,6 +58,9 @@ class StoreLiveness:
         liveness._thread = threading.Thread(target=liveness._run, name="hetrain-liveness", daemon=True)
         liveness._thread.start()
         return liveness
+
+    def dead(self) -> set[int]:
+        return self.dead_workers()
 
     def dead_workers(self) -> set[int]:
         """The ranks known dead; raises if this rank itself was declared dead (it must leave)."""

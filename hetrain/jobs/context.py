@@ -11,6 +11,7 @@ import torch
 
 from hetrain.errors import WorkerError
 from hetrain.transport.job import DEFAULT_TIMEOUT_S
+from hetrain.transport.membership import Membership
 
 PHASE_HOLD_S = 10.0
 
@@ -78,7 +79,7 @@ class WorkerContext:
         return datetime.timedelta(seconds=self.timeout_s)
 
 
-class LauncherMembership:
+class LauncherMembership(Membership):
     """Who is in a local job, as the launcher's shared memory says (``continue`` and ``respawn``).
 
     Called, it returns the set of dead ranks (what protocols take as
@@ -107,7 +108,7 @@ class LauncherMembership:
         self._report = report
         self._wait_frozen = wait_frozen
 
-    def __call__(self) -> set[int]:
+    def dead(self) -> set[int]:
         return {w for w in range(len(self._dead)) if self._dead[w]}
 
     def incarnations(self) -> list[int]:

@@ -25,11 +25,11 @@ import torch.distributed as dist
 from hetrain.errors import WorkerError
 from hetrain.runtime.flat_state import FlatState
 from hetrain.transport.job import JobView, subset_group
+from hetrain.transport.membership import Membership
 from hetrain.transport.watched_call import call_unless_dead
 
 T = TypeVar("T")
 _RETRY_PAUSE_S = 0.5
-_DEATH_NOTICE_S = 3.0  # how long a failed collective waits for the launcher to name a dead worker
 
 
 def average_state(state: FlatState, job: JobView, dead_workers: Callable[[], set[int]] | None = None,
@@ -57,11 +57,12 @@ def over_survivors(job: JobView, dead_workers: Callable[[], set[int]] | None, wh
     survivors give up on that group and rebuild one without the dead, until the job's timeout; ``what``
     names the collective in errors.
     """
-    if hasattr(dead_workers, "freeze") and not dead_workers.freeze(job.timeout_s):
+    membership = Membership.of(dead_workers)
+    if not membership.freeze(job.timeout_s):
         raise WorkerError(f"worker {job.rank} waited {job.timeout_s:.0f} s for the launcher to close the "
                           f"membership before {what}")
     dead = set(dead_workers()) if dead_workers else set()
-    incarnations = dead_workers.incarnations if hasattr(dead_workers, "incarnations") else None
+    incarnations = membership.incarnations if membership.replaces else None
     replaced = incarnations is not None and any(incarnations())  # the world group holds dead processes' pairs
     everyone = list(range(job.world_size))
     if not dead and not replaced:
@@ -72,7 +73,7 @@ def over_survivors(job: JobView, dead_workers: Callable[[], set[int]] | None, wh
             return call_unless_dead(lambda: collective(job.group, everyone, False),
                                     lambda: set(dead_workers()), what, "hetrain-average")
         except Exception as exc:
-            if dead_workers is None or not wait_for_death_notice(dead_workers):
+            if dead_workers is None or not membership.confirm_dead():
                 raise WorkerError(f"worker {job.rank} waited for {what} over all {job.world_size} "
                                   f"workers: {_first_line(exc)}") from None
     deadline = time.monotonic() + job.timeout_s
@@ -88,17 +89,6 @@ def over_survivors(job: JobView, dead_workers: Callable[[], set[int]] | None, wh
                 raise WorkerError(f"worker {job.rank} waited for {what} over the survivors "
                                   f"{survivors}: {_first_line(exc)}") from None
             time.sleep(_RETRY_PAUSE_S)  # someone else died meanwhile: the launcher says so shortly
-
-
-def wait_for_death_notice(dead_workers: Callable[[], set[int]], known: set[int] = frozenset()) -> set[int]:
-    """New deaths the launcher reports within a few seconds of a failure (empty: it was not a death)."""
-    deadline = time.monotonic() + _DEATH_NOTICE_S
-    while time.monotonic() < deadline:
-        new = set(dead_workers()) - set(known)
-        if new:
-            return new
-        time.sleep(0.05)
-    return set()
 
 
 def survivor_group(job: JobView, dead: set[int], name: str = "survivors", incarnations: list[int] | None = None):

@@ -36,6 +36,7 @@ from hetrain.runtime.consensus import average_state
 from hetrain.runtime.protocol import SyncProtocol, comm_from
 from hetrain.runtime.public_signature import document_settings
 from hetrain.transport.job import DEFAULT_TIMEOUT_S
+from hetrain.transport.membership import CONFIRM_DEATH_S
 from hetrain.transport.peer_channels import (
     DELTA,
     KEYFRAME,
@@ -48,7 +49,6 @@ from hetrain.transport.peer_channels import (
 )
 
 DEATH_POLL_S = 0.1  # continue mode: how often a waiting worker looks for deaths
-SUSPECT_GRACE_S = 3.0  # continue mode: a lost peer the launcher has not named dead by then is an error
 ADOPT_WAIT_S = 0.5  # a replacement: after the first neighbour's model, how long to wait for the others'
 _STATS_COUNTERS = ("updates_stale", "updates_dropped", "max_iteration_gap", "skipped_iterations")  # ProtocolStats fields
 
@@ -232,7 +232,7 @@ class Hop(SyncProtocol):
         for peer, (since, error) in list(self._suspects.items()):
             if peer in self.dead or peer in back:  # dead; or dead and replaced between two looks (respawn)
                 del self._suspects[peer]
-            elif now - since > SUSPECT_GRACE_S:
+            elif now - since > CONFIRM_DEATH_S:  # lost, not named dead within the bound
                 self._channel_errors.append(error)  # lost, yet alive: not a death we can route around
                 del self._suspects[peer]
         if new or back:

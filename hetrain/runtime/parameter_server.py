@@ -41,7 +41,7 @@ from hetrain.compression.error_feedback import ErrorFeedback
 from hetrain.errors import UsageError, WorkerError
 from hetrain.protocols.options import options_or_settings
 from hetrain.protocols.ps_logic import ParameterServerLogic, PSOptions, ServerStep
-from hetrain.runtime.consensus import over_survivors, wait_for_death_notice
+from hetrain.runtime.consensus import over_survivors
 from hetrain.runtime.protocol import SyncProtocol, comm_from
 from hetrain.runtime.public_signature import document_settings
 from hetrain.transport.buffer_pool import DEFAULT_CAPACITY, DEFAULT_SPARE, BufferPool
@@ -311,7 +311,7 @@ class ParameterServer(SyncProtocol):
                     continue
                 self._receive_push(worker, header)
             except Exception as exc:
-                new = wait_for_death_notice(self.dead_workers, deaths_seen) if self.dead_workers else set()
+                new = self.membership.confirm_dead(known=deaths_seen) if self.dead_workers else set()
                 if new:  # a worker died (rank 0's loop stops waiting for it): serve the others
                     deaths_seen |= new
                     continue

@@ -57,6 +57,7 @@ from hetrain.transport.device_thread import synchronize
 from hetrain.transport.job import DEFAULT_TIMEOUT_S, JobView, model_device
 from hetrain.transport.link import EmulatedLink
 from hetrain.transport.link_spec import ring_allreduce_bytes
+from hetrain.transport.membership import Membership
 
 
 def comm_from(comm: CommSettings | None, settings: dict, owner: str) -> CommSettings:
@@ -123,11 +124,12 @@ class SyncProtocol:
         self.options = options  # the protocol's options object (None: a protocol without options)
         self.on_failure = on_failure
         self.tolerant = on_failure != "abort"  # continue or respawn: route around the dead
-        self.dead_workers = dead_workers if self.tolerant else None
+        self.membership = Membership.of(dead_workers if self.tolerant else None)  # who is in the job, typed
+        self.dead_workers = self.membership if self.tolerant and dead_workers is not None else None
         self.dead: set[int] = set()  # workers this one knows to be dead
         self.job = JobView.of(process_group, model_device(model), timeout_s, self.name)
         # respawn: each rank's process number as this worker knows it (the launcher's LauncherMembership)
-        self._membership = self.dead_workers if hasattr(self.dead_workers, "incarnations") else None
+        self._membership = self.membership if self.membership.replaces else None
         self.incarnations = self._membership.incarnations() if self._membership else [0] * self.job.world_size
         self.incarnation = self._membership.incarnation if self._membership else 0
         self.joining = self.incarnation > 0  # a replacement joining a running job

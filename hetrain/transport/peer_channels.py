@@ -46,6 +46,7 @@ from hetrain.transport.data_plane import DataPlane
 from hetrain.transport.device_thread import device_thread
 from hetrain.transport.job import JobView, private_group
 from hetrain.transport.link import EmulatedLink
+from hetrain.transport.membership import Membership
 from hetrain.transport.pair_links import PairLinks
 from hetrain.transport.send_window import DEFAULT_MAX_IN_FLIGHT, SendWindow
 
@@ -55,7 +56,6 @@ HEADER_NUMEL = 5
 CHANNEL_TAGS = {"update": 11, "token": 12}
 PAYLOAD_CHANNEL = "update"  # the one channel whose messages carry payloads
 HANDSHAKE_TAG = 13
-HANDSHAKE_DEATH_NOTICE_S = 5.0  # a failed handshake waits this long for the launcher to report the peer dead
 RECEIVER_TIMEOUT_FACTOR = 3
 
 
@@ -228,10 +228,7 @@ class PeerChannels:
             if failed or time.monotonic() > deadline:
                 peer, why = failed[0] if failed else (exchanges[pending[0]][0], "no answer")
                 if failed:  # a failed connection is how a death shows; the launcher says so within a second
-                    settle = time.monotonic() + HANDSHAKE_DEATH_NOTICE_S
-                    while time.monotonic() < settle and peer not in set(dead_workers()):
-                        time.sleep(0.02)
-                    if peer in set(dead_workers()):
+                    if Membership.of(dead_workers).confirm_dead(among={peer}):
                         continue
                 raise WorkerError(f"worker {self.job.rank} could not reach its neighbour {peer} (of {peers}) "
                                   f"within {self.job.timeout_s:.0f} s: {why}")

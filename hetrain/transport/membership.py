@@ -1,0 +1,85 @@
+"""Who is in the job: the one type every protocol, group service and channel asks.
+
+A protocol built with ``on_failure="continue"`` or ``"respawn"`` is given ``dead_workers``: the local
+launcher's :class:`~hetrain.jobs.context.LauncherMembership`, the Lightning strategy's liveness watcher
+(:class:`~hetrain.integrations.liveness.StoreLiveness`), or any callable returning the dead ranks (a
+user's own). :meth:`Membership.of` wraps each as a :class:`Membership`, so the layers below ask one
+type what they need, never probe with ``hasattr``:
+
+* ``dead()`` (also ``membership()``): the ranks known dead now;
+* ``incarnations()``: each rank's process number (a replaced rank runs a higher one); all 0 where
+  nothing is ever replaced;
+* ``incarnation``: this process's own number (> 0: a replacement joining a running job);
+* ``confirm_dead(among, known)``: a peer was lost (a send failed, a collective broke): wait at most
+  :data:`CONFIRM_DEATH_S` for the membership to name a new death, and return it (empty: it was not a
+  death, and the caller raises its own error). One bound for every caller;
+* ``freeze(timeout_s)``: a finishing worker ends admissions (a replacement admitted after the final
+  average began would be waited for by nobody); True where nothing is ever admitted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+CONFIRM_DEATH_S = 5.0  # a lost peer not named dead within this is not a death (covers a loaded machine's launcher)
+POLL_S = 0.05
+
+
+class Membership:
+    """No deaths, no replacements: a job without failure handling (see the module docstring)."""
+
+    incarnation = 0
+
+    def dead(self) -> set[int]:
+        return set()
+
+    def __call__(self) -> set[int]:
+        return self.dead()
+
+    def incarnations(self) -> list[int] | None:
+        """Each rank's process number, or None where ranks are never replaced."""
+        return None
+
+    def freeze(self, timeout_s: float) -> bool:
+        return True
+
+    def announce_joined(self, timeout_s: float) -> None:
+        """A replacement: tell whoever admits it that this process is ready (nothing to tell here)."""
+
+    @property
+    def replaces(self) -> bool:
+        """Whether ranks may come back as new processes (respawn)."""
+        return self.incarnations() is not None
+
+    def confirm_dead(self, among: Iterable[int] | None = None, known: Iterable[int] = (),
+                     within_s: float = CONFIRM_DEATH_S) -> set[int]:
+        """New deaths (among ``among``, if given) named within ``within_s``; empty if none was."""
+        watched = None if among is None else set(among)
+        deadline = time.monotonic() + within_s
+        while True:
+            new = self.dead() - set(known)
+            if watched is not None:
+                new &= watched
+            if new or time.monotonic() >= deadline:
+                return new
+            time.sleep(POLL_S)
+
+    @staticmethod
+    def of(dead_workers: Callable[[], set[int]] | Membership | None) -> Membership:
+        """``dead_workers`` as a Membership (None: no failure handling)."""
+        if dead_workers is None:
+            return Membership()
+        if isinstance(dead_workers, Membership):
+            return dead_workers
+        return CallableMembership(dead_workers)
+
+
+class CallableMembership(Membership):
+    """A user's callable that returns the dead ranks (no replacements)."""
+
+    def __init__(self, dead_workers: Callable[[], set[int]]):
+        self._dead_workers = dead_workers
+
+    def dead(self) -> set[int]:
+        return set(self._dead_workers())
