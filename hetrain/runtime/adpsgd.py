@@ -39,15 +39,16 @@ class ADPSGD(GroupProtocol):
     def __init__(self, model, optimizer=None, *, options: ADPSGDOptions | None = None,
                  comm: CommSettings | None = None, seed: int = 0, process_group=None,
                  timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort", dead_workers=None,
-                 gg_address: tuple[str, str] | None = None, **settings):
+                 gg_address: tuple[str, str] | None = None, transport=None, **settings):
         comm = comm_from(comm, settings, "ADPSGD")
         options = options_or_settings(ADPSGDOptions, options, settings, "ADPSGD")
-        world = dist.get_world_size(process_group) if dist.is_initialized() else 1
+        world = transport.job.world_size if transport is not None else \
+            dist.get_world_size(process_group) if dist.is_initialized() else 1
         scheduler = scheduler_for(world, options, seed)
         super().__init__(model, optimizer, scheduler, communicator_cache=options.communicator_cache,
                          local_scheduler=False, process_group=process_group, timeout_s=timeout_s,
                          on_failure=on_failure, dead_workers=dead_workers, gg_address=gg_address, options=options,
-                         comm=comm)
+                         comm=comm, transport=transport)
         self.stats.extra["role"] = "active" if scheduler.is_active(self.job.rank) else "passive"
 
 

@@ -68,9 +68,9 @@ def over_survivors(job: JobView, dead_workers: Callable[[], set[int]] | None, wh
     if not dead and not replaced:
         try:
             if dead_workers is None:
-                return collective(job.group, everyone, False)
+                return collective(job.group, everyone, job.private)
             # watched: a worker stopped, then killed as hung, is waited for the whole timeout otherwise
-            return call_unless_dead(lambda: collective(job.group, everyone, False),
+            return call_unless_dead(lambda: collective(job.group, everyone, job.private),
                                     lambda: set(dead_workers()), what, "hetrain-average")
         except Exception as exc:
             if dead_workers is None or not membership.confirm_dead():

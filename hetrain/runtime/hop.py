@@ -86,11 +86,11 @@ class Hop(SyncProtocol):
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
                  options: HopOptions | DPSGDOptions | None = None, comm: CommSettings | None = None,
                  process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort",
-                 dead_workers=None, **settings):
+                 dead_workers=None, transport=None, **settings):
         comm = comm_from(comm, settings, type(self).__name__)
         options = options_or_settings(self.options_class, options, settings, type(self).__name__)
         super().__init__(model, optimizer, options=options, comm=comm, process_group=process_group,
-                         timeout_s=timeout_s, on_failure=on_failure, dead_workers=dead_workers)
+                         timeout_s=timeout_s, on_failure=on_failure, dead_workers=dead_workers, transport=transport)
         self.topology = self.options.topology_for(self.job.world_size)
         self.config = self.options.config_for(self.topology)
         if self.topology.num_workers != self.job.world_size:
@@ -241,10 +241,7 @@ class Hop(SyncProtocol):
     def _note_finished_neighbours(self) -> None:
         """Neighbours that finished before a repair made them ours never send us their STOP: count
         them as stopped (the launcher's shared record says who finished and whom each told)."""
-        finished = getattr(self.dead_workers, "finished_without_stop", None)
-        if finished is None:
-            return
-        senders, token_sources = finished()
+        senders, token_sources = self.membership.finished_without_stop()
         for peer in senders & set(self.logic.in_weights):
             self.logic.sender_finished(peer)
         for peer in token_sources & set(self.logic.tokens):
@@ -427,9 +424,7 @@ class Hop(SyncProtocol):
             self._check_deaths()
             self._send_owed_models()  # a replacement that joined as this worker's loop ended needs a model
         token_stops = list(self.logic.in_weights) if self.config.uses_tokens else []
-        record = getattr(self.dead_workers, "record_finish", None)
-        if record is not None:
-            record(self.logic.out_neighbors, token_stops)
+        self.membership.record_finish(self.logic.out_neighbors, token_stops)
         self.channels.send("update", self.logic.out_neighbors, STOP)
         self.channels.send("token", token_stops, STOP)
         if not self.tolerant:

@@ -167,11 +167,11 @@ class ParameterServer(SyncProtocol):
 
     def __init__(self, model, optimizer=None, *, options: PSOptions | None = None, comm: CommSettings | None = None,
                  process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort",
-                 dead_workers=None, **settings):
+                 dead_workers=None, transport=None, **settings):
         comm = comm_from(comm, settings, "ParameterServer")
         options = options_or_settings(PSOptions, options, settings, "ParameterServer")
         super().__init__(model, optimizer, options=options, comm=comm, process_group=process_group,
-                         timeout_s=timeout_s, on_failure=on_failure, dead_workers=dead_workers)
+                         timeout_s=timeout_s, on_failure=on_failure, dead_workers=dead_workers, transport=transport)
         job = self.job
         self.options = options.validate(job.world_size)
         self.staleness = options.staleness
@@ -182,8 +182,7 @@ class ParameterServer(SyncProtocol):
         flat = self.state.gather()
         if job.world_size > 1:
             if not self.tolerant:
-                self._wait(dist.broadcast(flat, src=dist.get_global_rank(job.group, 0) if job.group is not None
-                                          else 0, group=job.group, async_op=True), "the initial model from rank 0")
+                self._wait(job.broadcast(flat), "the initial model from rank 0")
                 self.state.scatter(flat)
             # continue/respawn: no broadcast, a collective a worker dead during start-up would hold for
             # --timeout; each worker takes its first step from its own initial model (hetrain train's
@@ -458,8 +457,7 @@ class ParameterServer(SyncProtocol):
         model = self._server.model.clone() if self._server is not None else torch.empty_like(self._pulled)
         if self.job.world_size > 1:
             model = model.to(self.job.device)
-            root = dist.get_global_rank(self.job.group, 0) if self.job.group is not None else 0
-            self._wait(dist.broadcast(model, src=root, group=self.job.group, async_op=True), "the resumed model")
+            self._wait(self.job.broadcast(model), "the resumed model")
         self._pulled = model.cpu().clone()
         self.state.scatter(model)
 

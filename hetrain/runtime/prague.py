@@ -47,9 +47,9 @@ class GroupProtocol(SyncProtocol):
     def __init__(self, model, optimizer, scheduler: GroupScheduler, *, communicator_cache: int,
                  local_scheduler: bool, process_group, timeout_s: float, on_failure: str = "abort",
                  dead_workers=None, gg_address: tuple[str, str] | None = None, gg_prefetch_ms: float = 0.0,
-                 preduce_overlap: bool = False, options=None, comm: CommSettings | None = None):
+                 preduce_overlap: bool = False, options=None, comm: CommSettings | None = None, transport=None):
         super().__init__(model, optimizer, options=options, comm=comm, process_group=process_group,
-                         timeout_s=timeout_s, on_failure=on_failure, dead_workers=dead_workers)
+                         timeout_s=timeout_s, on_failure=on_failure, dead_workers=dead_workers, transport=transport)
         job = self.job
         if job.store is None and job.world_size > 1:
             raise UsageError(f"{self.name} needs the job's c10d store (torch.distributed initialised)")
@@ -305,10 +305,11 @@ class Prague(GroupProtocol):
     def __init__(self, model, optimizer=None, *, options: PragueOptions | None = None,
                  comm: CommSettings | None = None, seed: int = 0, process_group=None,
                  timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort", dead_workers=None,
-                 gg_address: tuple[str, str] | None = None, **settings):
+                 gg_address: tuple[str, str] | None = None, transport=None, **settings):
         comm = comm_from(comm, settings, "Prague")
         options = options_or_settings(PragueOptions, options, settings, "Prague")
-        world = dist.get_world_size(process_group) if dist.is_initialized() else 1
+        world = transport.job.world_size if transport is not None else \
+            dist.get_world_size(process_group) if dist.is_initialized() else 1
         scheduler = scheduler_for(world, options, seed)
         options.check_on_failure(on_failure)
         self.gg_mode = options.gg
@@ -316,7 +317,7 @@ class Prague(GroupProtocol):
                          local_scheduler=options.local_schedule, process_group=process_group, timeout_s=timeout_s,
                          on_failure=on_failure, dead_workers=dead_workers, gg_address=gg_address,
                          gg_prefetch_ms=options.gg_prefetch_ms, preduce_overlap=bool(options.preduce_overlap),
-                         options=options, comm=comm)
+                         options=options, comm=comm, transport=transport)
         self.stats.extra["gg_mode"] = options.gg
 
     def _stop_wanted(self, local_done: bool) -> bool:
@@ -332,7 +333,7 @@ class Prague(GroupProtocol):
             return False
         flag = torch.tensor([1.0 if local_done else 0.0], device=self.job.device)
         try:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.job.group, async_op=True).wait(self.job.timeout)
+            self.job.all_reduce(flag, dist.ReduceOp.MAX).wait(self.job.timeout)
         except Exception as exc:
             raise WorkerError(
                 f"worker {self.job.rank} waited for the static schedule's stop vote at step "

@@ -54,10 +54,11 @@ from hetrain.runtime.outer_step import OuterStep
 from hetrain.runtime.progress import ProgressBeacon
 from hetrain.runtime.speed_board import SpeedBoard
 from hetrain.transport.device_thread import synchronize
-from hetrain.transport.job import DEFAULT_TIMEOUT_S, JobView, model_device
+from hetrain.transport.job import DEFAULT_TIMEOUT_S, model_device
 from hetrain.transport.link import EmulatedLink
 from hetrain.transport.link_spec import ring_allreduce_bytes
 from hetrain.transport.membership import Membership
+from hetrain.transport.worker_transport import Transport
 
 
 def comm_from(comm: CommSettings | None, settings: dict, owner: str) -> CommSettings:
@@ -117,17 +118,24 @@ class SyncProtocol:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *, options=None,
                  comm: CommSettings | None = None, process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 on_failure: str = "abort", dead_workers: Callable[[], set[int]] | None = None):
+                 on_failure: str = "abort", dead_workers: Callable[[], set[int]] | None = None,
+                 transport: Transport | None = None):
         if on_failure not in ON_FAILURE:
             raise OptionError(f"{{on_failure}} must be one of {', '.join(ON_FAILURE)}, got {on_failure!r}")
         self.model = model
         self.options = options  # the protocol's options object (None: a protocol without options)
         self.on_failure = on_failure
         self.tolerant = on_failure != "abort"  # continue or respawn: route around the dead
-        self.membership = Membership.of(dead_workers if self.tolerant else None)  # who is in the job, typed
-        self.dead_workers = self.membership if self.tolerant and dead_workers is not None else None
+        if transport is None:  # today's: the view of process_group, the deaths dead_workers names
+            transport = Transport.of(process_group, model_device(model), timeout_s, self.name, dead_workers)
+        elif process_group is not None or dead_workers is not None:
+            raise TypeError(f"{type(self).__name__}() takes transport= or process_group=/dead_workers=, not both")
+        self.transport = transport
+        given = transport.membership if type(transport.membership) is not Membership else None
+        self.membership = transport.membership if self.tolerant else Membership()  # who is in the job, typed
+        self.dead_workers = self.membership if self.tolerant and given is not None else None
         self.dead: set[int] = set()  # workers this one knows to be dead
-        self.job = JobView.of(process_group, model_device(model), timeout_s, self.name)
+        self.job = transport.job
         # respawn: each rank's process number as this worker knows it (the launcher's LauncherMembership)
         self._membership = self.membership if self.membership.replaces else None
         self.incarnations = self._membership.incarnations() if self._membership else [0] * self.job.world_size

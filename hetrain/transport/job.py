@@ -119,6 +119,7 @@ class JobView:
     local_rank: int = 0
     local_world_size: int = 1
     backend: str = "gloo"  # the group's: nccl, or gloo (also for CUDA models: tensors travel through the host)
+    private: bool = False  # ``group`` was built on the store (JobView.on_store): collectives call it directly
 
     @classmethod
     def of(cls, process_group, device: torch.device, timeout_s: float, kind: str) -> JobView:
@@ -135,7 +136,7 @@ class JobView:
         if rank < 0:
             raise ValueError(f"worker {dist.get_rank()} built a protocol on a process group it is not in")
         ranks = tuple(dist.get_process_group_ranks(process_group)) if process_group is not None else ()
-        key = (kind, ranks)
+        key = (kind, ranks, rank)
         instance = next(_instances.setdefault(key, count()))
         group_tag = "world" if not ranks else "g" + "-".join(map(str, ranks))
         base = job_store()
@@ -145,9 +146,38 @@ class JobView:
         backend = str(dist.get_backend(process_group)).lower()
         return cls(process_group, rank, size, device, timeout_s, store, local_rank, local_world, backend)
 
+    @classmethod
+    def on_store(cls, store, rank: int, world_size: int, kind: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 device: torch.device | None = None) -> JobView:
+        """A job of ``world_size`` members on ``store`` alone, with no default process group: its world group
+        is built on the store (gloo). Ranks may be threads of one process (``hetrain.testing.thread_ranks``),
+        each with its own view; instances of ``kind`` are numbered per rank, as on a process group."""
+        instance = next(_instances.setdefault((kind, ("store", id(store)), rank), count()))
+        group = store_group(dist.PrefixStore("world/", store), rank, world_size, timeout_s)
+        namespace = dist.PrefixStore(f"{kind}/store/{instance}/", store)
+        return cls(group, rank, world_size, device or torch.device("cpu"), timeout_s, namespace,
+                   local_world_size=world_size, local_rank=rank, private=True)
+
     @property
     def timeout(self) -> datetime.timedelta:
         return datetime.timedelta(seconds=self.timeout_s)
+
+    def all_reduce(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM):
+        """An all-reduce over the job's group, started (wait on the returned work, with a timeout)."""
+        if self.private:
+            options = dist.AllreduceOptions()
+            options.reduceOp = op
+            return self.group.allreduce([tensor], options)
+        return dist.all_reduce(tensor, op=op, group=self.group, async_op=True)
+
+    def broadcast(self, tensor: torch.Tensor, root: int = 0):
+        """Member ``root``'s ``tensor`` to every member, started (wait on the returned work)."""
+        if self.private:
+            options = dist.BroadcastOptions()
+            options.rootRank = root
+            return self.group.broadcast([tensor], options)
+        src = dist.get_global_rank(self.group, root) if self.group is not None else root
+        return dist.broadcast(tensor, src=src, group=self.group, async_op=True)
 
     @property
     def multi_node(self) -> bool:

@@ -13,6 +13,8 @@ type what they need, never probe with ``hasattr``:
 * ``confirm_dead(among, known)``: a peer was lost (a send failed, a collective broke): wait at most
   :data:`CONFIRM_DEATH_S` for the membership to name a new death, and return it (empty: it was not a
   death, and the caller raises its own error). One bound for every caller;
+* ``record_finish`` / ``finished_without_stop()``: a finishing worker's STOPs, recorded where a
+  neighbour a later repair gives it can read that none is coming (the local launcher's shared memory);
 * ``freeze(timeout_s)``: a finishing worker ends admissions (a replacement admitted after the final
   average began would be waited for by nobody); True where nothing is ever admitted.
 """
@@ -46,6 +48,14 @@ class Membership:
 
     def announce_joined(self, timeout_s: float) -> None:
         """A replacement: tell whoever admits it that this process is ready (nothing to tell here)."""
+
+    def record_finish(self, update_stops, token_stops) -> None:
+        """Before a finishing worker sends its STOPs: whom they go to (kept where others can read it)."""
+
+    def finished_without_stop(self) -> tuple[set[int], set[int]]:
+        """(ranks that will send this worker no update STOP, nor a token STOP): finished after a repair
+        made them its neighbours. None known here."""
+        return set(), set()
 
     @property
     def replaces(self) -> bool:

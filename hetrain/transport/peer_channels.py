@@ -243,10 +243,11 @@ class PeerChannels:
         neighbour's included; a member that joined and then died fails its connection at once."""
         if self._registered is None:
             return peer not in set(dead_workers())
-        incarnations = getattr(dead_workers, "incarnations", None)
+        membership = Membership.of(dead_workers)
         deadline = time.monotonic() + self.job.timeout_s
         while time.monotonic() < deadline:
-            replaced = incarnations is not None and incarnations()[peer] != self._peer_incarnation.get(peer, 0)
+            now = membership.incarnations()
+            replaced = now is not None and now[peer] != self._peer_incarnation.get(peer, 0)
             if replaced or peer in set(dead_workers()):
                 return False
             if self._registered.check([str(peer)]):

@@ -1,0 +1,99 @@
+"""The fast tier: each protocol's wiring, membership changes and compression on ranks that are threads
+of the test process (hetrain.testing.thread_ranks: real gloo groups and messages on one store, no
+processes, no default process group). Workers start from different models, so a test passes only if
+they communicate (the no-communication mutant fails them: tests/runtime/test_mutants.py)."""
+
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import hetrain
+from hetrain.testing.thread_ranks import SharedMembership, run_threads
+
+MAKERS = {
+    "dpsgd": lambda model, t, **kw: hetrain.DPSGD(model, None, topology="ring", transport=t, **kw),
+    "hop": lambda model, t, **kw: hetrain.Hop(model, None, topology="ring", transport=t, **kw),
+    "prague": lambda model, t, **kw: hetrain.Prague(model, None, group_size=2, gg="random", preduce_overlap=0,
+                                                    transport=t, **kw),
+    "adpsgd": lambda model, t, **kw: hetrain.ADPSGD(model, None, transport=t, **kw),
+    "ps": lambda model, t, **kw: hetrain.ParameterServer(model, None, transport=t, **kw),
+}
+KEEP_THE_MEAN = ("dpsgd", "prague", "adpsgd")  # symmetric mixing (Hop's backup workers and staleness do not)
+
+
+def _model(rank: int) -> torch.nn.Module:
+    model = torch.nn.Linear(6, 1, bias=False).double()
+    with torch.no_grad():
+        model.weight.copy_(torch.randn(1, 6, generator=torch.Generator().manual_seed(rank), dtype=torch.float64)
+                           + 2.0 * rank)
+    return model
+
+
+def _gossip(rank, protocol: str, steps: int, settings: dict):
+    model = _model(rank.rank)
+    start = model.weight.detach().clone()
+    sync = MAKERS[protocol](model, rank.transport(protocol), **settings)
+    for _ in range(steps):
+        time.sleep(0.002)  # a step's compute: Prague's and AD-PSGD's groups form as workers arrive
+        sync.step()  # no gradient: the model moves only by communication
+    before = model.weight.detach().clone()
+    sync.finish()
+    return start, before, model.weight.detach().clone(), dist.is_initialized()
+
+
+def _stack(results, index):
+    return torch.stack([r[index] for r in results])
+
+
+@pytest.mark.parametrize("protocol", ["dpsgd", "hop", "prague", "adpsgd"])
+def test_decentralized_protocols_on_thread_ranks_mix_and_end_in_consensus(protocol):
+    results = run_threads(_gossip, 4, (protocol, 40, {}))
+    starts, before, after = _stack(results, 0), _stack(results, 1), _stack(results, 2)
+    assert not any(r[3] for r in results)  # no default process group: the injected transport carried it all
+    spread = lambda x: float((x - x.mean(0)).norm())  # noqa: E731
+    assert spread(before) < 0.05 * spread(starts)  # they mixed before finish, not only in its final average
+    assert spread(after) < 1e-9  # finish: every rank holds the consensus model
+    if protocol in KEEP_THE_MEAN:
+        assert torch.allclose(before.mean(0), starts.mean(0), atol=1e-9)
+
+
+def test_the_parameter_server_on_thread_ranks_serves_rank_zeros_model():
+    results = run_threads(_gossip, 3, ("ps", 10, {}))
+    for start, before, after, _ in results:
+        assert torch.equal(after, results[0][0])  # no gradients: the server's model is rank 0's start
+
+
+def test_compressed_gossip_on_thread_ranks_keeps_the_mean_and_converges():
+    results = run_threads(_gossip, 4, ("dpsgd", 120, {"compression": "int8"}))
+    starts, before = _stack(results, 0), _stack(results, 1)
+    assert float((before - before.mean(0)).norm()) < 0.05 * float((starts - starts.mean(0)).norm())
+    assert torch.allclose(before.mean(0), starts.mean(0), atol=0.02 * float(starts.abs().max()))
+
+
+def _one_dies(rank, protocol: str, members: SharedMembership):
+    model = _model(rank.rank)
+    sync = MAKERS[protocol](model, rank.transport(protocol), on_failure="continue")
+    told: set[int] = set()
+    for step in range(40):
+        if rank.rank == 3 and step == 10:  # this rank dies: it leaves without a word, the membership says so
+            members.kill(3)
+            sync.close()
+            return None
+        for dead in members.dead() - told:  # the Group Generator's host hears of it (as the launcher tells it)
+            sync.worker_left(dead)
+            told.add(dead)
+        time.sleep(0.003)
+        sync.step()
+    sync.finish()
+    return model.weight.detach().clone()
+
+
+@pytest.mark.parametrize("protocol", ["dpsgd", "hop", "prague", "adpsgd"])
+def test_a_thread_rank_that_dies_is_routed_around_and_the_survivors_agree(protocol):
+    members = SharedMembership()
+    results = run_threads(_one_dies, 4, (protocol, members), membership=members, timeout_s=30)
+    survivors = torch.stack(results[:3])
+    assert results[3] is None
+    assert float((survivors - survivors.mean(0)).norm()) < 1e-9  # consensus over the survivors
