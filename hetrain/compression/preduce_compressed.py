@@ -22,6 +22,8 @@ memory that the communicator cache's size bounds. Weighted averages
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from hetrain.compression.codecs import Codec
@@ -35,14 +37,15 @@ class GroupReplicas:
 
 
 def compressed_exchange(comm, buf: torch.Tensor, index: int, size: int, codec: Codec, replicas: GroupReplicas,
-                        gamma: float, weight: float | None, timeout) -> int:
-    """Move ``buf`` (this member's model, in place) toward the group's public average; return bytes sent."""
+                        gamma: float, weight: float | None, wait: Callable[[object], None]) -> int:
+    """Move ``buf`` (this member's model, in place) toward the group's public average; return bytes sent.
+    ``wait(work)`` waits for the all-gather (within the caller's timeout)."""
     publics = replicas.publics
     payload = codec.encode(buf - publics[index])
     extra = torch.tensor([1.0 if weight is None else float(weight)], dtype=torch.float32, device=buf.device)
     message = torch.cat([payload, extra.view(torch.uint8)])
     gathered = [torch.empty_like(message) for _ in range(size)]
-    comm.allgather([gathered], [message]).wait(timeout)
+    wait(comm.allgather([gathered], [message]))
     weights = []
     for member, received in enumerate(gathered):
         publics[member].add_(codec.decode(received[:-4]).to(publics[member].dtype))

@@ -61,6 +61,7 @@ from hetrain.errors import UsageError, WorkerError
 from hetrain.protocols.comm_lru import CommunicatorLRU
 from hetrain.protocols.exchange_rule import DIRECT_MAX_BYTES, uses_direct_exchange
 from hetrain.protocols.options import OptionError
+from hetrain.transport.device_thread import wait_work
 from hetrain.transport.job import job_store, store_group
 from hetrain.transport.link import EmulatedLink
 from hetrain.transport.link_spec import ring_allreduce_bytes
@@ -167,7 +168,8 @@ class PReduce:
             replicas = self._replicas.get(comm_key) if not fresh else None
             if replicas is not None:
                 sent = self._watching(members, lambda: compressed_exchange(
-                    comm, work_buf, index, size, self.codec, replicas, self.gossip_step, weight, timeout))
+                    comm, work_buf, index, size, self.codec, replicas, self.gossip_step, weight,
+                    lambda work: self._wait(work, timeout, members)))
                 self.compressed_calls += 1
                 self.link.collective(members, (size - 1) * sent, (size - 1) * sent, size - 1)
                 self._count(self._plain_bytes(buf, size), (size - 1) * sent)
@@ -208,13 +210,18 @@ class PReduce:
         else:
             if counted is not None and self.rank in fresh:
                 target.zero_()
-            self._watching(members, lambda: comm.allreduce([target]).wait(timeout))
+            self._watching(members, lambda: self._wait(comm.allreduce([target]), timeout, members))
             target.div_(sum(counted) if counted is not None else size)
             ring = ring_allreduce_bytes(size, nbytes)
             self.link.collective(members, ring, ring, 2 * (size - 1))
             self._count(ring, ring)
         if target is not work_buf:
             work_buf.copy_((target[:-1] / target[-1]).view_as(work_buf))
+
+    def _wait(self, work, timeout, members: tuple) -> None:
+        """Wait for a collective: gloo's with its timeout, NCCL's by polling (this thread's current stream
+        waits for it, never another's: :func:`~hetrain.transport.device_thread.wait_work`)."""
+        wait_work(work, timeout, self.backend == "nccl", f"the P-Reduce of group {list(members)}")
 
     def _plain_bytes(self, buf: torch.Tensor, size: int) -> float:
         """Bytes a member sends in a plain P-Reduce of ``buf`` over ``size`` members."""

@@ -31,6 +31,7 @@ from hetrain.protocols.prague_options import PragueOptions, scheduler_for
 from hetrain.protocols.request_timing import ComputeEstimate, ask_after_s
 from hetrain.runtime.consensus import average_state
 from hetrain.runtime.protocol import SyncProtocol, pop_comm_keywords
+from hetrain.transport.device_thread import wait_work
 from hetrain.transport.job import DEFAULT_TIMEOUT_S
 
 _STATUS_POLL_S = 0.02
@@ -322,15 +323,20 @@ class Prague(GroupProtocol):
 
         The static schedule has no GG to tell who left, so every ``period``
         steps the workers all-reduce their wish to stop (MAX) and leave
-        together at the first boundary where anyone wants to.
+        together at the first boundary where anyone wants to. The vote is a collective on the world group
+        and a background P-Reduce (``preduce_overlap``) one on a group's communicator: the previous step's
+        averages are applied first, so every rank runs its P-Reduces, then the vote, in one order (two
+        communicators in flight in different orders on different ranks can deadlock NCCL).
         """
         if not self.options.local_schedule or self.job.world_size == 1:
             return bool(local_done)
         if self.stats.iterations % self.scheduler.period:
             return False
+        self._apply_background()
         flag = torch.tensor([1.0 if local_done else 0.0], device=self.job.device)
         try:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.job.group, async_op=True).wait(self.job.timeout)
+            wait_work(dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.job.group, async_op=True),
+                      self.job.timeout, self.job.nccl, "the stop vote")
         except Exception as exc:
             raise WorkerError(
                 f"worker {self.job.rank} waited for the static schedule's stop vote at step "
