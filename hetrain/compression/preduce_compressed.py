@@ -16,7 +16,8 @@ by the compression) and, with gamma = 1 and no loss, is the plain average.
 What a compressor drops stays in ``x_i - x̂_i`` and is sent later (error feedback).
 The copies live and are evicted with the set's communicator (the same points
 on every member), so each member holds ``group size`` copies per cached set:
-memory that the communicator cache's size bounds. Weighted averages
+memory that the communicator cache's size bounds, itself sized to ``comm_memory_mb``
+(:mod:`hetrain.protocols.comm_budget`). Weighted averages
 (``local_work="auto"``) weight the copies by the local steps each member sent.
 """
 
@@ -34,6 +35,10 @@ class GroupReplicas:
 
     def __init__(self, average: torch.Tensor, size: int):
         self.publics = [average.detach().clone() for _ in range(size)]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(public.numel() * public.element_size() for public in self.publics)
 
 
 def compressed_exchange(comm, buf: torch.Tensor, index: int, size: int, codec: Codec, replicas: GroupReplicas,

@@ -137,6 +137,7 @@ class PReduce:
         self.hits = self.misses = self.evictions = self.calls = 0
         self.compressed_calls = 0
         self.uncompressed_bytes = self.compressed_bytes = 0  # what this member sent, and its float32 size
+        self.replica_bytes_peak = 0  # compression: the most bytes of public copies held at once
 
     def __call__(self, buf: torch.Tensor, members, comm_id: int | None = None, fresh=(),
                  weight: float | None = None) -> torch.Tensor:
@@ -177,6 +178,7 @@ class PReduce:
                 self._average(comm, work_buf, members, index, timeout, fresh, weight)
                 if self.codec is not None:  # the set's copies start from the average every member now holds
                     self._replicas[comm_key] = GroupReplicas(work_buf, size)
+                    self.replica_bytes_peak = max(self.replica_bytes_peak, self.replica_bytes)
         except MemberDied as exc:
             self._comms.pop(comm_key, None)  # abandoned mid-call: never used again (the GG drops the dead)
             self._replicas.pop(comm_key, None)
@@ -340,8 +342,14 @@ class PReduce:
         except Exception:  # the store itself is gone: say nothing rather than mislead
             return []
 
+    @property
+    def replica_bytes(self) -> int:
+        """Bytes of the public copies this member holds now (compression: group size x the model per set)."""
+        return sum(replicas.nbytes for replicas in self._replicas.values())
+
     def stats(self) -> dict:
         stats = {"cache_hits": self.hits, "cache_misses": self.misses, "cache_evictions": self.evictions}
         if self.codec is not None:
             stats["compressed_preduces"] = self.compressed_calls
+            stats["replica_bytes_peak"] = self.replica_bytes_peak
         return stats

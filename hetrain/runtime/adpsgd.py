@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from hetrain.protocols.adpsgd_pairing import ADPSGDOptions, scheduler_for
 from hetrain.protocols.options import options_or_settings
-from hetrain.runtime.prague import GroupProtocol
+from hetrain.runtime.prague import GroupProtocol, fit_to_memory
 from hetrain.runtime.protocol import pop_comm_keywords
 from hetrain.transport.job import DEFAULT_TIMEOUT_S
 
@@ -39,10 +39,11 @@ class ADPSGD(GroupProtocol):
                  dead_workers=None, gg_address: tuple[str, str] | None = None, **settings):
         comm = pop_comm_keywords(settings)
         options = options_or_settings(ADPSGDOptions, options, settings, "ADPSGD")
+        fitted = fit_to_memory(options, model, comm, process_group)  # the cache sized to comm_memory_mb
         world = dist.get_world_size(process_group) if dist.is_initialized() else 1
         self.options = options
-        scheduler = scheduler_for(world, options, seed)
-        super().__init__(model, optimizer, scheduler, communicator_cache=options.communicator_cache,
+        scheduler = scheduler_for(world, fitted, seed)
+        super().__init__(model, optimizer, scheduler, communicator_cache=fitted.communicator_cache,
                          local_scheduler=False, process_group=process_group, timeout_s=timeout_s,
                          on_failure=on_failure, dead_workers=dead_workers, gg_address=gg_address, **comm)
         self.stats.extra["role"] = "active" if scheduler.is_active(self.job.rank) else "passive"

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from hetrain.compression.codecs import make_codec
+from hetrain.compression.spec import CompressionSpec
 from hetrain.errors import UsageError, WorkerError
 from hetrain.groups.background_average import BackgroundAverage
 from hetrain.groups.gg_prefetch import GroupPrefetch
@@ -30,11 +31,22 @@ from hetrain.protocols.options import options_or_settings
 from hetrain.protocols.prague_options import PragueOptions, scheduler_for
 from hetrain.protocols.request_timing import ComputeEstimate, ask_after_s
 from hetrain.runtime.consensus import average_state
+from hetrain.runtime.flat_state import averaged_nbytes
 from hetrain.runtime.protocol import SyncProtocol, pop_comm_keywords
 from hetrain.transport.device_thread import wait_work
 from hetrain.transport.job import DEFAULT_TIMEOUT_S
 
 _STATUS_POLL_S = 0.02
+
+
+def fit_to_memory(options, model, comm: dict, process_group=None):
+    """``options`` with the communicator cache sized to ``comm_memory_mb`` for ``model`` and the
+    communication keywords ``comm`` (:mod:`hetrain.protocols.comm_budget`). The launcher serving the
+    Group Generator computes the same (``hetrain.jobs.run``): every worker's cache and the GG's mirror of
+    it keep the same number of member sets."""
+    nccl = dist.is_initialized() and str(dist.get_backend(process_group)).lower() == "nccl"
+    return options.fit_memory(averaged_nbytes(model, anchors=comm.get("outer_optimizer") is not None),
+                              compressed=CompressionSpec.parse(comm.get("compression", "none")).enabled, nccl=nccl)
 
 
 class GroupProtocol(SyncProtocol):
@@ -264,6 +276,7 @@ class GroupProtocol(SyncProtocol):
             gg_requests_early=self._prefetch.sent_early if self._prefetch is not None else 0,
             **({"overlap_wait_s": self._background.wait_s, "overlapped_syncs": self._background.started}
                if self._background is not None else {}),
+            comm_cache_entries=self.preduce.cache.capacity,
             uncompressed_bytes=self.preduce.uncompressed_bytes,
             compressed_bytes=self.preduce.compressed_bytes,
             **self.preduce.stats(),
@@ -277,7 +290,9 @@ class Prague(GroupProtocol):
     keyword (defaults there) or as one ``options=PragueOptions(...)``:
     ``gg``: ``smart`` (heterogeneity-aware, the default), ``random``, ``buffer``,
     ``division`` or ``static``; ``group_size``: members per group (2 by default,
-    docs/prague.md); ``communicator_cache``: communicators kept per worker;
+    docs/prague.md); ``communicator_cache``: communicators kept per worker, at most
+    as many as ``comm_memory_mb`` holds (compressed copies, NCCL communicators:
+    :mod:`~hetrain.protocols.comm_budget`);
     ``workers_per_node``: node size for the node-aware static schedule;
     ``gg_prefetch_ms``: ask the GG this long before the compute is expected to
     end, hiding the round trip (0: ask after it; :mod:`~hetrain.groups.gg_prefetch`);
@@ -306,12 +321,13 @@ class Prague(GroupProtocol):
                  dead_workers=None, gg_address: tuple[str, str] | None = None, **settings):
         comm = pop_comm_keywords(settings)
         options = options_or_settings(PragueOptions, options, settings, "Prague")
+        fitted = fit_to_memory(options, model, comm, process_group)  # the cache sized to comm_memory_mb
         world = dist.get_world_size(process_group) if dist.is_initialized() else 1
-        scheduler = scheduler_for(world, options, seed)
+        scheduler = scheduler_for(world, fitted, seed)
         options.check_on_failure(on_failure)
         self.options = options
         self.gg_mode = options.gg
-        super().__init__(model, optimizer, scheduler, communicator_cache=options.communicator_cache,
+        super().__init__(model, optimizer, scheduler, communicator_cache=fitted.communicator_cache,
                          local_scheduler=options.local_schedule, process_group=process_group, timeout_s=timeout_s,
                          on_failure=on_failure, dead_workers=dead_workers, gg_address=gg_address,
                          gg_prefetch_ms=options.gg_prefetch_ms, preduce_overlap=bool(options.preduce_overlap),
