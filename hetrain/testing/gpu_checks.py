@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -139,15 +140,16 @@ def timing_excludes_other_streams(out: Path) -> str:
     assert side_s >= 0.7, f"the side stream's kernel took {side_s:.2f} s, not about 1 s: the check proves nothing"
     assert step_s < STEP_LIMIT_S, f"synchronize waited {step_s:.2f} s for another stream's kernel"
     # 2. a helper thread's kernels run on its own stream
-    seen = {}
+    seen, queued = {}, threading.Event()
 
     def helper() -> None:
         seen["own"] = torch.cuda.current_stream(device) != torch.cuda.default_stream(device)
         torch.cuda._sleep(second)
+        queued.set()
 
     began = time.perf_counter()
     thread = device_thread(helper, name="gpu-check-helper", device=device)
-    time.sleep(0.05)  # the helper has queued its kernel
+    assert queued.wait(10), "the helper thread did not queue its kernel within 10 s"
     synchronize(device)
     main_s = time.perf_counter() - began
     thread.join(10)
