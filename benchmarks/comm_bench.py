@@ -44,12 +44,14 @@ import sys
 import time
 from pathlib import Path
 
+from hetrain.comm.settings import comm_fields
 from hetrain.config import RunConfig
 from hetrain.jobs.run import run_training
 
 DIGITS = dict(workload="mlp", num_workers=8, slowdown="0:5x", compute_ms=50.0, link_mbps="1")
 LM = dict(workload="lm", num_workers=4, slowdown="0:2x", link_mbps="100", eval_interval_s=10.0)
 DECENTRALIZED = ("dpsgd", "hop", "prague", "adpsgd")
+COMM_NAMES = {f.name for f in comm_fields()}
 COMM_FIELDS = ("sync_every", "compression", "local_work", "outer_optimizer")
 
 
@@ -235,7 +237,9 @@ def main() -> int:
         if args.skip_done and (run_dir / "metrics.json").exists():
             metrics = json.loads((run_dir / "metrics.json").read_text())
         else:
-            config = RunConfig(time_budget_s=budget, timeout_s=args.timeout, **fields)
+            comm = {k: v for k, v in fields.items() if k in COMM_NAMES}  # the communication settings: RunConfig.comm
+            config = RunConfig(time_budget_s=budget, timeout_s=args.timeout, comm=comm,
+                               **{k: v for k, v in fields.items() if k not in COMM_NAMES})
             began = time.time()
             print(f"== {args.bench}/{name}: {budget:.0f} s", file=sys.stderr)
             metrics = run_training(config, str(run_dir), progress=True, label=name)

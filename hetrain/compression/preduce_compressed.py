@@ -16,11 +16,14 @@ by the compression) and, with gamma = 1 and no loss, is the plain average.
 What a compressor drops stays in ``x_i - x̂_i`` and is sent later (error feedback).
 The copies live and are evicted with the set's communicator (the same points
 on every member), so each member holds ``group size`` copies per cached set:
-memory that the communicator cache's size bounds. Weighted averages
+memory that the communicator cache's size bounds, itself sized to ``comm_memory_mb``
+(:mod:`hetrain.protocols.comm_budget`). Weighted averages
 (``local_work="auto"``) weight the copies by the local steps each member sent.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -33,16 +36,21 @@ class GroupReplicas:
     def __init__(self, average: torch.Tensor, size: int):
         self.publics = [average.detach().clone() for _ in range(size)]
 
+    @property
+    def nbytes(self) -> int:
+        return sum(public.numel() * public.element_size() for public in self.publics)
+
 
 def compressed_exchange(comm, buf: torch.Tensor, index: int, size: int, codec: Codec, replicas: GroupReplicas,
-                        gamma: float, weight: float | None, timeout) -> int:
-    """Move ``buf`` (this member's model, in place) toward the group's public average; return bytes sent."""
+                        gamma: float, weight: float | None, wait: Callable[[object], None]) -> int:
+    """Move ``buf`` (this member's model, in place) toward the group's public average; return bytes sent.
+    ``wait(work)`` waits for the all-gather (within the caller's timeout)."""
     publics = replicas.publics
     payload = codec.encode(buf - publics[index])
     extra = torch.tensor([1.0 if weight is None else float(weight)], dtype=torch.float32, device=buf.device)
     message = torch.cat([payload, extra.view(torch.uint8)])
     gathered = [torch.empty_like(message) for _ in range(size)]
-    comm.allgather([gathered], [message]).wait(timeout)
+    wait(comm.allgather([gathered], [message]))
     weights = []
     for member, received in enumerate(gathered):
         publics[member].add_(codec.decode(received[:-4]).to(publics[member].dtype))

@@ -61,6 +61,7 @@ from hetrain.errors import UsageError, WorkerError
 from hetrain.protocols.comm_lru import CommunicatorLRU
 from hetrain.protocols.exchange_rule import DIRECT_MAX_BYTES, uses_direct_exchange
 from hetrain.protocols.options import OptionError
+from hetrain.transport.device_thread import wait_work
 from hetrain.transport.job import job_store, store_group
 from hetrain.transport.link import EmulatedLink
 from hetrain.transport.link_spec import ring_allreduce_bytes
@@ -136,6 +137,7 @@ class PReduce:
         self.hits = self.misses = self.evictions = self.calls = 0
         self.compressed_calls = 0
         self.uncompressed_bytes = self.compressed_bytes = 0  # what this member sent, and its float32 size
+        self.replica_bytes_peak = 0  # compression: the most bytes of public copies held at once
 
     def __call__(self, buf: torch.Tensor, members, comm_id: int | None = None, fresh=(),
                  weight: float | None = None) -> torch.Tensor:
@@ -167,7 +169,8 @@ class PReduce:
             replicas = self._replicas.get(comm_key) if not fresh else None
             if replicas is not None:
                 sent = self._watching(members, lambda: compressed_exchange(
-                    comm, work_buf, index, size, self.codec, replicas, self.gossip_step, weight, timeout))
+                    comm, work_buf, index, size, self.codec, replicas, self.gossip_step, weight,
+                    lambda work: self._wait(work, timeout, members)))
                 self.compressed_calls += 1
                 self.link.collective(members, (size - 1) * sent, (size - 1) * sent, size - 1)
                 self._count(self._plain_bytes(buf, size), (size - 1) * sent)
@@ -175,6 +178,7 @@ class PReduce:
                 self._average(comm, work_buf, members, index, timeout, fresh, weight)
                 if self.codec is not None:  # the set's copies start from the average every member now holds
                     self._replicas[comm_key] = GroupReplicas(work_buf, size)
+                    self.replica_bytes_peak = max(self.replica_bytes_peak, self.replica_bytes)
         except MemberDied as exc:
             self._comms.pop(comm_key, None)  # abandoned mid-call: never used again (the GG drops the dead)
             self._replicas.pop(comm_key, None)
@@ -208,13 +212,18 @@ class PReduce:
         else:
             if counted is not None and self.rank in fresh:
                 target.zero_()
-            self._watching(members, lambda: comm.allreduce([target]).wait(timeout))
+            self._watching(members, lambda: self._wait(comm.allreduce([target]), timeout, members))
             target.div_(sum(counted) if counted is not None else size)
             ring = ring_allreduce_bytes(size, nbytes)
             self.link.collective(members, ring, ring, 2 * (size - 1))
             self._count(ring, ring)
         if target is not work_buf:
             work_buf.copy_((target[:-1] / target[-1]).view_as(work_buf))
+
+    def _wait(self, work, timeout, members: tuple) -> None:
+        """Wait for a collective: gloo's with its timeout, NCCL's by polling (this thread's current stream
+        waits for it, never another's: :func:`~hetrain.transport.device_thread.wait_work`)."""
+        wait_work(work, timeout, self.backend == "nccl", f"the P-Reduce of group {list(members)}")
 
     def _plain_bytes(self, buf: torch.Tensor, size: int) -> float:
         """Bytes a member sends in a plain P-Reduce of ``buf`` over ``size`` members."""
@@ -333,8 +342,14 @@ class PReduce:
         except Exception:  # the store itself is gone: say nothing rather than mislead
             return []
 
+    @property
+    def replica_bytes(self) -> int:
+        """Bytes of the public copies this member holds now (compression: group size x the model per set)."""
+        return sum(replicas.nbytes for replicas in self._replicas.values())
+
     def stats(self) -> dict:
         stats = {"cache_hits": self.hits, "cache_misses": self.misses, "cache_evictions": self.evictions}
         if self.codec is not None:
             stats["compressed_preduces"] = self.compressed_calls
+            stats["replica_bytes_peak"] = self.replica_bytes_peak
         return stats

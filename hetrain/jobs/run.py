@@ -50,7 +50,26 @@ def check_run_config(config: RunConfig) -> RunConfig:
         raise OptionError(f"NCCL runs one worker per GPU: {config.num_workers} workers, "
                           f"{torch.cuda.device_count()} GPU(s); use {{num_workers}} {torch.cuda.device_count()}, "
                           "or {backend} gloo (workers share GPUs, messages go through the host)")
+    fitted_protocol_options(config)  # a model too large for --comm-memory-mb is refused here
     return config
+
+
+def fitted_protocol_options(config: RunConfig):
+    """The protocol's options with its communicator cache sized to ``--comm-memory-mb`` for this run's model
+    (built on ``meta``: nothing allocated), as every worker's protocol shell sizes its own
+    (:func:`hetrain.runtime.prague.fit_to_memory`), so the Group Generator served here mirrors the workers'
+    caches exactly. OptionError when one member set does not fit."""
+    options = config.protocol_options()
+    if not options.caches_member_sets:
+        return options
+    from hetrain.data import build_model
+    from hetrain.runtime.flat_state import averaged_nbytes
+
+    comm = config.comm_settings()
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):  # build_model seeds the global generator
+        model = build_model(config.workload, config.model_params, config.seed)
+    return options.fit_memory(averaged_nbytes(model, anchors=comm.outer_named != "none"),
+                              compressed=comm.compression.enabled, nccl=config.resolved_backend() == "nccl")
 
 
 def run_training(config: RunConfig, out_dir: str | None, progress: bool = True, label: str | None = None,
@@ -139,7 +158,7 @@ def _launcher_gg(config: RunConfig):
     """The Group Generator of a local Prague / AD-PSGD job, served by the launcher (None for the others)."""
     from hetrain.groups.gg_service import GGServer
 
-    scheduler = config.protocol_spec.make_scheduler(config.num_workers, config.protocol_options(), config.seed)
+    scheduler = config.protocol_spec.make_scheduler(config.num_workers, fitted_protocol_options(config), config.seed)
     return GGServer(scheduler, host="127.0.0.1") if scheduler is not None and config.num_workers > 1 else None
 
 

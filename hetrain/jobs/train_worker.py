@@ -134,7 +134,7 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
         math_began = time.perf_counter()
         loss = loss_fn(protocol.module(x), y)
         loss.backward()
-        synchronize(ctx.device)  # the math's kernels, not their launch (GPU)
+        synchronize(ctx.device)  # the math's kernels on the compute stream, not their launch (GPU)
         stepped = time.perf_counter()
         optimizer.step()
         emulator.note_overhead(math_began - began + time.perf_counter() - stepped)
@@ -167,6 +167,8 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
                   tcp_connections_training=connections_training, tcp_connections_end=tcp_connections(),
                   throughput_series=meter.finish(loop_s), checkpoints_saved=checkpoints.saved if checkpoints else 0,
                   incarnation=ctx.incarnation, started_t_s=ctx.clock_offset_s)
+    if ctx.device.type == "cuda":  # what this worker's tensors held on its GPU at most (scripts/gpu-check)
+        worker["gpu_peak_mb"] = round(torch.cuda.max_memory_allocated(ctx.device) / 2**20, 1)
     # numpy, not tensors: tensors sent through a multiprocessing queue need the sender alive
     kept = [(due, t, it, flat.cpu().numpy()) for due, t, it, flat in snapshots.snapshots]
     clock.lap("finish_s")

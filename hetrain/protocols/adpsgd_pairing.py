@@ -11,10 +11,12 @@ cycle; the pairs also get a place in one global order, like Prague's groups.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from bisect import bisect_left, insort
 from dataclasses import dataclass
 
+from hetrain.protocols.comm_budget import cache_entries, check_comm_memory, comm_memory_option
 from hetrain.protocols.ledger import Group, GroupLedger
 from hetrain.protocols.options import OptionError, ProtocolOptions, option
 
@@ -24,11 +26,20 @@ class ADPSGDOptions(ProtocolOptions):
     """AD-PSGD's arguments."""
 
     communicator_cache: int = option(60, help="prague/adpsgd: communicators kept per worker (default 60)")
+    comm_memory_mb: int = comm_memory_option()
 
     def validate(self, num_workers: int) -> ADPSGDOptions:
         if self.communicator_cache < 1:
             raise OptionError(f"{{communicator_cache}} must be >= 1, got {self.communicator_cache}")
+        check_comm_memory(self.comm_memory_mb)
         return self
+
+    caches_member_sets = True
+
+    def fit_memory(self, flat_nbytes: int, *, compressed: bool, nccl: bool) -> ADPSGDOptions:
+        entries = cache_entries(self.communicator_cache, self.comm_memory_mb, flat_nbytes, 2,  # pairs
+                                compressed=compressed, nccl=nccl)
+        return self if entries == self.communicator_cache else dataclasses.replace(self, communicator_cache=entries)
 
 
 class ActivePassivePairing:

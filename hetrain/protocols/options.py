@@ -76,6 +76,14 @@ class ProtocolOptions:
         """Whether every worker computes its groups itself, so no Group Generator is served."""
         return False
 
+    caches_member_sets = False  # True: it keeps a communicator (and copies) per member set: fit_memory sizes them
+
+    def fit_memory(self, flat_nbytes: int, *, compressed: bool, nccl: bool):
+        """These options with the communicator cache sized to what fits the memory bound, for a model of
+        ``flat_nbytes`` (protocols that cache member sets: :mod:`hetrain.protocols.comm_budget`); the
+        launcher's Group Generator and every worker call it with the same inputs. Others: ``self``."""
+        return self
+
     def check_comm(self, comm) -> None:
         """Raise OptionError if this protocol cannot honour ``comm`` (a :class:`~hetrain.comm.settings.CommSettings`)."""
 

@@ -7,8 +7,10 @@ Generator those settings ask for (sharded or not).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
+from hetrain.protocols.comm_budget import cache_entries, check_comm_memory, comm_memory_option
 from hetrain.protocols.gg_modes import GG_MODES
 from hetrain.protocols.group_generator import GroupGenerator, validate_gg
 from hetrain.protocols.options import TOLERANT, OptionError, ProtocolOptions, check_at_least, option
@@ -23,6 +25,7 @@ class PragueOptions(ProtocolOptions):
                      help="prague: Group Generator mode (default smart: heterogeneity-aware)")
     group_size: int = option(2, help="prague: P-Reduce group size s (default 2, see docs/prague.md)")
     communicator_cache: int = option(60, help="prague/adpsgd: communicators kept per worker (default 60)")
+    comm_memory_mb: int = comm_memory_option()
     workers_per_node: int | None = option(help="prague: node size for the node-aware static schedule")
     gg_prefetch_ms: float = option(5.0, type=float,
                                    help="prague: ask the Group Generator this many ms before the compute is "
@@ -38,6 +41,7 @@ class PragueOptions(ProtocolOptions):
     def validate(self, num_workers: int) -> PragueOptions:
         validate_gg(num_workers, self.group_size, self.gg, self.communicator_cache, self.workers_per_node)
         check_at_least("gg_prefetch_ms", self.gg_prefetch_ms, 0)
+        check_comm_memory(self.comm_memory_mb)
         if self.gg_shards != 1:
             check_sharding(num_workers, self.group_size, self.gg, self.gg_shards, self.gg_epoch_s)
         return self
@@ -46,6 +50,13 @@ class PragueOptions(ProtocolOptions):
     def local_schedule(self) -> bool:
         """Whether every worker computes its groups itself (the static schedule): no Group Generator to ask."""
         return self.gg == "static"
+
+    caches_member_sets = True
+
+    def fit_memory(self, flat_nbytes: int, *, compressed: bool, nccl: bool) -> PragueOptions:
+        entries = cache_entries(self.communicator_cache, self.comm_memory_mb, flat_nbytes, self.group_size,
+                                compressed=compressed, nccl=nccl)
+        return self if entries == self.communicator_cache else dataclasses.replace(self, communicator_cache=entries)
 
     def default_on_failure(self) -> str:
         return "abort" if self.local_schedule else "continue"  # no Group Generator to stop grouping the dead

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from hetrain.comm.settings import CommSettings
 from hetrain.protocols.adpsgd_pairing import ADPSGDOptions, scheduler_for
 from hetrain.protocols.options import options_or_settings
-from hetrain.runtime.prague import GroupProtocol
+from hetrain.runtime.prague import GroupProtocol, _nccl, fit_to_memory
 from hetrain.runtime.protocol import comm_from
 from hetrain.runtime.public_signature import document_settings
 from hetrain.transport.job import DEFAULT_TIMEOUT_S
@@ -42,10 +42,12 @@ class ADPSGD(GroupProtocol):
                  gg_address: tuple[str, str] | None = None, transport=None, **settings):
         comm = comm_from(comm, settings, "ADPSGD")
         options = options_or_settings(ADPSGDOptions, options, settings, "ADPSGD")
+        fitted = fit_to_memory(options, model, comm, transport.job.nccl if transport is not None else
+                               _nccl(process_group))  # the cache sized to comm_memory_mb
         world = transport.job.world_size if transport is not None else \
             dist.get_world_size(process_group) if dist.is_initialized() else 1
-        scheduler = scheduler_for(world, options, seed)
-        super().__init__(model, optimizer, scheduler, communicator_cache=options.communicator_cache,
+        scheduler = scheduler_for(world, fitted, seed)
+        super().__init__(model, optimizer, scheduler, communicator_cache=fitted.communicator_cache,
                          local_scheduler=False, process_group=process_group, timeout_s=timeout_s,
                          on_failure=on_failure, dead_workers=dead_workers, gg_address=gg_address, options=options,
                          comm=comm, transport=transport)

@@ -28,6 +28,7 @@ from hetrain.protocols.options import options_or_settings
 from hetrain.runtime.consensus import average_state
 from hetrain.runtime.protocol import SyncProtocol, comm_from
 from hetrain.runtime.public_signature import document_settings
+from hetrain.transport.device_thread import wait_work
 from hetrain.transport.job import DEFAULT_TIMEOUT_S
 from hetrain.transport.link_spec import ring_allreduce_bytes
 
@@ -38,10 +39,18 @@ POWERSGD_MIN_COMPRESSION_RATE = 2  # torch's default: a matrix is compressed whe
 
 
 class _HookTimer:
-    """Per backward: time from the last bucket's launch to the last completion; the link's charge per bucket."""
+    """Per backward: time from the last bucket's launch to the last completion; the link's charge per bucket.
 
-    def __init__(self, process_group, link, world_size: int, compression):
+    On a GPU (``device`` CUDA) the stamps are CUDA events: NCCL's future runs its callbacks when the
+    all-reduce is *enqueued*, on a stream that waits for it, so the host clock there would stamp the
+    launch; an event recorded on that stream completes with the kernel. Read (each event waited for,
+    not the device) when the step takes the iteration's wait."""
+
+    def __init__(self, process_group, link, world_size: int, compression, device=None):
         self.process_group = process_group
+        self.events = device is not None and device.type == "cuda"
+        self._launch_event = None
+        self._done_events: list = []
         self.link = link
         self.world_size = world_size
         self.compression = compression
@@ -90,7 +99,34 @@ class _HookTimer:
         # each collective pays its ring's latencies, one after another
         self.link.collective(range(self.world_size), sent, sent, 2 * (self.world_size - 1) * self.collectives(bucket))
 
+    def launched(self) -> None:
+        """A bucket's all-reduce is being launched (the last launch counts)."""
+        if self.events:
+            self._launch_event = self._event()
+        else:
+            self.last_launch = time.perf_counter()
+
+    def done(self) -> None:
+        """A bucket's all-reduce completed (on a GPU: an event on the callback's stream, which waits for it)."""
+        if self.events:
+            self._done_events.append(self._event())
+        else:
+            self.last_done = max(self.last_done, time.perf_counter())
+
+    @staticmethod
+    def _event():
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
     def take_iteration_wait(self) -> float:
+        if self.events:
+            launch, done, self._launch_event, self._done_events = self._launch_event, self._done_events, None, []
+            if launch is not None and done:
+                launch.synchronize()
+                for event in done:
+                    event.synchronize()  # these events only, not the device
+                self.last_done = max(launch.elapsed_time(event) for event in done) / 1000.0  # ms -> s
         wait = max(0.0, self.last_done - self.last_launch)
         self.total_wait_s += wait
         self.last_launch = self.last_done = 0.0
@@ -98,12 +134,12 @@ class _HookTimer:
 
 
 def _timed_allreduce_hook(timer: _HookTimer, bucket):
-    timer.last_launch = time.perf_counter()
+    timer.launched()
     future = timer.hook(timer.hook_state, bucket)
 
     def record(fut):
         timer.charge(bucket)  # held here for an emulated link: the backward pass waits for it
-        timer.last_done = max(timer.last_done, time.perf_counter())
+        timer.done()
         return fut.value()[0] if isinstance(fut.value(), list) else fut.value()
 
     return future.then(record)
@@ -135,7 +171,7 @@ class AllReduce(SyncProtocol):
                          timeout_s=timeout_s)
         device_ids = [self.job.device.index] if self.job.device.type == "cuda" else None
         self.ddp = DistributedDataParallel(model, device_ids=device_ids, process_group=process_group)
-        self._timer = _HookTimer(process_group, self.link, self.job.world_size, self.compression)
+        self._timer = _HookTimer(process_group, self.link, self.job.world_size, self.compression, self.job.device)
         self.ddp.register_comm_hook(self._timer, _timed_allreduce_hook)
         self._flag = torch.zeros(2, device=self.job.device)  # [stop wish, checkpoint wish], MAX over workers
         self._checkpoint_wish = False
@@ -164,8 +200,8 @@ class AllReduce(SyncProtocol):
         self._flag[0] = 1.0 if local_done else 0.0
         self._flag[1] = 1.0 if self._checkpoint_wish else 0.0
         try:
-            dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self.job.group,
-                            async_op=True).wait(timeout=self.job.timeout)
+            wait_work(dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self.job.group, async_op=True),
+                      self.job.timeout, self.job.nccl, "the stop vote")
         except Exception as exc:
             raise WorkerError(f"worker {self.job.rank} waited for the others' vote on stopping at iteration "
                               f"{self.stats.iterations}: {str(exc).splitlines()[0][:160]}") from None

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from hetrain.errors import WorkerError
 from hetrain.runtime.flat_state import FlatState
+from hetrain.transport.device_thread import wait_work
 from hetrain.transport.job import JobView, subset_group
 from hetrain.transport.membership import Membership
 from hetrain.transport.watched_call import call_unless_dead
@@ -45,7 +46,7 @@ def average_state(state: FlatState, job: JobView, dead_workers: Callable[[], set
         beacon.wait_for_arrivals(dead_workers, "the final average")
     return over_survivors(job, dead_workers, "the final average",
                           lambda group, survivors, private: _average(state, group, len(survivors), job.timeout,
-                                                                     private=private))
+                                                                     private=private, nccl=job.nccl))
 
 
 def over_survivors(job: JobView, dead_workers: Callable[[], set[int]] | None, what: str,
@@ -101,11 +102,13 @@ def survivor_group(job: JobView, dead: set[int], name: str = "survivors", incarn
     return subset_group(job, survivors, prefix)
 
 
-def _average(state: FlatState, group, size: int, timeout: datetime.timedelta, *, private: bool) -> float:
-    """Average ``state`` over ``group`` (a registered torch group, or a ``private`` one built on the store)."""
+def _average(state: FlatState, group, size: int, timeout: datetime.timedelta, *, private: bool,
+             nccl: bool = False) -> float:
+    """Average ``state`` over ``group`` (a registered torch group, or a ``private`` one built on the store:
+    gloo); ``nccl``: the registered group is NCCL's (its work is polled, not waited for inside NCCL)."""
     def all_reduce(tensor: torch.Tensor) -> None:
         work = group.allreduce([tensor]) if private else dist.all_reduce(tensor, group=group, async_op=True)
-        work.wait(timeout)
+        wait_work(work, timeout, nccl and not private, "the final average")
 
     mean = state.gather()
     all_reduce(mean)

@@ -81,3 +81,9 @@ class FlatState:
     def empty(self) -> torch.Tensor:
         """An uninitialised buffer of the flat layout (to receive or mix into), from the pool."""
         return self.pool.take()
+
+
+def averaged_nbytes(module: nn.Module, anchors: bool = False) -> int:
+    """Bytes of the flat buffer a protocol averages for ``module`` (a model on ``meta`` will do: nothing is
+    allocated); ``anchors``: an outer optimizer's anchors travel with it, counted as a second model."""
+    return FlatState(module).nbytes * (2 if anchors else 1)

@@ -35,6 +35,7 @@ from hetrain.protocols.options import options_or_settings
 from hetrain.runtime.consensus import average_state
 from hetrain.runtime.protocol import SyncProtocol, comm_from
 from hetrain.runtime.public_signature import document_settings
+from hetrain.transport.device_thread import synchronize
 from hetrain.transport.job import DEFAULT_TIMEOUT_S
 from hetrain.transport.membership import CONFIRM_DEATH_S
 from hetrain.transport.peer_channels import (
@@ -198,6 +199,7 @@ class Hop(SyncProtocol):
                 model = self._replicas.delta(message.src, message.payload)
             else:
                 model = message.payload
+            synchronize(self.job.device)  # this receiver's own stream: decoded before the main thread reads it
             received = Received(model, max(1, message.count))
         with self._cond:
             if received is not None:

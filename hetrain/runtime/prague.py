@@ -31,11 +31,26 @@ from hetrain.protocols.options import options_or_settings
 from hetrain.protocols.prague_options import PragueOptions, scheduler_for
 from hetrain.protocols.request_timing import ComputeEstimate, ask_after_s
 from hetrain.runtime.consensus import average_state
+from hetrain.runtime.flat_state import averaged_nbytes
 from hetrain.runtime.protocol import SyncProtocol, comm_from
 from hetrain.runtime.public_signature import document_settings
+from hetrain.transport.device_thread import wait_work
 from hetrain.transport.job import DEFAULT_TIMEOUT_S
 
 _STATUS_POLL_S = 0.02
+
+
+def fit_to_memory(options, model, comm: CommSettings, nccl: bool):
+    """``options`` with the communicator cache sized to ``comm_memory_mb`` for ``model`` and the
+    communication settings ``comm`` (:mod:`hetrain.protocols.comm_budget`). The launcher serving the
+    Group Generator computes the same (``hetrain.jobs.run``): every worker's cache and the GG's mirror of
+    it keep the same number of member sets."""
+    return options.fit_memory(averaged_nbytes(model, anchors=comm.outer_named != "none"),
+                              compressed=comm.compression.enabled, nccl=nccl)
+
+
+def _nccl(process_group) -> bool:
+    return dist.is_initialized() and str(dist.get_backend(process_group)).lower() == "nccl"
 
 
 class GroupProtocol(SyncProtocol):
@@ -265,6 +280,7 @@ class GroupProtocol(SyncProtocol):
             gg_requests_early=self._prefetch.sent_early if self._prefetch is not None else 0,
             **({"overlap_wait_s": self._background.wait_s, "overlapped_syncs": self._background.started}
                if self._background is not None else {}),
+            comm_cache_entries=self.preduce.cache.capacity,
             uncompressed_bytes=self.preduce.uncompressed_bytes,
             compressed_bytes=self.preduce.compressed_bytes,
             **self.preduce.stats(),
@@ -278,7 +294,9 @@ class Prague(GroupProtocol):
     keyword (defaults there) or as one ``options=PragueOptions(...)``:
     ``gg``: ``smart`` (heterogeneity-aware, the default), ``random``, ``buffer``,
     ``division`` or ``static``; ``group_size``: members per group (2 by default,
-    docs/prague.md); ``communicator_cache``: communicators kept per worker;
+    docs/prague.md); ``communicator_cache``: communicators kept per worker, at most
+    as many as ``comm_memory_mb`` holds (compressed copies, NCCL communicators:
+    :mod:`~hetrain.protocols.comm_budget`);
     ``workers_per_node``: node size for the node-aware static schedule;
     ``gg_prefetch_ms``: ask the GG this long before the compute is expected to
     end, hiding the round trip (0: ask after it; :mod:`~hetrain.groups.gg_prefetch`);
@@ -308,12 +326,14 @@ class Prague(GroupProtocol):
                  gg_address: tuple[str, str] | None = None, transport=None, **settings):
         comm = comm_from(comm, settings, "Prague")
         options = options_or_settings(PragueOptions, options, settings, "Prague")
+        fitted = fit_to_memory(options, model, comm, transport.job.nccl if transport is not None else
+                               _nccl(process_group))  # the cache sized to comm_memory_mb
         world = transport.job.world_size if transport is not None else \
             dist.get_world_size(process_group) if dist.is_initialized() else 1
-        scheduler = scheduler_for(world, options, seed)
+        scheduler = scheduler_for(world, fitted, seed)
         options.check_on_failure(on_failure)
         self.gg_mode = options.gg
-        super().__init__(model, optimizer, scheduler, communicator_cache=options.communicator_cache,
+        super().__init__(model, optimizer, scheduler, communicator_cache=fitted.communicator_cache,
                          local_scheduler=options.local_schedule, process_group=process_group, timeout_s=timeout_s,
                          on_failure=on_failure, dead_workers=dead_workers, gg_address=gg_address,
                          gg_prefetch_ms=options.gg_prefetch_ms, preduce_overlap=bool(options.preduce_overlap),
@@ -325,15 +345,19 @@ class Prague(GroupProtocol):
 
         The static schedule has no GG to tell who left, so every ``period``
         steps the workers all-reduce their wish to stop (MAX) and leave
-        together at the first boundary where anyone wants to.
+        together at the first boundary where anyone wants to. The vote is a collective on the world group
+        and a background P-Reduce (``preduce_overlap``) one on a group's communicator: the previous step's
+        averages are applied first, so every rank runs its P-Reduces, then the vote, in one order (two
+        communicators in flight in different orders on different ranks can deadlock NCCL).
         """
         if not self.options.local_schedule or self.job.world_size == 1:
             return bool(local_done)
         if self.stats.iterations % self.scheduler.period:
             return False
+        self._apply_background()
         flag = torch.tensor([1.0 if local_done else 0.0], device=self.job.device)
         try:
-            self.job.all_reduce(flag, dist.ReduceOp.MAX).wait(self.job.timeout)
+            wait_work(self.job.all_reduce(flag, dist.ReduceOp.MAX), self.job.timeout, self.job.nccl, "the stop vote")
         except Exception as exc:
             raise WorkerError(
                 f"worker {self.job.rank} waited for the static schedule's stop vote at step "

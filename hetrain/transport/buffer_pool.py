@@ -23,6 +23,9 @@ with a capacity of 8 the allocations slowed it further behind).
     pool = BufferPool(numel, torch.float32, torch.device("cpu"))
     buf = pool.take()         # uninitialised, shares memory with nothing in use
     ...                       # use it, send it, queue it; drop it when done
+
+``pin_memory=True`` keeps page-locked host buffers (:mod:`hetrain.transport.staging`: a GPU's copies to
+and from them run asynchronously and at full speed; allocating one is slow, so they are worth keeping).
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ class BufferPool:
     """Uninitialised 1-D buffers of ``numel`` elements, reused once no tensor outside the pool uses them."""
 
     def __init__(self, numel: int, dtype: torch.dtype, device: torch.device, *,
-                 capacity: int = DEFAULT_CAPACITY, spare: int = DEFAULT_SPARE):
+                 capacity: int = DEFAULT_CAPACITY, spare: int = DEFAULT_SPARE, pin_memory: bool = False):
         if capacity < 0 or spare < 0:
             raise ValueError(f"capacity and spare must be >= 0, got {capacity} and {spare}")
         self.numel = numel
@@ -53,6 +56,7 @@ class BufferPool:
         self.device = device
         self.capacity = capacity if _use_count is not None else 0
         self.spare = spare
+        self.pin_memory = pin_memory  # page-locked host buffers (staging GPU payloads; needs CUDA)
         self.reused = 0  # takes served by a kept buffer
         self.allocated = 0  # takes that allocated
         self._kept: list[tuple[torch.Tensor, int]] = []  # (buffer, its storage's use count when idle)
@@ -68,7 +72,7 @@ class BufferPool:
                 self.reused += 1
                 return self._kept[idle[0]][0].view(-1)
             self.allocated += 1
-            buffer = torch.empty(self.numel, dtype=self.dtype, device=self.device)
+            buffer = torch.empty(self.numel, dtype=self.dtype, device=self.device, pin_memory=self.pin_memory)
             if len(self._kept) < self.capacity:
                 self._kept.append((buffer, _storage_refs(buffer)))
                 return buffer.view(-1)

@@ -43,12 +43,13 @@ import torch.distributed as dist
 
 from hetrain.errors import WorkerError
 from hetrain.transport.data_plane import DataPlane
-from hetrain.transport.device_thread import device_thread
+from hetrain.transport.device_thread import device_thread, synchronize
 from hetrain.transport.job import JobView, private_group
 from hetrain.transport.link import EmulatedLink
 from hetrain.transport.membership import Membership
 from hetrain.transport.pair_links import PairLinks
 from hetrain.transport.send_window import DEFAULT_MAX_IN_FLIGHT, SendWindow
+from hetrain.transport.staging import HostStaging, after_compute, compute_stream
 
 UPDATE, TOKEN, STOP, KEYFRAME, DELTA = 0, 1, 2, 3, 4
 MODEL_KINDS = (UPDATE, KEYFRAME)  # messages whose payload is a whole model
@@ -95,9 +96,8 @@ class PeerChannels:
         self.on_message = on_message
         self.on_error = on_error
         self.new_payload = new_payload or (lambda: torch.empty(payload_numel, dtype=payload_dtype, device=job.device))
-        self._staged = job.wire_device != job.device  # a GPU model over gloo: payloads travel through the host
-        if self._staged:
-            self._wire_payload = lambda: torch.empty(payload_numel, dtype=payload_dtype, device=job.wire_device)
+        self.payload_numel, self.payload_dtype = payload_numel, payload_dtype
+        self._compute = compute_stream(job.device)  # the main thread's: receivers write after its queued reads
         self.max_in_flight = max_in_flight
         self.tolerate_lost_peers = tolerate_lost_peers
         self.forgotten: set[int] = set()
@@ -116,6 +116,8 @@ class PeerChannels:
         self.group = private_group(job, name, RECEIVER_TIMEOUT_FACTOR * job.timeout_s, cpu=True) if shared else None
         self.data = DataPlane(job, name, self._link, RECEIVER_TIMEOUT_FACTOR * job.timeout_s, incarnation=incarnation,
                               layout=data_layout)
+        # a GPU model whose payloads travel through the host (every layout but nccl): pinned staging buffers
+        self.staging = HostStaging(job.device) if self.data.device() != job.device else None
         self._registered = dist.PrefixStore(f"{name}-registered/", job.store) if shared and job.store else None
         if self._registered is not None:  # this process is in the shared group: peers may connect to it
             self._registered.set(str(job.rank), "1")
@@ -162,7 +164,7 @@ class PeerChannels:
 
         exchanges = [(dst, lambda dst=dst: send(dst)) for dst in out_neighbors]
         exchanges += [(src, lambda src=src: recv(src)) for src in in_neighbors]
-        data_exchanges = self._data_warmups(out_neighbors, in_neighbors) if self.data.layout == "split" else []
+        data_exchanges = self._data_warmups(out_neighbors, in_neighbors) if self.data.splits else []
         peers = sorted(set(out_neighbors + in_neighbors))
         if dead_workers is None:
             try:
@@ -178,7 +180,7 @@ class PeerChannels:
         return self._exchange_skipping_dead(exchanges, peers, dead_workers)
 
     def _data_warmups(self, out_neighbors: list[int], in_neighbors: list[int]) -> list[tuple]:
-        """One small payload to each out-neighbour and from each in-neighbour over the split data plane,
+        """One small payload to each out-neighbour and from each in-neighbour over a split data plane,
         as (key, peer, post). NCCL builds a pair's communicator in its first send or receive, blocking
         until the peer makes the same call: posted in order of ``key`` (the pair's lower rank, higher
         rank, direction), the same on both sides, the smallest pair not yet built always has both its
@@ -274,7 +276,6 @@ class PeerChannels:
 
     def _receive_loop(self, channel: str, src: int, incarnation: int) -> None:
         tag = CHANNEL_TAGS[channel]
-        device = self.data.device()
         current = lambda: self._peer_incarnation.get(src, 0) == incarnation  # noqa: E731
         try:
             route = self._link(src, incarnation)
@@ -284,13 +285,7 @@ class PeerChannels:
                 kind, iteration, count, *stamps = (int(v) for v in header.tolist())
                 payload = None
                 if kind in MODEL_KINDS or kind == DELTA:
-                    if kind == DELTA:
-                        payload = torch.empty(self.delta_nbytes, dtype=torch.uint8, device=device)
-                    else:
-                        payload = self._wire_payload() if self._staged else self.new_payload()
-                    self._wait(self.data.recv(payload, src, incarnation), src, f"the model of iteration {iteration}")
-                    if self._staged:
-                        payload = payload.to(self.job.device)
+                    payload = self._receive_payload(kind, src, incarnation, iteration)
                 self.link.arrive(_nbytes(header, payload), src, stamps)
                 if not current():
                     return  # a message from a process since replaced
@@ -300,6 +295,22 @@ class PeerChannels:
         except Exception as exc:  # surfaced in the main thread
             if src not in self.forgotten and current():
                 self.on_error(src, str(exc))
+
+    def _receive_payload(self, kind: int, src: int, incarnation: int, iteration: int) -> torch.Tensor:
+        """The payload that follows a header of ``kind``, on the model's device (runs on the receiver thread,
+        on its own stream: complete when returned, so the main thread may read it on any stream)."""
+        delta = kind == DELTA
+        numel, dtype = (self.delta_nbytes, torch.uint8) if delta else (self.payload_numel, self.payload_dtype)
+        what = f"the model of iteration {iteration}"
+        if self.staging is not None:  # into a pooled (pinned) host buffer, then onto the GPU
+            wire = self.staging.receive_buffer(numel, dtype)
+            self._wait(self.data.recv(wire, src, incarnation), src, what)
+            return self.staging.incoming(wire, None if delta else self.new_payload)
+        payload = torch.empty(numel, dtype=dtype, device=self.job.device) if delta else self.new_payload()
+        after_compute(self._compute)  # a pooled buffer's last reads on the compute stream come first
+        self._wait(self.data.recv(payload, src, incarnation), src, what)
+        synchronize(self.job.device)  # this thread's own stream, now after the transfer: the payload is complete
+        return payload
 
     def _wait(self, work, src: int, what: str) -> None:
         try:
@@ -322,8 +333,8 @@ class PeerChannels:
         if payload is not None and channel != PAYLOAD_CHANNEL:
             raise ValueError(f"payloads travel on the {PAYLOAD_CHANNEL!r} channel only (one data-plane order "
                              f"per pair), not {channel!r}")
-        if payload is not None and payload.device != self.data.device():
-            payload = payload.to(self.data.device())  # a GPU model over gloo: one host copy for every peer
+        if payload is not None and self.staging is not None and payload.device != self.data.device():
+            payload = self.staging.outgoing(payload)  # one pooled host copy for every peer, held until sent
         for dst in dsts:
             if dst in self.forgotten:
                 continue

@@ -1,11 +1,14 @@
-"""The GPU path, run where a GPU is (``scripts/gpu-check``); skipped on machines without CUDA.
+"""The GPU path under pytest, where a GPU is; skipped on machines without CUDA.
 
-One GPU is enough for everything here but the two-rank NCCL test: NCCL refuses two ranks on one
-GPU, so a single-GPU machine checks NCCL with one rank and several ranks with gloo, which moves
-the GPU model's messages through the host.
+``scripts/gpu-check`` is the check to run (hetrain/testing/gpu_check.py): it reports what it could
+not run as "not checked" and fails then, where pytest counts a skip as a pass. One GPU is enough for
+everything here but the two-rank NCCL tests: NCCL refuses two ranks on one GPU, so a single-GPU
+machine checks NCCL with one rank and several ranks with gloo, which moves the GPU model's messages
+through pinned host buffers.
 """
 
 import json
+import os
 
 import pytest
 import torch
@@ -26,7 +29,8 @@ def _train(tmp_path, *args):
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_one_nccl_rank_per_gpu_trains(tmp_path, protocol):
     workers = torch.cuda.device_count()
-    metrics = _train(tmp_path, "--protocol", protocol, "--workers", str(workers))
+    groups = ["--group-size", str(min(2, workers))] if protocol == "prague" else []  # one GPU: groups of one
+    metrics = _train(tmp_path, "--protocol", protocol, "--workers", str(workers), *groups)
     assert metrics["final_accuracy_avg_model"] > 0.5
 
 
@@ -56,8 +60,11 @@ def test_preduce_averages_gpu_tensors_over_gloo(compression):
         assert device == "cuda" and mean == pytest.approx(1.5, abs=1e-3)
 
 
-def _hop_on_gpu(ctx, compression):
+def _hop_on_gpu(ctx, compression, layout=None):
     import hetrain
+
+    if layout is not None:  # set in the worker: a running forkserver would not pass a later environment on
+        os.environ["HETRAIN_DATA_PLANE"] = layout
 
     model = torch.nn.Linear(8, 8, bias=False).to(ctx.device)
     with torch.no_grad():
@@ -91,9 +98,9 @@ def test_preduce_over_nccl_on_two_gpus():
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs a GPU per rank")
 @pytest.mark.parametrize("compression", ["none", "int8"])
 def test_hop_payloads_over_nccl_on_two_gpus(compression):
-    """Headers over gloo, payloads over NCCL's split data plane (one group per direction)."""
+    """Headers over gloo, payloads over NCCL (the opt-in nccl data plane: one group per direction)."""
     from hetrain.jobs.local_job import run_local
 
-    results = run_local(_hop_on_gpu, 2, (compression,), backend="nccl", device="cuda", timeout_s=60)
+    results = run_local(_hop_on_gpu, 2, (compression, "nccl"), backend="nccl", device="cuda", timeout_s=60)
     assert all(device == "cuda" for device, _, _ in results)
     assert all(final == pytest.approx(0.5, abs=1e-3) for _, _, final in results)

@@ -49,6 +49,27 @@ def test_nccl_jobs_abort_on_a_death_unless_told_gloo():
     assert RunConfig(protocol="prague", device="cuda", backend="gloo", iterations=3).resolved_on_failure() == "continue"
     assert RunConfig(protocol="hop", device="cuda", backend="gloo", num_workers=4, iterations=3).validate()
     assert RunConfig(protocol="hop", device="cuda", num_workers=1, iterations=3).validate()  # one rank: no messages
-    for protocol in ("hop", "dpsgd"):  # their payloads over NCCL's split data plane, headers over gloo
+    for protocol in ("hop", "dpsgd"):  # payloads staged through the host over gloo unless HETRAIN_DATA_PLANE=nccl
         config = RunConfig(protocol=protocol, device="cuda", num_workers=4, iterations=3).validate()
         assert config.resolved_backend() == "nccl" and config.resolved_on_failure() == "abort"
+
+
+def test_ddp_hook_timing_on_a_gpu_reads_events_not_the_host_clock(monkeypatch):
+    """NCCL's future runs the hook's callback at enqueue: the host clock there stamps the launch. On a GPU
+    the wait is the events' elapsed time (the stand-in's GPU clock runs 250 ms between the two)."""
+    from hetrain.compression.spec import CompressionSpec
+    from hetrain.runtime.allreduce import _HookTimer
+    from hetrain.testing.fake_cuda import FakeCuda
+
+    cuda = FakeCuda().install(monkeypatch)
+    timer = _HookTimer(None, None, 2, CompressionSpec.parse("none"), torch.device("cuda", 0))
+    timer.launched()
+    cuda.now_ms += 250.0
+    timer.done()
+    assert timer.take_iteration_wait() == pytest.approx(0.25)
+    assert ("event-synchronize", "default") in cuda.log  # each event waited for; never the device
+    assert timer.take_iteration_wait() == 0.0  # nothing launched since
+    host = _HookTimer(None, None, 2, CompressionSpec.parse("none"), torch.device("cpu"))
+    host.launched()
+    host.done()
+    assert 0.0 <= host.take_iteration_wait() < 0.1

@@ -61,8 +61,8 @@ def test_decentralized_protocols_on_thread_ranks_mix_and_end_in_consensus(protoc
 
 def test_the_parameter_server_on_thread_ranks_serves_rank_zeros_model():
     results = run_threads(_gossip, 3, ("ps", 10, {}))
-    for start, before, after, _ in results:
-        assert torch.equal(after, results[0][0])  # no gradients: the server's model is rank 0's start
+    for result in results:
+        assert torch.equal(result[2], results[0][0])  # no gradients: the server's model is rank 0's start
 
 
 def test_compressed_gossip_on_thread_ranks_keeps_the_mean_and_converges():

@@ -7,6 +7,7 @@ anyway); here it runs over gloo, through the same code, beside the shared layout
 import pytest
 import torch
 
+from hetrain.errors import UsageError
 from hetrain.jobs.local_job import run_local
 from hetrain.transport.data_plane import LAYOUT_ENV, DataPlane, data_plane_layout
 from hetrain.transport.job import JobView
@@ -24,14 +25,33 @@ def _view(backend: str) -> JobView:
 def test_layout_defaults_and_refusals(monkeypatch):
     monkeypatch.delenv(LAYOUT_ENV, raising=False)
     assert data_plane_layout(_view("gloo")) == "shared"  # CPU jobs: no connection beyond the control plane's
-    assert data_plane_layout(_view("nccl")) == "split"
+    assert data_plane_layout(_view("nccl")) == "shared"  # NCCL payloads are an opt-in: staged over gloo
     assert data_plane_layout(_view("gloo"), "split") == "split"
+    assert data_plane_layout(_view("nccl"), "nccl") == "nccl"
     monkeypatch.setenv(LAYOUT_ENV, "split")
     assert data_plane_layout(_view("gloo")) == "split"
-    with pytest.raises(ValueError, match="NCCL matches no tags"):
-        data_plane_layout(_view("nccl"), "shared")
-    with pytest.raises(ValueError, match="use one of shared, split"):
+    monkeypatch.setenv(LAYOUT_ENV, "nccl")
+    assert data_plane_layout(_view("nccl")) == "nccl"
+    with pytest.raises(UsageError, match="HETRAIN_DATA_PLANE=nccl sends payloads over NCCL, but this job's "
+                                         "backend is gloo: unset HETRAIN_DATA_PLANE, or run with --backend nccl"):
+        data_plane_layout(_view("gloo"))
+    with pytest.raises(UsageError, match="use one of shared, split, nccl"):
         data_plane_layout(_view("gloo"), "both")
+
+
+def test_payloads_travel_on_the_gpu_only_with_the_nccl_layout(monkeypatch):
+    """Every layout but nccl moves a GPU model's payloads through the host (pinned staging) over gloo;
+    only nccl builds NCCL groups for them (``meta`` stands in for the GPU: no group is built here)."""
+    monkeypatch.delenv(LAYOUT_ENV, raising=False)
+    gpu = JobView(None, 0, 1, torch.device("meta"), 60.0, None, backend="nccl")
+    route = lambda peer, incarnation: (None, peer)  # noqa: E731
+    for layout, device, splits in (("shared", "cpu", False), ("split", "cpu", True), ("nccl", "meta", True)):
+        plane = DataPlane(gpu, "peers", route, 5.0, layout=layout)
+        assert (plane.device().type, plane.splits, plane.on_stream) == (device, splits, layout == "nccl")
+    channels = PeerChannels(gpu, 4, torch.float32, lambda m: None, lambda p, t: None)
+    assert channels.data.layout == "shared" and channels.staging is not None  # staged by default
+    monkeypatch.setenv(LAYOUT_ENV, "nccl")
+    assert PeerChannels(gpu, 4, torch.float32, lambda m: None, lambda p, t: None).staging is None
 
 
 def _payload(src: int, k: int) -> torch.Tensor:
