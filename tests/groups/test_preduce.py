@@ -95,7 +95,7 @@ def _rank_two_never_arrives(ctx, warm):
     preduce(buf, (0, 1, 2))
 
 
-@pytest.mark.parametrize("warm", [False, True])
+@pytest.mark.parametrize("warm", [pytest.param(False, marks=pytest.mark.slow), True])  # CI time: each waits a timeout out
 def test_a_missing_member_fails_the_call_naming_group_and_rank(warm):
     start = time.monotonic()
     with pytest.raises(WorkerError) as info:

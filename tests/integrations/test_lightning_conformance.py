@@ -103,6 +103,7 @@ def check_more(ranks: list[dict]) -> None:
     assert ranks[0]["params"] == ranks[1]["params"]
 
 
+@pytest.mark.slow  # CI time: the fast set keeps the features, resume and max_steps cases
 def test_hop_bf16_two_validation_loaders_int_val_check_interval_early_stopping_and_validate(tmp_path):
     check_more(run(tmp_path, "hop", "more"))
 
@@ -120,6 +121,7 @@ def check_limits(ranks: list[dict], strategy: str) -> None:
     assert sum(taken) == BATCHES // 2 if strategy != "ddp" else taken == [BATCHES // 4] * 2  # half an epoch
 
 
+@pytest.mark.slow  # CI time (as above)
 def test_hop_limit_train_batches_as_a_fraction_of_the_shared_epoch_and_check_val_every_n_epoch(tmp_path):
     check_limits(run(tmp_path, "hop", "limits"), "hop")
 

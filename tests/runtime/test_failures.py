@@ -32,8 +32,10 @@ def _survive(protocol, fail, **options):
 
 
 @pytest.mark.parametrize("protocol, options", [
-    ("hop", {}), ("dpsgd", {}), ("prague", {"gg": "smart"}), ("prague", {"gg": "random"}), ("adpsgd", {}),
-    ("ps", {}),
+    ("hop", {}), ("prague", {"gg": "smart"}), ("ps", {}),
+    # CI time: a death routed around is also checked for these on thread-ranks (tests/runtime/test_thread_tier.py)
+    *(pytest.param(p, o, marks=pytest.mark.slow) for p, o in (("dpsgd", {}), ("prague", {"gg": "random"}),
+                                                              ("adpsgd", {}))),
 ])
 def test_survivors_go_on_when_a_worker_is_killed_mid_training(protocol, options):
     metrics = _survive(protocol, "2@2s", **options)

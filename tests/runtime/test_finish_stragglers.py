@@ -43,7 +43,8 @@ def _straggler_job(ctx, protocol, straggler_s, hang):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("protocol", ["hop", "dpsgd", "prague", "adpsgd", "ps"])
+@pytest.mark.parametrize("protocol", ["hop", "prague", "ps", *(pytest.param(p, marks=pytest.mark.slow)  # CI time
+                                                       for p in ("dpsgd", "adpsgd"))])
 def test_workers_finished_early_wait_for_a_straggler_that_still_steps(protocol):
     results = run_local(_straggler_job, 4, (protocol, 3 * TIMEOUT_S, False), timeout_s=TIMEOUT_S,
                         job_timeout_s=90)

@@ -79,6 +79,7 @@ def _ps_pushes(ctx, pushes, numel):
     return {"rss_growth_mb": growth, "metrics": sync.metrics(), "moved": moved}
 
 
+@pytest.mark.slow  # CI time: 10 s of a small soak
 def test_parameter_server_keeps_a_bounded_number_of_answers_and_flat_memory():
     server, worker = run_local(_ps_pushes, 2, (MESSAGES, ONE_MB_FLOATS), timeout_s=60)
     assert server["metrics"]["answers_in_flight_max"] <= 2

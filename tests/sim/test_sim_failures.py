@@ -42,6 +42,7 @@ def test_the_parameter_server_ends_with_its_server_and_goes_on_without_a_worker(
     assert record["wall_time_s"] == pytest.approx(3.0)
 
 
+@pytest.mark.slow  # CI time: 14 s; the small-scale failure tests above stay in the fast set
 def test_hop_loses_little_throughput_with_a_worker_dying_per_simulated_minute_at_scale():
     base = RunConfig(protocol="hop", num_workers=256, time_budget_s=60.0, compute_ms=50.0, slowdown="every:8:5x")
     calm = simulate(base)
