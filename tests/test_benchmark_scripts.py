@@ -1,5 +1,6 @@
 """Every benchmark script still imports and parses its arguments (they run for hours, not in CI)."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -10,12 +11,39 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted((ROOT / "benchmarks").glob("*.py"))
 
 
-@pytest.mark.parametrize("script", SCRIPTS, ids=[s.name for s in SCRIPTS])
-def test_benchmark_script_starts(script):
-    done = subprocess.run([sys.executable, str(script), "--help"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+# Every script's ``--help`` in one interpreter (torch imported once: CI time), each as ``__main__`` in turn;
+# what each printed and how it exited, by name, as JSON on the last line.
+_HELP_ALL = """
+import contextlib, io, json, runpy, sys
+results = {}
+for path in sys.argv[1:]:
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    sys.argv = [path, "--help"]
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            runpy.run_path(path, run_name="__main__")
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except BaseException as exc:
+            code, _ = 1, err.write(repr(exc))
+    results[path] = {"code": code, "stdout": out.getvalue(), "stderr": err.getvalue()[-2000:]}
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def helps() -> dict:
+    done = subprocess.run([sys.executable, "-c", _HELP_ALL, *map(str, SCRIPTS)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "usage" in done.stdout.lower()
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=[s.name for s in SCRIPTS])
+def test_benchmark_script_starts(script, helps):
+    result = helps[str(script)]
+    assert result["code"] == 0, result["stderr"]
+    assert "usage" in result["stdout"].lower()
 
 
 def test_sim_floor_drives_hop_in_lock_step():
