@@ -57,6 +57,7 @@ def test_prague_asking_before_the_compute_ends_hides_the_group_generators_round_
     assert before["heterogeneity_efficiency"] > after["heterogeneity_efficiency"] + 0.03
 
 
+@pytest.mark.slow  # CI time (9 s)
 def test_prague_with_sharded_generators_relieves_a_saturated_group_generator():
     # 1,024 workers asking every 5 ms: one generator (20 us a request) is busy 4x over; 8 shards share it
     base = RunConfig(protocol="prague", num_workers=1024, time_budget_s=0.5, compute_ms=5.0, slowdown="every:8:5x")
