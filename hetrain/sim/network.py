@@ -40,7 +40,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hetrain.protocols.exchange_rule import uses_direct_exchange
-from hetrain.transport.link_spec import LinkSpec, ring_allreduce_bytes
+from hetrain.transport.link_spec import (
+    LinkSpec,
+    book_collective,
+    book_egress,
+    book_ingress,
+    ring_allreduce_bytes,
+)
 
 # Loopback gloo on the 2-core development machine: one-way send/recv of 8 bytes took 46 us
 # between 2 processes and 150-180 us with 8 processes sharing the cores; 10 MB moved at
@@ -123,27 +129,20 @@ class Network:
             transfer += self.link.transfer_s(src, nbytes)
             in_transfer += self.link.transfer_s(dst, nbytes)
             latency += self.link.path_latency_s(src, dst)
-        egress = self.egress_free
-        t0 = egress[src] if egress[src] > now else now
-        egress[src] = t0 + transfer
-        start = t0 + latency
-        ingress = self.ingress_free
-        if ingress[dst] > start:
-            start = ingress[dst]
-        arrival = max(start + in_transfer, t0 + transfer + latency)
-        ingress[dst] = arrival
+        t0, self.egress_free[src] = book_egress(self.egress_free[src], now, transfer)
+        arrival, self.ingress_free[dst] = book_ingress(self.ingress_free[dst], t0 + latency, t0 + transfer + latency,
+                                                       in_transfer)
         self.messages += 1
         self.bytes_sent += nbytes
         return arrival
 
     def collective(self, now: float, members, nbytes: float, preduce: bool = False) -> tuple[float, float]:
         """Book a ring all-reduce (or, ``preduce``, a P-Reduce) over ``members``; return (start_s, end_s)."""
-        start = now
-        for m in members:
-            start = max(start, self.egress_free[m], self.ingress_free[m])
         n = len(members)
         direct = preduce and n > 1 and uses_direct_exchange(nbytes, n)
-        end = start + (direct_exchange_s if direct else ring_allreduce_s)(n, nbytes, self.params)
+        duration = (direct_exchange_s if direct else ring_allreduce_s)(n, nbytes, self.params)
+        start, end = book_collective([free for m in members for free in (self.egress_free[m], self.ingress_free[m])],
+                                     now, duration)
         if self.link is not None and n > 1:  # what the runtime's emulation holds every member for
             sent = (n - 1) * nbytes if direct else ring_allreduce_bytes(n, nbytes)
             end += self.link.collective_s(members, sent, sent, 1 if direct else 2 * (n - 1))

@@ -27,7 +27,7 @@ from __future__ import annotations
 import threading
 import time
 
-from hetrain.transport.link_spec import LinkSpec
+from hetrain.transport.link_spec import LinkSpec, book_collective, book_egress, book_ingress
 
 NO_STAMPS = (0, 0)  # a message sent without emulation
 
@@ -59,10 +59,8 @@ class EmulatedLink:
             self.messages_sent += 1
             if self.spec is None:
                 return NO_STAMPS
-            now = time.time()
-            start = max(now, self._egress_free)
             transfer = self.spec.transfer_s(self.rank, nbytes)
-            self._egress_free = start + transfer
+            start, self._egress_free = book_egress(self._egress_free, time.time(), transfer)
             self.egress_s += transfer
         latency = self.spec.path_latency_s(self.rank, dst)
         return int((start + latency) * 1e6), int((start + transfer + latency) * 1e6)
@@ -74,11 +72,10 @@ class EmulatedLink:
             self.bytes_received += nbytes
             if self.spec is None or (first_bit_us, sent_us) == NO_STAMPS:
                 return
-            start = max(first_bit_us / 1e6, self._ingress_free)
             transfer = self.spec.transfer_s(self.rank, nbytes)
-            self._ingress_free = start + transfer
+            arrival, self._ingress_free = book_ingress(self._ingress_free, first_bit_us / 1e6, sent_us / 1e6, transfer)
             self.ingress_s += transfer
-        self._hold_until(max(sent_us / 1e6, start + transfer))
+        self._hold_until(arrival)
 
     def collective(self, members, sent_bytes: float, received_bytes: float, steps: int) -> None:
         """Count a collective's bytes and hold the caller for its emulated duration (after the real one)."""
@@ -88,11 +85,11 @@ class EmulatedLink:
             if self.spec is None:
                 return
             duration = self.spec.collective_s(members, sent_bytes, received_bytes, steps)
-            start = max(time.time(), self._egress_free, self._ingress_free)
-            self._egress_free = self._ingress_free = start + duration
+            start, end = book_collective([self._egress_free, self._ingress_free], time.time(), duration)
+            self._egress_free = self._ingress_free = end
             self.egress_s += duration
             self.ingress_s += duration
-        self._hold_until(start + duration)
+        self._hold_until(end)
 
     def round_trip(self, peer: int | None, sent_bytes: int, received_bytes: int) -> None:
         """A request to ``peer`` and its answer (the Group Generator's; ``peer`` None: a server off the

@@ -136,3 +136,31 @@ class LinkSpec:
 def ring_allreduce_bytes(num_members: int, nbytes: float) -> float:
     """Bytes each member of a ring all-reduce sends (and receives): 2 (n-1)/n of the buffer."""
     return 0.0 if num_members <= 1 else 2.0 * (num_members - 1) / num_members * nbytes
+
+
+# ----- the queueing rule, shared by the runtime's emulated link and the simulator's network ----------
+# Each endpoint has one egress and one ingress link, each a FIFO: a message leaves when its sender's egress
+# is free and streams in when its receiver's ingress is free; it has arrived when both its ingress transfer
+# has ended and its last bit (sent at the sender's rate) has come. The same float operations in the same
+# order in both callers (hetrain.transport.link.EmulatedLink, hetrain.sim.network.Network).
+def book_egress(free: float, now: float, transfer_s: float) -> tuple[float, float]:
+    """A message leaving at ``now`` on an egress link free from ``free``: (its start, the link's new free)."""
+    start = free if free > now else now
+    return start, start + transfer_s
+
+
+def book_ingress(free: float, first_bit: float, last_bit: float, transfer_s: float) -> tuple[float, float]:
+    """A message whose first bit reaches an ingress link (free from ``free``) at ``first_bit`` and whose
+    last bit was sent to arrive at ``last_bit``: (its arrival, the link's new free, the same time)."""
+    start = free if free > first_bit else first_bit
+    arrival = max(start + transfer_s, last_bit)
+    return arrival, arrival
+
+
+def book_collective(frees: list[float], now: float, duration_s: float) -> tuple[float, float]:
+    """A collective over links free from ``frees`` (every member's egress and ingress): it starts when all
+    are free and holds them all for ``duration_s``: (start, end); the caller sets each link free at end."""
+    start = now
+    for free in frees:
+        start = max(start, free)
+    return start, start + duration_s

@@ -1,0 +1,46 @@
+"""One queueing rule for the emulated network: the runtime's EmulatedLink (on a wall clock) and the
+simulator's Network (on simulated time) book a sequence of messages to the same arrival times."""
+
+import pytest
+
+from hetrain.sim.network import Network, NetworkParams
+from hetrain.transport import link as link_module
+from hetrain.transport.link import EmulatedLink
+from hetrain.transport.link_spec import LinkSpec, book_egress, book_ingress
+
+SPEC = LinkSpec.parse("0:10,1:40,*:100", "0:2,*:1")  # unequal links: a slow sender, a fast receiver
+MESSAGES = [(0, 0, 2, 250_000), (0.001, 0, 2, 250_000), (0.002, 1, 2, 500_000), (0.030, 2, 0, 100_000),
+            (0.031, 1, 0, 400_000), (0.2, 0, 1, 50_000)]  # (sent at, src, dst, bytes)
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+        self.held = []
+
+    def time(self):
+        return self.now
+
+
+def test_the_runtime_and_the_simulator_book_messages_alike(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(link_module.time, "time", clock.time)
+    links = [EmulatedLink(SPEC, rank) for rank in range(3)]
+    for link in links:
+        monkeypatch.setattr(link, "_hold_until", clock.held.append)
+    network = Network(NetworkParams(latency_us=0.0, bandwidth_gbps=1e12), 3, SPEC)  # only the link spec counts
+    for at, src, dst, nbytes in MESSAGES:
+        clock.now = at
+        stamps = links[src].depart(nbytes, dst)
+        links[dst].arrive(nbytes, src, stamps)
+        simulated = network.send(at, src, dst, nbytes)
+        assert clock.held[-1] == pytest.approx(simulated, abs=2e-6)  # stamps travel in whole microseconds
+
+
+def test_fifo_links_queue_and_a_slow_sender_keeps_the_receiver_busy():
+    start, free = book_egress(free=1.0, now=0.5, transfer_s=0.2)
+    assert (start, free) == (1.0, 1.2)  # waits for the link, then holds it
+    arrival, free = book_ingress(free=0.0, first_bit=1.0, last_bit=3.0, transfer_s=0.1)
+    assert arrival == free == 3.0  # the last bit, sent at the slow sender's rate, ends the message
+    arrival, _ = book_ingress(free=5.0, first_bit=1.0, last_bit=3.0, transfer_s=0.1)
+    assert arrival == pytest.approx(5.1)  # a busy ingress link: it streams in after the message before
