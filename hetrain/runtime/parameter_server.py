@@ -401,7 +401,7 @@ class ParameterServer(SyncProtocol):
         if job.world_size > 1:
             final = final.to(job.device)
             if self._beacon is not None and self._server is None:  # the server arrives once all have left
-                self._beacon.wait_for_arrivals(self.dead_workers, "the final model from rank 0")
+                self._beacon.wait_for_arrivals(self.dead_workers, "the final model from rank 0", last=0)
             elif self._beacon is not None:
                 self._beacon.store.set(f"finished/{job.rank}", "1")
             over_survivors(job, self.dead_workers, "the final model from rank 0",

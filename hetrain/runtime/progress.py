@@ -69,16 +69,30 @@ class ProgressBeacon:
         seen = self._seen.get(peer)
         return seen[0].decode() if seen and seen[0] else "none yet"
 
-    def wait_for_arrivals(self, dead_workers: Callable[[], set[int]] | None, what: str) -> None:
+    def wait_for_arrivals(self, dead_workers: Callable[[], set[int]] | None, what: str,
+                          last: int | None = None) -> None:
         """Say this worker reached ``what``, then wait until every rank not known dead has too, for as
-        long as one of those still missing makes progress (one may be waiting for another)."""
+        long as one of those still missing makes progress (one may be waiting for another).
+
+        ``last``: a rank that arrives only once every other has (the parameter server, which takes no
+        steps while it serves the last of them): once it is the only one missing and takes no steps, it
+        is waited for ``timeout_s`` more (it may still be a straggler itself: then while it steps)."""
         self.store.set(f"finished/{self.rank}", "1")
+        alone_since = None
         while True:
             dead = set(dead_workers()) if dead_workers is not None else set()
             missing = [r for r in range(self.world_size)
                        if r != self.rank and r not in dead and not self.store.check([f"finished/{r}"])]
             if not missing:
                 return
+            if missing == [last] and not self.progressing(last):  # the others have arrived; it serves them
+                alone_since = alone_since if alone_since is not None else time.monotonic()
+                if time.monotonic() - alone_since > self.timeout_s:
+                    raise WorkerError(f"worker {self.rank} waited {self.timeout_s:.0f} s for worker {last} to "
+                                      f"reach {what} after every other worker had")
+                time.sleep(POLL_S)
+                continue
+            alone_since = None
             moving = [peer for peer in missing if self.progressing(peer)]  # every one looked at
             if not moving:  # one still missing may be waiting for another (the parameter server): all stuck
                 steps = ", ".join(f"worker {p} at step {self.last_steps(p)}" for p in missing)
