@@ -280,7 +280,49 @@ def plan_flat_reductions() -> None:
     boxes.allreduce_rounds = program.allreduce_rounds = flat
 
 
-MUTANTS = {"no-comm": no_comm, "outer-step-on-own-anchor": outer_step_on_own_anchor,
+def link_ingress_own_rule() -> None:
+    """The runtime's emulated link frees a receiver's ingress at its own transfer's end (the rule before the
+    one link clock), not when a slow sender's last bit has come."""
+    from hetrain.transport import link
+
+    def arrive(self, nbytes, src, stamps):
+        first_bit_us, sent_us = (int(v) for v in stamps)
+        with self._lock:
+            self.bytes_received += nbytes
+            if self.spec is None or (first_bit_us, sent_us) == link.NO_STAMPS:
+                return
+            start = max(first_bit_us / 1e6, self._ingress_free)
+            transfer = self.spec.transfer_s(self.rank, nbytes)
+            self._ingress_free = start + transfer
+            self.ingress_s += transfer
+        self._hold_until(max(sent_us / 1e6, start + transfer))
+
+    link.EmulatedLink.arrive = arrive
+
+
+def server_not_last() -> None:
+    """Workers wait for the parameter server's arrival by its steps alone (it takes none while serving)."""
+    from hetrain.runtime.progress import ProgressBeacon
+
+    original = ProgressBeacon.wait_for_arrivals
+    ProgressBeacon.wait_for_arrivals = lambda self, dead_workers, what, last=None: original(self, dead_workers, what)
+
+
+def iteration_from_logic() -> None:
+    """Hop's metrics report its logic's count of exchanges as the iteration counter (H times smaller)."""
+    from hetrain.runtime.hop import Hop
+
+    original = Hop.metrics
+
+    def metrics(self):
+        self.stats.iteration = self.logic.iteration
+        return original(self)
+
+    Hop.metrics = metrics
+
+
+MUTANTS = {"no-comm": no_comm, "link-ingress-own-rule": link_ingress_own_rule, "server-not-last": server_not_last,
+           "iteration-from-logic": iteration_from_logic, "outer-step-on-own-anchor": outer_step_on_own_anchor,
            "anchors-kept-local": anchors_kept_local, "anchor-at-build": anchor_at_build,
            "rows-by-steps": rows_by_steps, "no-steps-weighting": no_steps_weighting,
            "preduce-unweighted": preduce_unweighted, "ps-final-from-server": ps_final_from_server,

@@ -98,6 +98,11 @@ COMM_MUTANTS = {
     "plan-bias-on-every-rank": [f"{PT}::test_every_split_type_unequal_ratios_and_a_residual_join_train_exactly"],
     "plan-flat-reductions": [
         f"{PT}::test_a_replicated_tensor_crosses_each_level_once_per_side_as_the_cost_model_counts"],
+    # issue 39's: one link clock, the server's arrival, one iteration counter
+    "link-ingress-own-rule": ["tests/transport/test_link_clock.py::test_the_runtime_and_the_simulator_book_messages_alike"],
+    "server-not-last": ["tests/runtime/test_progress_beacon.py::test_the_server_is_waited_for_while_it_serves_the_last_worker"],
+    "iteration-from-logic": [
+        "tests/runtime/test_comm_protocols.py::test_auto_local_work_gives_a_slower_worker_fewer_local_steps"],
     "decoders-scaled": ["tests/compression/test_codecs.py::test_topk_keeps_exactly_the_largest_values_and_nothing_else",
                         "tests/compression/test_codecs.py::test_powersgd_reconstructs_a_low_rank_model_and_sends_vectors_whole",
                         "tests/compression/test_codecs.py::test_quantizers_decode_to_the_values_not_a_scaled_copy"],

@@ -27,7 +27,12 @@ def _beacon_seeing_a_stale_server():
 def test_the_server_is_waited_for_while_it_serves_the_last_worker():
     store, beacon = _beacon_seeing_a_stale_server()
     threading.Timer(TIMEOUT_S / 2, lambda: store.set("finished/0", "1")).start()  # it arrives soon
-    beacon.wait_for_arrivals(None, "the final model", last=0)  # returns: it arrived within the timeout
+    error = None
+    try:
+        beacon.wait_for_arrivals(None, "the final model", last=0)  # returns: it arrived within the timeout
+    except WorkerError as exc:
+        error = str(exc)
+    assert error is None, error
 
 
 def test_a_server_that_never_arrives_is_given_up_on_after_the_timeout_naming_it():
