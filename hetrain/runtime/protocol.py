@@ -131,9 +131,9 @@ class SyncProtocol:
         elif process_group is not None or dead_workers is not None:
             raise TypeError(f"{type(self).__name__}() takes transport= or process_group=/dead_workers=, not both")
         self.transport = transport
-        given = transport.membership if type(transport.membership) is not Membership else None
-        self.membership = transport.membership if self.tolerant else Membership()  # who is in the job, typed
-        self.dead_workers = self.membership if self.tolerant and given is not None else None
+        reported = transport.membership if self.tolerant else None  # abort: a death fails the worker
+        self.membership = reported or Membership()  # who is in the job, typed
+        self.dead_workers = reported  # the same object, None where nobody reports deaths
         self.dead: set[int] = set()  # workers this one knows to be dead
         self.job = transport.job
         # respawn: each rank's process number as this worker knows it (the launcher's LauncherMembership)

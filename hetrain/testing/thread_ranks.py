@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch.distributed as dist
 
@@ -46,7 +46,7 @@ class ThreadRank:
     world_size: int
     store: object
     timeout_s: float
-    membership: Membership = field(default_factory=Membership)
+    membership: Membership | None = None
 
     def transport(self, kind: str) -> Transport:
         """This rank's transport for a protocol of ``kind`` (the protocol's name)."""
@@ -59,7 +59,7 @@ def run_threads(fn: Callable[..., object], world_size: int, args: tuple = (), *,
     """``fn(rank, *args)`` on ``world_size`` thread-ranks; their results by rank. The first error is raised
     (naming its rank); a rank still running ``timeout_s`` after the start fails the call, naming it."""
     store = dist.HashStore()
-    ranks = [ThreadRank(r, world_size, store, timeout_s, membership or Membership()) for r in range(world_size)]
+    ranks = [ThreadRank(r, world_size, store, timeout_s, membership) for r in range(world_size)]
     results: list = [None] * world_size
     errors: dict[int, BaseException] = {}
 
