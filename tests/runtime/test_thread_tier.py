@@ -49,11 +49,13 @@ def _stack(results, index):
 
 @pytest.mark.parametrize("protocol", ["dpsgd", "hop", "prague", "adpsgd"])
 def test_decentralized_protocols_on_thread_ranks_mix_and_end_in_consensus(protocol):
-    results = run_threads(_gossip, 4, (protocol, 40, {}))
+    results = run_threads(_gossip, 4, (protocol, 60, {}))
     starts, before, after = _stack(results, 0), _stack(results, 1), _stack(results, 2)
     assert not any(r[3] for r in results)  # no default process group: the injected transport carried it all
     spread = lambda x: float((x - x.mean(0)).norm())  # noqa: E731
-    assert spread(before) < 0.05 * spread(starts)  # they mixed before finish, not only in its final average
+    # they mixed before finish, not only in its final average (without communication: 1x; alone on the
+    # machine 0.01-0.03x; AD-PSGD and Prague pair workers as they arrive, so a loaded machine forms fewer pairs)
+    assert spread(before) < 0.2 * spread(starts)
     assert spread(after) < 1e-9  # finish: every rank holds the consensus model
     if protocol in KEEP_THE_MEAN:
         assert torch.allclose(before.mean(0), starts.mean(0), atol=1e-9)
