@@ -37,7 +37,7 @@ from hetrain.runtime.protocol import SyncProtocol, comm_from
 from hetrain.runtime.public_signature import document_settings
 from hetrain.transport.device_thread import synchronize
 from hetrain.transport.job import DEFAULT_TIMEOUT_S
-from hetrain.transport.membership import CONFIRM_DEATH_S
+from hetrain.transport.membership import LostPeers
 from hetrain.transport.peer_channels import (
     DELTA,
     KEYFRAME,
@@ -104,7 +104,7 @@ class Hop(SyncProtocol):
         self.logic = HopWorker.for_rank(self.topology, rank, self.config)
         self._cond = threading.Condition()
         self._channel_errors: list[str] = []
-        self._suspects: dict[int, tuple[float, str]] = {}  # continue mode: peers lost, not yet known dead
+        self._lost = LostPeers()  # continue mode: peers lost, not yet known dead
         self._last_sent: tuple[int, torch.Tensor] | None = None  # continue mode: (iteration, model) last sent
         self._resend: tuple | None = None  # (new out-neighbours, iteration, model) owed after a repair
         self._neighbors_stopped = False
@@ -215,7 +215,7 @@ class Hop(SyncProtocol):
     def _on_channel_error(self, peer: int, error: str) -> None:
         with self._cond:
             if self.tolerant:
-                self._suspects.setdefault(peer, (time.monotonic(), error))
+                self._lost.lost(peer, error)
             else:
                 self._channel_errors.append(error)
             self._cond.notify_all()
@@ -227,16 +227,11 @@ class Hop(SyncProtocol):
             return
         new = self.new_deaths()
         if self.dead_workers is None:  # no launcher: a lost connection is all there is to go by
-            new |= set(self._suspects) - self.dead
+            new |= self._lost.suspects() - self.dead
             self.dead |= new
         back = self.rejoined()
-        now = time.monotonic()
-        for peer, (since, error) in list(self._suspects.items()):
-            if peer in self.dead or peer in back:  # dead; or dead and replaced between two looks (respawn)
-                del self._suspects[peer]
-            elif now - since > CONFIRM_DEATH_S:  # lost, not named dead within the bound
-                self._channel_errors.append(error)  # lost, yet alive: not a death we can route around
-                del self._suspects[peer]
+        # dead; or dead and replaced between two looks (respawn); the others, lost yet alive, are errors
+        self._channel_errors.extend(self._lost.settle(self.dead | back))
         if new or back:
             self._apply_membership(new, back)
 

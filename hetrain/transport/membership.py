@@ -93,3 +93,35 @@ class CallableMembership(Membership):
 
     def dead(self) -> set[int]:
         return set(self._dead_workers())
+
+
+class LostPeers:
+    """Peers a worker lost (a send failed, a receive broke) and the membership has not named dead yet.
+
+    A lost peer is a *suspect*: the membership names a real death within :data:`CONFIRM_DEATH_S`, and
+    then the worker routes around it; one never named dead is an error the worker raises (lost, yet
+    alive: nothing to route around). One rule for every protocol that tolerates deaths."""
+
+    def __init__(self, within_s: float | None = None):
+        self.within_s = within_s
+        self._since: dict[int, tuple[float, str]] = {}
+
+    def lost(self, peer: int, error: str) -> None:
+        """``peer`` was lost with ``error`` (the first report counts)."""
+        self._since.setdefault(peer, (time.monotonic(), error))
+
+    def suspects(self) -> set[int]:
+        return set(self._since)
+
+    def settle(self, accounted_for: set[int]) -> list[str]:
+        """Forget the suspects ``accounted_for`` (dead, or replaced); return the errors of those not named
+        dead within the bound (each reported once)."""
+        within_s = CONFIRM_DEATH_S if self.within_s is None else self.within_s
+        now, errors = time.monotonic(), []
+        for peer, (since, error) in list(self._since.items()):
+            if peer in accounted_for:
+                del self._since[peer]
+            elif now - since > within_s:
+                errors.append(error)
+                del self._since[peer]
+        return errors

@@ -195,31 +195,76 @@ def test_resume_after_a_run_that_died_before_its_first_checkpoint_starts_fresh(t
     assert checkpoint.prepare(config.checkpoint_dir, config, resume=True) is False
 
 
-class _ClosedConnection:
-    """A process group whose every send fails at once, as gloo's does to a peer that has just died."""
+class _Channels:
+    """What the server's answers go to: PeerChannels' contract for a peer that has just died (tolerating lost
+    peers, a failed send reaches ``on_error``; otherwise it raises)."""
 
-    def send(self, tensors, dst, tag):
-        raise RuntimeError(f"Connection closed by peer (worker {dst})")
+    def __init__(self, on_error, tolerant: bool):
+        self.on_error, self.tolerant, self.forgotten = on_error, tolerant, set()
+
+    def send(self, channel, dsts, kind, iteration=0, count=0, payload=None):
+        for dst in dsts:
+            error = f"worker 0 lost worker {dst} while sending to it (did it exit?): Connection closed by peer"
+            if not self.tolerant:
+                raise WorkerError(error)
+            self.on_error(dst, error)
+
+    def forget(self, peer):
+        self.forgotten.add(peer)
+
+
+def _server_protocol(tolerant: bool, dead: set[int]):
+    """Rank 0 of a 2-worker asynchronous parameter server, without a job: its server and death handling."""
+    import threading
+
+    import torch
+
+    from hetrain.protocols.ps_logic import ParameterServerLogic
+    from hetrain.runtime.parameter_server import ParameterServer, _Server
+    from hetrain.transport.buffer_pool import BufferPool
+    from hetrain.transport.membership import LostPeers
+
+    ps = object.__new__(ParameterServer)
+    ps.tolerant, ps.dead, ps._lost, ps._errors = tolerant, set(), LostPeers(), []
+    ps._cond = threading.Condition()
+    ps.dead_workers = lambda: set(dead)
+    ps.job = type("Job", (), {"rank": 0})()
+    ps.channels = _Channels(ps._on_channel_error, tolerant)
+    ps._server = _Server(torch.zeros(4), ParameterServerLogic(2, staleness=1), ps.channels,
+                         BufferPool(4, torch.float32, torch.device("cpu")))
+    return ps
 
 
 @pytest.mark.parametrize("tolerant", [True, False])
 def test_the_servers_answer_to_a_worker_that_just_died_does_not_stop_it_in_continue_mode(tolerant):
     """A worker killed mid-push: rank 0 answers it before the launcher has said it died, and gloo raises at
-    once. In continue mode the server goes on (the death notice then drops the worker); in abort mode the
-    error stands. (Seen in 1 of 2 runs of a ps job with a worker killed at 2 s.)"""
+    once. In continue mode the worker is a suspect until the death notice drops it (the server goes on);
+    in abort mode the error stands. (Seen in 1 of 2 runs of a ps job with a worker killed at 2 s.)"""
     import torch
 
-    from hetrain.protocols.ps_logic import ParameterServerLogic
-    from hetrain.runtime.parameter_server import _Server
-    from hetrain.transport.buffer_pool import BufferPool
 
-    model = torch.zeros(4)
-    server = _Server(model, ParameterServerLogic(2, staleness=1), _ClosedConnection(), 5.0,
-                     BufferPool(4, torch.float32, torch.device("cpu")), tolerate_lost_workers=tolerant)
+    dead: set[int] = set()
+    ps = _server_protocol(tolerant, dead)
     if not tolerant:
-        with pytest.raises(RuntimeError, match="Connection closed"):
-            server.push(1, torch.ones(4))
+        with pytest.raises(WorkerError, match="lost worker 1"):
+            ps._server.push(1, torch.ones(4))
         return
-    server.push(1, torch.ones(4))  # answered at once (asynchronous server): the answer cannot leave
-    assert server.unanswered == {1} and server.error is None
-    server.close(drain=True)  # the unreachable worker's window is not waited for
+    ps._server.push(1, torch.ones(4))  # answered at once (asynchronous server): the answer cannot leave
+    assert ps._lost.suspects() == {1}
+    ps._drop_the_dead()  # not named dead yet, within the bound: no error
+    dead.add(1)
+    ps._drop_the_dead()
+    assert not ps._lost.suspects() and 1 in ps._server.logic.left and 1 in ps.channels.forgotten
+
+
+def test_a_lost_worker_never_named_dead_fails_the_server():
+    """Continue mode: a worker the server lost but the membership never names dead is not routed around."""
+    import torch
+
+    from hetrain.transport.membership import LostPeers
+
+    ps = _server_protocol(True, set())
+    ps._lost = LostPeers(within_s=0.0)
+    ps._server.push(1, torch.ones(4))
+    with pytest.raises(WorkerError, match="lost worker 1"):
+        ps._drop_the_dead()
