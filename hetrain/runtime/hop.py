@@ -46,7 +46,6 @@ from hetrain.transport.peer_channels import (
     TOKEN,
     UPDATE,
     Message,
-    PeerChannels,
 )
 
 DEATH_POLL_S = 0.1  # continue mode: how often a waiting worker looks for deaths
@@ -114,11 +113,11 @@ class Hop(SyncProtocol):
         self._replicas = ReplicaSet(codec, self.state.empty) if codec is not None else None  # of in-neighbours'
         self._model_bytes = self.state.numel * 4  # one model message as float32, for the compression ratio
         self.stats.extra.update(uncompressed_bytes=0, compressed_bytes=0)
-        self.channels = PeerChannels(self.job, self.state.numel, self.state.dtype, self._on_message,
-                                     self._on_channel_error, tolerate_lost_peers=self.tolerant,
-                                     incarnation=self.incarnation, peer_incarnations=self.incarnations,
-                                     new_payload=self.state.empty, link=self.link,
-                                     delta_nbytes=codec.payload_nbytes if codec is not None else 0)
+        self.channels = self.transport.channels(self.state.numel, self.state.dtype, self._on_message,
+                                                self._on_channel_error, tolerate_lost_peers=self.tolerant,
+                                                incarnation=self.incarnation, peer_incarnations=self.incarnations,
+                                                new_payload=self.state.empty, link=self.link,
+                                                delta_nbytes=codec.payload_nbytes if codec is not None else 0)
         if not self.joining:  # a replacement's neighbours are mid-training: no handshake
             if self._public is not None and self.job.store is not None:
                 self._publish_start()

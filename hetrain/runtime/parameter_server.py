@@ -34,7 +34,6 @@ keeps that many idle buffers instead of one (memory stays what a round needs).
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections import deque
@@ -184,11 +183,11 @@ class ParameterServer(SyncProtocol):
 
     def _channels(self) -> PeerChannels:
         """The job's peer channels, its messages on the host (the server's model and buffers live there)."""
-        host_job = dataclasses.replace(self.job, device=torch.device("cpu"))
-        return PeerChannels(host_job, self.state.numel, self.state.dtype, self._on_message, self._on_channel_error,
-                            max_in_flight=_MESSAGES_IN_FLIGHT, name="ps", tolerate_lost_peers=self.tolerant,
-                            new_payload=self._buffers.take, link=self.link, data_layout="shared",
-                            delta_nbytes=self._codec.payload_nbytes if self._codec is not None else 0)
+        return self.transport.channels(self.state.numel, self.state.dtype, self._on_message, self._on_channel_error,
+                                       on_host=True, max_in_flight=_MESSAGES_IN_FLIGHT, name="ps",
+                                       tolerate_lost_peers=self.tolerant, new_payload=self._buffers.take,
+                                       link=self.link, data_layout="shared",
+                                       delta_nbytes=self._codec.payload_nbytes if self._codec is not None else 0)
 
     def _connect(self) -> None:
         """Rank 0 to every worker, each worker to rank 0: one handshake, then a receiver per peer."""

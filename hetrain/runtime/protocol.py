@@ -55,7 +55,6 @@ from hetrain.runtime.progress import ProgressBeacon
 from hetrain.runtime.speed_board import SpeedBoard
 from hetrain.transport.device_thread import synchronize
 from hetrain.transport.job import DEFAULT_TIMEOUT_S, model_device
-from hetrain.transport.link import EmulatedLink
 from hetrain.transport.link_spec import ring_allreduce_bytes
 from hetrain.transport.membership import Membership
 from hetrain.transport.worker_transport import Transport
@@ -171,7 +170,7 @@ class SyncProtocol:
         shapes = [tuple(t.shape) for t in self.state.tensors]
         self.gossip_step = float(comm.gossip_step) if comm.gossip_step is not None else \
             self.compression.default_gossip_step(self.state.numel, shapes)
-        self.link = EmulatedLink(comm.link, self.job.rank)
+        self.link = self.transport.link(comm.link)
         if self.options is not None:
             self.options.check_comm(comm)  # what this protocol refuses (allreduce: local steps, ...)
         self._local_steps = 0  # local steps since the last exchange

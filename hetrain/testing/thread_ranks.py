@@ -3,7 +3,12 @@
 Each rank gets a :class:`~hetrain.transport.worker_transport.Transport` of its own on one shared store
 (``Transport.on_store``: real gloo groups, real point-to-point messages over loopback), and builds its
 protocol with ``transport=``; nothing else differs from a multi-process job. What needs real processes
-(a SIGKILL, the launcher, torchrun, start-up) stays in the multi-process tests::
+(a SIGKILL, the launcher, torchrun, start-up, replacements) stays in the multi-process tests. A rank
+that dies here stops and is named dead, but its sockets stay open (a thread cannot close them as a
+dead process's exit does): a peer's first send to it waits for the job's timeout instead of failing at
+once. Replacements (``respawn``) connect to the dead rank's successor while such sends are pending,
+and in trials here hung or, with the dead rank's groups aborted, aborted the test process at exit
+(docs/decisions.md, "One transport under every protocol")::
 
     def worker(rank):
         sync = hetrain.Hop(model, None, topology="ring", transport=rank.transport("hop"))

@@ -148,11 +148,12 @@ class JobView:
 
     @classmethod
     def on_store(cls, store, rank: int, world_size: int, kind: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 device: torch.device | None = None) -> JobView:
+                 device: torch.device | None = None, incarnation: int = 0) -> JobView:
         """A job of ``world_size`` members on ``store`` alone, with no default process group: its world group
         is built on the store (gloo). Ranks may be threads of one process (``hetrain.testing.thread_ranks``),
-        each with its own view; instances of ``kind`` are numbered per rank, as on a process group."""
-        instance = next(_instances.setdefault((kind, ("store", id(store)), rank), count()))
+        each with its own view; instances of ``kind`` are numbered per rank and process (``incarnation``: a
+        replacement counts from 0 again, as a new process does), as on a process group."""
+        instance = next(_instances.setdefault((kind, ("store", id(store)), rank, incarnation), count()))
         group = store_group(dist.PrefixStore("world/", store), rank, world_size, timeout_s)
         namespace = dist.PrefixStore(f"{kind}/store/{instance}/", store)
         return cls(group, rank, world_size, device or torch.device("cpu"), timeout_s, namespace,

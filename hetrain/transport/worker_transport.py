@@ -1,8 +1,11 @@
 """One worker's way to the others, as one object a protocol is given (``transport=``).
 
 A protocol needs the job's view (group, store, device, timeout: :class:`~hetrain.transport.job.JobView`)
-and who is in the job (:class:`~hetrain.transport.membership.Membership`); from those it builds its
-channels, groups and emulated link. By default a protocol makes its transport from ``process_group``
+and who is in the job (:class:`~hetrain.transport.membership.Membership`); it asks the transport for
+its emulated link (:meth:`Transport.link`), its peer channels (:meth:`Transport.channels`) and its
+process groups (:meth:`Transport.group`, :meth:`Transport.subset_group`, :meth:`Transport.pair_links`),
+so that a transport of another kind (a recorder, a fake) sees every message and every group a
+protocol makes. By default a protocol makes its transport from ``process_group``
 and ``dead_workers`` (``Transport.of``), as torch's own averagers take a group; injecting one instead
 runs the same protocol on a job the default process group knows nothing of: ``Transport.on_store``
 builds a job of its own on a store, which is how ``hetrain.testing.thread_ranks`` runs several ranks
@@ -11,13 +14,18 @@ as threads of one process (the fast test tier).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from hetrain.transport.job import DEFAULT_TIMEOUT_S, JobView
+from hetrain.transport.job import DEFAULT_TIMEOUT_S, JobView, private_group, subset_group
+from hetrain.transport.link import EmulatedLink
+from hetrain.transport.link_spec import LinkSpec
 from hetrain.transport.membership import Membership
+from hetrain.transport.pair_links import PairLinks
+from hetrain.transport.peer_channels import PeerChannels
 
 
 @dataclass(frozen=True)
@@ -36,4 +44,30 @@ class Transport:
     def on_store(cls, store, rank: int, world_size: int, kind: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
                  membership: Membership | None = None, device: torch.device | None = None) -> Transport:
         """A job of its own on ``store`` (gloo), with no default process group (see the module docstring)."""
-        return cls(JobView.on_store(store, rank, world_size, kind, timeout_s=timeout_s, device=device), membership)
+        incarnation = membership.incarnation if membership is not None else 0
+        return cls(JobView.on_store(store, rank, world_size, kind, timeout_s=timeout_s, device=device,
+                                    incarnation=incarnation), membership)
+
+    # -- what a protocol builds on it ---------------------------------------------------------
+    def link(self, spec: LinkSpec | None) -> EmulatedLink:
+        """This worker's emulated link (``spec`` None: unconstrained; it still counts bytes)."""
+        return EmulatedLink(spec, self.job.rank)
+
+    def channels(self, payload_numel: int, payload_dtype: torch.dtype, on_message, on_error, *,
+                 on_host: bool = False, **options) -> PeerChannels:
+        """Tagged point-to-point channels to this worker's peers (see :class:`PeerChannels` for ``options``);
+        ``on_host``: payloads live in host memory whatever the model's device (the parameter server's)."""
+        job = dataclasses.replace(self.job, device=torch.device("cpu")) if on_host else self.job
+        return PeerChannels(job, payload_numel, payload_dtype, on_message, on_error, **options)
+
+    def group(self, name: str, timeout_s: float | None = None, *, cpu: bool = False):
+        """A process group of the whole job, private to ``name`` (its own tags and connections)."""
+        return private_group(self.job, name, timeout_s, cpu=cpu)
+
+    def subset_group(self, members: list[int], prefix: str, timeout_s: float | None = None, *, nccl: bool = False):
+        """A process group of ``members`` only (built by them alone, on the job's store)."""
+        return subset_group(self.job, members, prefix, timeout_s, nccl=nccl)
+
+    def pair_links(self, name: str, *, cpu: bool = True) -> PairLinks:
+        """Two-member groups built on demand, one per (peer, incarnations)."""
+        return PairLinks(self.job, name, cpu=cpu)

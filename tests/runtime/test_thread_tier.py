@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 import hetrain
 from hetrain.testing.thread_ranks import SharedMembership, run_threads
+from hetrain.transport.worker_transport import Transport
 
 MAKERS = {
     "dpsgd": lambda model, t, **kw: hetrain.DPSGD(model, None, topology="ring", transport=t, **kw),
@@ -92,10 +93,59 @@ def _one_dies(rank, protocol: str, members: SharedMembership):
     return model.weight.detach().clone()
 
 
-@pytest.mark.parametrize("protocol", ["dpsgd", "hop", "prague", "adpsgd"])
+@pytest.mark.parametrize("protocol", ["dpsgd", "hop", "prague", "adpsgd", "ps"])
 def test_a_thread_rank_that_dies_is_routed_around_and_the_survivors_agree(protocol):
     members = SharedMembership()
     results = run_threads(_one_dies, 4, (protocol, members), membership=members, timeout_s=30)
     survivors = torch.stack(results[:3])
     assert results[3] is None
     assert float((survivors - survivors.mean(0)).norm()) < 1e-9  # consensus over the survivors
+
+
+class RecordingTransport(Transport):
+    """A transport that records every payload message its protocol's channels send: the seam a fake uses."""
+
+    def channels(self, *args, **kwargs):
+        channels = super().channels(*args, **kwargs)
+        send, sent = channels.send, SENT.setdefault(self.job.rank, [])
+
+        def recorded(channel, dsts, kind, iteration=0, count=0, payload=None):
+            if payload is not None:
+                sent.extend(dsts)
+            return send(channel, dsts, kind, iteration, count, payload)
+
+        channels.send = recorded
+        return channels
+
+
+SENT: dict[int, list[int]] = {}
+
+
+def _recorded(rank, protocol: str, steps: int):
+    model = _model(rank.rank)
+    transport = RecordingTransport(rank.transport(protocol).job)
+    sync = MAKERS[protocol](model, transport)
+    for _ in range(steps):
+        sync.step()
+    sync.finish()
+    return model.weight.detach().clone(), sync.metrics()
+
+
+@pytest.mark.parametrize("protocol", ["hop", "ps"])
+def test_every_model_a_protocol_sends_goes_through_its_transports_channels(protocol):
+    SENT.clear()
+    results = run_threads(_recorded, 3, (protocol, 8))
+    finals = [final for final, _ in results]
+    # what went through the channels was used: every rank ends with one model (no gradients: the server's
+    # is rank 0's start)
+    assert all(torch.allclose(final, finals[0], atol=1e-12) for final in finals)
+    if protocol == "ps":
+        assert torch.equal(finals[1], _model(0).weight.detach())
+    if protocol == "hop":  # ring of 3: models go to both neighbours (but for iterations a worker skipped)
+        for rank in range(3):
+            assert set(SENT[rank]) == {(rank + 1) % 3, (rank - 1) % 3}
+        assert sum(len(SENT[rank]) for rank in range(3)) == sum(m["updates_received"] for _, m in results)
+    else:  # each worker pushes 8 deltas to rank 0, which answers each with a model
+        assert sorted(SENT[0]) == sorted([1, 2] * 8)
+        assert SENT[1] == SENT[2] == [0] * 8
+
