@@ -2,10 +2,10 @@
 
 A protocol needs the job's view (group, store, device, timeout: :class:`~hetrain.transport.job.JobView`)
 and who is in the job (:class:`~hetrain.transport.membership.Membership`); it asks the transport for
-its emulated link (:meth:`Transport.link`), its peer channels (:meth:`Transport.channels`) and its
-process groups (:meth:`Transport.group`, :meth:`Transport.subset_group`, :meth:`Transport.pair_links`),
-so that a transport of another kind (a recorder, a fake) sees every message and every group a
-protocol makes. By default a protocol makes its transport from ``process_group``
+its emulated link (:meth:`Transport.link`) and its peer channels (:meth:`Transport.channels`), so that
+a transport of another kind (a recorder, a fake) sees every message a protocol sends on them. Group
+services (P-Reduce, the final average) build their communicators on the job's store with the one
+constructor, :func:`~hetrain.transport.job.store_group`. By default a protocol makes its transport from ``process_group``
 and ``dead_workers`` (``Transport.of``), as torch's own averagers take a group; injecting one instead
 runs the same protocol on a job the default process group knows nothing of: ``Transport.on_store``
 builds a job of its own on a store, which is how ``hetrain.testing.thread_ranks`` runs several ranks
@@ -20,11 +20,10 @@ from dataclasses import dataclass
 
 import torch
 
-from hetrain.transport.job import DEFAULT_TIMEOUT_S, JobView, private_group, subset_group
+from hetrain.transport.job import DEFAULT_TIMEOUT_S, JobView
 from hetrain.transport.link import EmulatedLink
 from hetrain.transport.link_spec import LinkSpec
 from hetrain.transport.membership import Membership
-from hetrain.transport.pair_links import PairLinks
 from hetrain.transport.peer_channels import PeerChannels
 
 
@@ -59,15 +58,3 @@ class Transport:
         ``on_host``: payloads live in host memory whatever the model's device (the parameter server's)."""
         job = dataclasses.replace(self.job, device=torch.device("cpu")) if on_host else self.job
         return PeerChannels(job, payload_numel, payload_dtype, on_message, on_error, **options)
-
-    def group(self, name: str, timeout_s: float | None = None, *, cpu: bool = False):
-        """A process group of the whole job, private to ``name`` (its own tags and connections)."""
-        return private_group(self.job, name, timeout_s, cpu=cpu)
-
-    def subset_group(self, members: list[int], prefix: str, timeout_s: float | None = None, *, nccl: bool = False):
-        """A process group of ``members`` only (built by them alone, on the job's store)."""
-        return subset_group(self.job, members, prefix, timeout_s, nccl=nccl)
-
-    def pair_links(self, name: str, *, cpu: bool = True) -> PairLinks:
-        """Two-member groups built on demand, one per (peer, incarnations)."""
-        return PairLinks(self.job, name, cpu=cpu)
