@@ -1,0 +1,33 @@
+"""``hetrain train --launcher ray``: the local job's training run, with Ray actors for workers.
+
+Everything but the workers' start is :func:`hetrain.jobs.run.run_training`'s: the checks, the data
+(loaded once here and handed to every actor), the Group Generator (served here, on the address the
+actors reach the driver by), the progress bar, ``--log``, the evaluation and ``OUT/metrics.json``,
+which also lists each worker's node (``ray_placements``).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from hetrain.config import RunConfig
+
+
+def run_training_ray(config: RunConfig, out_dir: str | None, address: str | None, resources: dict,
+                     progress: bool = True, launched_at: float | None = None) -> dict:
+    from hetrain.jobs.run import run_training
+    from hetrain.ray.connection import actor_env, connect
+
+    host, joined = connect(address)
+    try:
+        from hetrain.ray.actors import RayPlacement
+        from hetrain.ray.job import run_ray
+
+        placement = RayPlacement(dict(resources), host, actor_env(host))
+        return run_training(config, out_dir, progress=progress, launched_at=launched_at,
+                            launch=partial(run_ray, placement=placement), service_host=host)
+    finally:
+        if joined:
+            import ray
+
+            ray.shutdown()

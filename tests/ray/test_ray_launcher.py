@@ -1,0 +1,49 @@
+"""``hetrain train --launcher ray`` on a one-node Ray cluster: the job runs, writes its record, listens on
+loopback only. (Deaths and replacements on several nodes: test_ray_failures.py, in the slow set.)"""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import psutil
+import pytest
+
+pytest.importorskip("ray", reason="the Ray launcher's tests need hetrain[ray]")
+
+
+def _listening_beyond_loopback(stop: threading.Event, found: list) -> None:
+    """Until ``stop``: every socket a process of this test's tree listens on that is not on loopback."""
+    me = psutil.Process()
+    while not stop.wait(0.5):
+        pids = {p.pid for p in me.children(recursive=True)}
+        for conn in psutil.net_connections(kind="inet"):
+            if conn.status == psutil.CONN_LISTEN and conn.pid in pids:
+                ip = conn.laddr.ip.removeprefix("::ffff:")
+                if ip not in ("127.0.0.1", "::1"):
+                    found.append((ip, conn.laddr.port, conn.pid))
+
+
+@pytest.mark.timeout(150)
+def test_a_hop_job_on_ray_actors_trains_and_writes_its_record(make_cluster, tmp_path):
+    cluster = make_cluster(2)
+    stop, beyond = threading.Event(), []
+    watcher = threading.Thread(target=_listening_beyond_loopback, args=(stop, beyond), daemon=True)
+    watcher.start()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "hetrain", "train", "--launcher", "ray", "--ray-address", cluster.address,
+             "--workers", "2", "--protocol", "hop", "--iterations", "150", "--no-progress", "--out", str(tmp_path)],
+            capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    finally:
+        stop.set()
+        watcher.join()
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["launcher"] == "ray"
+    assert sorted(metrics["ray_placements"]) == ["0.0", "1.0"]  # each rank's actor, first incarnation
+    assert all(w["iterations"] > 100 for w in metrics["workers"])  # both trained (hop stops on the job's iteration)
+    assert metrics["final_accuracy_avg_model"] > 0.8
+    assert metrics["workers_lost"] == 0
+    assert not beyond, f"listening beyond loopback: {beyond}"
