@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # read as Ray is imported: set before
 try:
     import ray
 except ImportError:  # the test modules skip themselves (pytest.importorskip)
@@ -30,7 +31,6 @@ def make_cluster(monkeypatch):
     node only, no worker lands there) and one more node per ``node_cpus``."""
     from ray.cluster_utils import Cluster
 
-    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (HERE, os.environ.get("PYTHONPATH")) if p))
     clusters = []
 
