@@ -156,12 +156,16 @@ class ViewReader:
         self._store = store
         self.values = json.loads(self._store.get(VIEW_KEY))
         self._on_lost = on_lost
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hetrain-ray-view", daemon=True)
         self._thread.start()
 
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
     def _run(self) -> None:
-        while True:
-            time.sleep(VIEW_REFRESH_S)
+        while not self._stop.wait(VIEW_REFRESH_S):
             try:
                 self.values = json.loads(self._store.get(VIEW_KEY))
             except Exception as error:  # noqa: BLE001 - any failure of the store means the driver is unreachable
@@ -205,7 +209,7 @@ class WorkerChannels:
         self._store = stores()
         self._report_store = stores()
         self._report_lock = threading.Lock()
-        reader = ViewReader(stores(), on_lost)
+        self._reader = reader = ViewReader(stores(), on_lost)
         self.dead = ViewArray(reader, "dead")
         self.incarnations = ViewArray(reader, "incarnations")
         self.stop = ViewFlag(reader, "stop")
@@ -214,6 +218,10 @@ class WorkerChannels:
         self.ready = StoreArray(self._store, "ready", size)
         self.finished = StoreArray(self._store, "finished", size)
         self.stops = StoreArray(self._store, "stops", size * size)
+
+    def close(self) -> None:
+        """Stop reading the view (a worker process leaves without it; tests close theirs)."""
+        self._reader.close()
 
     def report(self, message) -> None:
         """Send a picklable message to the driver (from any thread)."""

@@ -26,18 +26,15 @@ class DriverStore:
         self.store = dist.TCPStore(host, self.port, is_master=True, wait_for_workers=False,
                                    timeout=datetime.timedelta(seconds=timeout_s),
                                    master_listen_fd=self._sock.fileno(), use_libuv=True)
+        self._sock.detach()  # the store's server owns the descriptor now (closed with it: never twice)
 
     @property
     def address(self) -> tuple[str, int]:
         return self.host, self.port
 
     def close(self) -> None:
-        """Stop serving (the workers are gone by then). The server lives as long as its store object."""
+        """Let go of the store: its server stops once the last reference to it goes (the channels' too)."""
         self.store = None
-        try:
-            self._sock.close()
-        except OSError:
-            pass
 
 
 def connect(host: str, port: int, timeout_s: float):
