@@ -60,17 +60,33 @@ class StoreArray:
 
 
 class DriverView:
-    """The driver's published state: one key, rewritten whole on every change (the driver is its only writer)."""
+    """The driver's published state: one key, rewritten whole on every change (the driver is its only writer).
+
+    Ctrl-C's handler sets ``stop`` on the watch loop's thread, possibly in the middle of a publish: each
+    change bumps a version, and a publish writes again until the version it wrote is the latest."""
 
     def __init__(self, store, size: int):
         self._store = store
         self.values = {"dead": [0] * size, "incarnations": [0] * size, "stop": 0, "closing": 0, "go": 0}
-        self._lock = threading.Lock()  # Ctrl-C's handler sets ``stop`` on the watch loop's thread
+        self._version = 0
+        self._lock = threading.RLock()
+        self.publish()
+
+    def change(self, name: str, value: int, index: int | None = None) -> None:
+        if index is None:
+            self.values[name] = value
+        else:
+            self.values[name][index] = value
+        self._version += 1
         self.publish()
 
     def publish(self) -> None:
         with self._lock:
-            self._store.set(VIEW_KEY, json.dumps(self.values))
+            while True:
+                version = self._version
+                self._store.set(VIEW_KEY, json.dumps(self.values))
+                if version == self._version:
+                    return
 
 
 class PublishedArray:
@@ -86,8 +102,7 @@ class PublishedArray:
         return self._view.values[self._name][index]
 
     def __setitem__(self, index: int, value: int) -> None:
-        self._view.values[self._name][index] = int(value)
-        self._view.publish()
+        self._view.change(self._name, int(value), index)
 
     def __iter__(self):
         return iter(list(self._view.values[self._name]))
@@ -100,8 +115,7 @@ class PublishedFlag:
         self._view, self._name = view, name
 
     def set(self) -> None:
-        self._view.values[self._name] = 1
-        self._view.publish()
+        self._view.change(self._name, 1)
 
     def is_set(self) -> bool:
         return bool(self._view.values[self._name])

@@ -3,9 +3,12 @@ loopback only. (Deaths and replacements on several nodes: test_ray_failures.py, 
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import threading
+import time
 
 import psutil
 import pytest
@@ -47,3 +50,33 @@ def test_a_hop_job_on_ray_actors_trains_and_writes_its_record(make_cluster, tmp_
     assert metrics["final_accuracy_avg_model"] > 0.8
     assert metrics["workers_lost"] == 0
     assert not beyond, f"listening beyond loopback: {beyond}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_ctrl_c_stops_the_actors_and_writes_what_the_run_had(make_cluster, tmp_path):
+    cluster = make_cluster(2)
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "hetrain", "train", "--launcher", "ray", "--ray-address", cluster.address,
+         "--workers", "2", "--compute-ms", "50", "--time-budget", "60", "--out", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    err = bytearray()
+    reader = threading.Thread(target=lambda: [err.extend(c) for c in iter(lambda: os.read(driver.stderr.fileno(),
+                                                                                         4096), b"")], daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 90
+        while not re.search(rb"[1-9]\d* gradients", err):  # the progress bar: training is under way
+            assert driver.poll() is None and time.monotonic() < deadline, err.decode(errors="replace")[-3000:]
+            time.sleep(0.2)
+        began = time.monotonic()
+        driver.send_signal(signal.SIGINT)
+        assert driver.wait(timeout=60) == 130, err.decode(errors="replace")[-3000:]
+        assert time.monotonic() - began < 30
+    finally:
+        driver.kill()
+        driver.wait(timeout=30)
+        reader.join(timeout=5)
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["interrupted"] is True and metrics["launcher"] == "ray"
+    assert 0 < metrics["wall_time_s"] < 50 and metrics["total_iterations"] > 0
