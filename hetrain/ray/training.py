@@ -16,9 +16,10 @@ from hetrain.config import RunConfig
 
 def run_training_ray(config: RunConfig, out_dir: str | None, address: str | None, resources: dict,
                      progress: bool = True, launched_at: float | None = None) -> dict:
-    from hetrain.jobs.run import run_training
+    from hetrain.jobs.run import check_run_config, run_training
     from hetrain.ray.connection import actor_env, connect
 
+    check_run_config(config, devices_here=False)  # bad input is refused before the cluster is joined
     host, joined = connect(address)
     try:
         from hetrain.ray.actors import RayPlacement
