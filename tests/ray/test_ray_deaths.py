@@ -97,3 +97,18 @@ def test_a_killed_driver_leaves_no_actor_behind(make_cluster, tmp_path):
     while _actor_processes() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not _actor_processes(), "actors outlived their driver"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_abort_fails_the_cli_in_one_line_naming_the_killed_actor(make_cluster, tmp_path):
+    cluster = make_cluster(2)
+    done = subprocess.run(
+        [sys.executable, "-m", "hetrain", "train", "--launcher", "ray", "--ray-address", cluster.address,
+         "--workers", "2", "--compute-ms", "50", "--time-budget", "20", "--on-failure", "abort", "--fail", "1@2s",
+         "--no-progress", "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if line.startswith("hetrain:")]
+    assert len(lines) == 1 and lines[0].startswith("hetrain: job failed: worker 1 was killed by --fail 1@2s"), lines
+    assert not (tmp_path / "metrics.json").exists()
+    assert "worker 1 was killed by --fail 1@2s" in (tmp_path / "errors.log").read_text()
