@@ -17,12 +17,9 @@ try:
 except ImportError:  # the test modules skip themselves (pytest.importorskip)
     ray = None
 
-OBJECT_STORE_BYTES = 80 * 2**20
+from ray_nodes import node_args  # noqa: E402 (tests/ray is on sys.path: pytest's rootdir-relative import)
+
 HERE = str(Path(__file__).parent)
-
-
-def node_args(num_cpus: int, **extra) -> dict:
-    return dict(node_ip_address="127.0.0.1", num_cpus=num_cpus, object_store_memory=OBJECT_STORE_BYTES, **extra)
 
 
 @pytest.fixture

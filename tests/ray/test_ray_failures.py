@@ -46,7 +46,7 @@ class NodeLoss:
             self.cluster.remove_node(victim)
             self.removed_at = time.monotonic()
         elif self.add_cpus and self.added is None and self.removed_at and time.monotonic() > self.removed_at + 1:
-            from conftest import node_args
+            from ray_nodes import node_args
 
             self.added = self.cluster.add_node(**node_args(self.add_cpus))
 
