@@ -42,7 +42,7 @@ def test_without_ray_installed_the_error_names_the_extra(tmp_path):
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "hetrain: error: --launcher ray needs Ray: pip install 'hetrain[ray]'"]
+        "hetrain: error: --launcher ray (hetrain.ray) needs Ray: pip install 'hetrain[ray]'"]
 
 
 def test_worker_resources_parse():

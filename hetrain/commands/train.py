@@ -14,7 +14,7 @@ from hetrain.config import RunConfig
 from hetrain.errors import UsageError
 from hetrain.registry import PROTOCOL_NAMES, get_spec
 
-HELP = "train with one protocol on local worker processes (or as a rank under torchrun)"
+HELP = "train with one protocol on local worker processes (or as a rank under torchrun, or on a Ray cluster)"
 INTERRUPTED_EXIT_CODE = 130  # Ctrl-C: what the run had is written, and the shell learns it was cut short
 
 

@@ -54,6 +54,7 @@ class RayWorkers:
         self._results: queue.Queue = queue.Queue()
         self.channels = DriverChannels(self.server.store, n, _Results(self))
         self.payload = ray.put((template.fn, template.args))
+        self.actor_class = ray.remote(WorkerActor)
         self.actors: list = [None] * n
         self.refs: list = [None] * n
         self.codes: list[int | None] = [None] * n
@@ -78,7 +79,7 @@ class RayWorkers:
         spec = dataclasses.replace(self.template, fn=None, args=(), rank=rank, incarnation=incarnation,
                                    clock_offset_s=clock_offset_s, start_iteration=start_iteration,
                                    env={}, launched_at=time.time(), hold_phases=tuple(hold_phases))
-        actor = ray.remote(WorkerActor).options(
+        actor = self.actor_class.options(
             **actor_resources(self.placement.resources), max_restarts=0, max_concurrency=2,
             scheduling_strategy=PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=rank),
         ).remote(self.placement.env)

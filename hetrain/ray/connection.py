@@ -23,7 +23,7 @@ def require_ray():
     try:
         import ray
     except ImportError:
-        raise UsageError("--launcher ray needs Ray: pip install 'hetrain[ray]'") from None
+        raise UsageError("--launcher ray (hetrain.ray) needs Ray: pip install 'hetrain[ray]'") from None
     return ray
 
 

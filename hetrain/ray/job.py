@@ -19,6 +19,7 @@ What differs from a local job:
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable
 from typing import Any
 
@@ -68,7 +69,12 @@ class RayJob(LocalJob):
     def __init__(self, fn, args: tuple, num_workers: int, *, placement: RayPlacement, **kwargs):
         self.placement = placement
         self.placements: dict = {}
-        super().__init__(fn, args, num_workers, **kwargs)
+        try:
+            super().__init__(fn, args, num_workers, **kwargs)
+        except BaseException:  # e.g. the placement group could not be placed: nothing of the job stays
+            if getattr(self, "tmp", None):
+                shutil.rmtree(self.tmp, ignore_errors=True)
+            raise
 
     def _make_workers(self, template: WorkerSpec) -> RayWorkers:
         return RayWorkers(template, self.placement)

@@ -80,3 +80,20 @@ def test_ctrl_c_stops_the_actors_and_writes_what_the_run_had(make_cluster, tmp_p
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["interrupted"] is True and metrics["launcher"] == "ray"
     assert 0 < metrics["wall_time_s"] < 50 and metrics["total_iterations"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_cluster_too_small_for_the_job_fails_it_in_one_line_and_leaves_nothing(joined):
+    import ray
+
+    from hetrain.errors import WorkerError
+    from hetrain.ray.actors import RayPlacement
+    from hetrain.ray.job import run_ray
+
+    joined(2)
+    placement = RayPlacement({"CPU": 1.0}, "127.0.0.1", {}, placement_timeout_s=3.0)
+    with pytest.raises(WorkerError, match=r"could not place 4 workers of \{'CPU': 1.0\} within 3 s"):
+        run_ray(len, 4, placement=placement)
+    assert ray.util.placement_group_table() and all(
+        group["state"] == "REMOVED" for group in ray.util.placement_group_table().values())
