@@ -42,7 +42,8 @@ class Dataset:
 
 
 def _dataset_from_arrays(arrays: tuple, image_shape: tuple) -> Dataset:
-    return Dataset(*(torch.from_numpy(a) for a in arrays), image_shape=image_shape)
+    # arrays that arrive read-only (a Ray object, mapped from its store) are copied: tensors own writable memory
+    return Dataset(*(torch.from_numpy(a if a.flags.writeable else a.copy()) for a in arrays), image_shape=image_shape)
 
 
 def load_dataset(workload: str, seed: int = 0) -> Dataset:

@@ -11,9 +11,10 @@ from hetrain.commands.run_options import (
     warn_unused,
 )
 from hetrain.config import RunConfig
+from hetrain.errors import UsageError
 from hetrain.registry import PROTOCOL_NAMES, get_spec
 
-HELP = "train with one protocol on local worker processes (or as a rank under torchrun)"
+HELP = "train with one protocol on local worker processes (or as a rank under torchrun, or on a Ray cluster)"
 INTERRUPTED_EXIT_CODE = 130  # Ctrl-C: what the run had is written, and the shell learns it was cut short
 
 
@@ -24,6 +25,15 @@ def add_arguments(parser) -> None:
     add_protocol_options(parser)
     parser.add_argument("--out", required=True, help="directory for metrics.json and summary.txt")
     parser.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
+    r = parser.add_argument_group("launcher")
+    r.add_argument("--launcher", choices=("local", "ray"), default="local",
+                   help="local: worker processes on this machine (default); ray: one Ray actor per worker, spread "
+                        "over a Ray cluster's nodes (needs --ray-address and pip install 'hetrain[ray]')")
+    r.add_argument("--ray-address", default=None, metavar="ADDRESS",
+                   help="the Ray cluster to join (HOST:PORT of its head, or auto)")
+    r.add_argument("--ray-worker-resources", default=None, metavar="NAME=AMOUNT,...",
+                   help="what each worker's actor reserves, e.g. CPU=1,GPU=1 or CPU=2,A100=1 (a custom resource "
+                        "the nodes declare); default CPU=1")
 
 
 def run(args) -> int:
@@ -33,7 +43,11 @@ def run(args) -> int:
     get_spec(args.protocol)  # an unknown protocol fails here, before any work
     warn_unused(protocol_values(args), [args.protocol])
     config = config_from_args(args)
-    if not under_torchrun():
+    if args.launcher == "ray":
+        _check_ray_options(args)
+    elif args.ray_address is not None or args.ray_worker_resources is not None:
+        raise UsageError("--ray-address and --ray-worker-resources go with --launcher ray")
+    if not under_torchrun() and args.launcher == "local":
         from hetrain.jobs.warm_start import start_early
 
         start_early()  # the warm server imports torch while this process does (2 cores: in parallel)
@@ -41,7 +55,11 @@ def run(args) -> int:
     from hetrain.metrics import format_summary
 
     if under_torchrun():
+        if args.launcher == "ray":
+            raise UsageError("--launcher ray starts its own workers; run it outside torchrun")
         metrics = run_training_torchrun(config, args.out)
+    elif args.launcher == "ray":
+        metrics = _run_on_ray(config, args, process_started_at())
     else:
         metrics = run_training(config, args.out, progress=not args.no_progress, launched_at=process_started_at())
     if metrics is not None:
@@ -52,3 +70,22 @@ def run(args) -> int:
 
         exit_without_teardown(0)
     return INTERRUPTED_EXIT_CODE if metrics is not None and metrics.get("interrupted") else 0
+
+
+def _check_ray_options(args) -> None:
+    """Ray is installed, an address is given and the resources parse; UsageError otherwise (exit 2)."""
+    from hetrain.ray.connection import require_ray
+    from hetrain.ray.resources import parse_resources
+
+    parse_resources(args.ray_worker_resources)
+    if not args.ray_address:
+        raise UsageError("--launcher ray needs --ray-address (HOST:PORT of the cluster's head, or auto)")
+    require_ray()
+
+
+def _run_on_ray(config, args, launched_at: float):
+    from hetrain.ray.resources import parse_resources
+    from hetrain.ray.training import run_training_ray
+
+    return run_training_ray(config, args.out, args.ray_address, parse_resources(args.ray_worker_resources),
+                            progress=not args.no_progress, launched_at=launched_at)

@@ -40,7 +40,7 @@ def evaluation_curve(config: RunConfig, snapshots_by_worker: list[list], data: D
     state = FlatState(model)
 
     def score(flat: np.ndarray) -> tuple[float, float]:
-        state.scatter(torch.from_numpy(flat))
+        state.scatter(torch.from_numpy(flat if flat.flags.writeable else flat.copy()))  # read-only: from Ray
         return evaluate(model, data.x_test, data.y_test)
 
     target_loss = config.resolved_target_loss()

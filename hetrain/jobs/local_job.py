@@ -71,9 +71,11 @@ class JobResults(list):
     ``joins``: each replacement that joined (rank, incarnation, training time);
     ``deaths``: one dict per worker lost (rank, how, training time, recovery time of the survivors);
     ``last_progress``: each worker's last progress report; ``finished_at``: the ``time.time()`` at which
-    the last result came in."""
+    the last result came in; ``launcher``: what the launcher adds to the run's record (a Ray job: where each
+    worker ran)."""
 
     interrupted: bool = False
+    launcher: dict = {}
     finished_at: float | None = None
     deaths: list = []
     joins: list = []
@@ -145,7 +147,7 @@ class LocalJob:
         self.launched = time.monotonic()
         self.on_message, self.on_death, self.on_join = on_message, on_death, on_join
         self.tmp = tempfile.mkdtemp(prefix="hetrain-job-")
-        self.workers = WorkerProcesses(WorkerSpec(
+        self.workers = self._make_workers(WorkerSpec(
             fn=fn, args=args, rank=0, world_size=num_workers, store_path=os.path.join(self.tmp, "store"),
             backend=backend, device=device, timeout_s=timeout_s, on_failure=on_failure, launcher_pid=os.getpid(),
             launched_at=0.0))
@@ -159,6 +161,10 @@ class LocalJob:
         self.progress: dict[int, dict] = {}  # rank -> its last progress report (with "at": launcher clock)
         self.interrupt = CtrlC(self.channels.stop, grace_s=timeout_s)
         self.finished_at: float | None = None
+
+    def _make_workers(self, template: WorkerSpec):
+        """The workers' processes (a Ray job's launcher gives actors: :mod:`hetrain.ray.job`)."""
+        return WorkerProcesses(template)
 
     # -- the watch loop ------------------------------------------------------------
     def run(self) -> JobResults:

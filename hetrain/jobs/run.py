@@ -17,6 +17,7 @@ import os
 import sys
 import time
 import warnings
+from collections.abc import Callable
 
 import torch
 from tqdm import tqdm
@@ -26,7 +27,7 @@ from hetrain.data import Dataset, load_dataset
 from hetrain.jobs import checkpoint
 from hetrain.jobs.capacity import efficiency_basis, lost_worker_iteration_s
 from hetrain.jobs.evaluation import evaluation_curve
-from hetrain.jobs.local_job import run_local
+from hetrain.jobs.local_job import JobResults, run_local
 from hetrain.jobs.meter import process_started_at
 from hetrain.jobs.phases import job_phases
 from hetrain.jobs.process_guard import die_with_parent
@@ -39,19 +40,26 @@ from hetrain.protocols.options import OptionError
 from hetrain.slowdown import parse_slowdown
 
 
-def check_run_config(config: RunConfig) -> RunConfig:
-    """Every check that can be made before a process starts; raises UsageError."""
+def check_run_config(config: RunConfig, devices_here: bool = True) -> RunConfig:
+    """Every check that can be made before a process starts; raises UsageError.
+    ``devices_here``: the workers run on this machine (not on a Ray cluster's nodes), so its GPUs count."""
     config.validate()
     check_log_packages(config.log)
     parse_slowdown(config.slowdown, config.seed).check_workers(config.num_workers)
+    if devices_here:
+        check_local_devices(config)
+    fitted_protocol_options(config)  # a model too large for --comm-memory-mb is refused here
+    return config
+
+
+def check_local_devices(config: RunConfig) -> None:
+    """This machine has the GPUs the run asks for (its workers run here)."""
     if config.device == "cuda" and not torch.cuda.is_available():
         raise OptionError("{device} cuda was asked for, but this machine has no CUDA device; use {device} cpu")
     if config.resolved_backend() == "nccl" and config.num_workers > torch.cuda.device_count():
         raise OptionError(f"NCCL runs one worker per GPU: {config.num_workers} workers, "
                           f"{torch.cuda.device_count()} GPU(s); use {{num_workers}} {torch.cuda.device_count()}, "
                           "or {backend} gloo (workers share GPUs, messages go through the host)")
-    fitted_protocol_options(config)  # a model too large for --comm-memory-mb is refused here
-    return config
 
 
 def fitted_protocol_options(config: RunConfig):
@@ -73,17 +81,22 @@ def fitted_protocol_options(config: RunConfig):
 
 
 def run_training(config: RunConfig, out_dir: str | None, progress: bool = True, label: str | None = None,
-                 launched_at: float | None = None, log_shared_dir: str | None = None) -> dict:
+                 launched_at: float | None = None, log_shared_dir: str | None = None,
+                 launch: Callable[..., JobResults] | None = None, service_host: str = "127.0.0.1") -> dict:
     """Start the local job, then evaluate and record it; returns the metrics record.
 
     ``launched_at``: the ``time.time()`` the job counts its start-up from (default: now; ``hetrain
     train`` passes its own process's start, so ``startup_s`` covers the whole command).
     ``log_shared_dir``: where ``config.log``'s stores shared by several runs go (MLflow's; default
     ``out_dir``: :func:`hetrain.loggers.scalar_writers.make_writers`).
+    ``launch``: what starts the workers, with :func:`run_local`'s arguments (default: it; a Ray job
+    passes :func:`hetrain.ray.job.run_ray` with its placement); ``service_host``: the address the
+    launcher's services (the Group Generator) bind, one the workers reach.
     """
     launched_at = time.time() if launched_at is None else launched_at
-    check_run_config(config)
-    start_early()  # the warm server imports while this process loads the data and sets up
+    check_run_config(config, devices_here=launch is None)
+    if launch is None:
+        start_early()  # the warm server imports while this process loads the data and sets up
     if config.checkpoint_dir:  # checked before anything is written
         config = config.replace(resume=checkpoint.prepare(config.checkpoint_dir, config, config.resume))
     out = prepare_out_dir(out_dir) if out_dir else None
@@ -93,7 +106,7 @@ def run_training(config: RunConfig, out_dir: str | None, progress: bool = True, 
     bar = _ProgressBar(config, label or config.protocol, enabled=progress)
     logger = _run_logger(config, out, log_shared_dir)
     try:
-        return _run_local_job(config, out, data, bar, logger, launched_at)
+        return _run_local_job(config, out, data, bar, logger, launched_at, launch or run_local, service_host)
     finally:
         if logger is not None:
             logger.close()
@@ -110,8 +123,9 @@ def _run_logger(config: RunConfig, out, shared_dir: str | None):
     return RunLogger(writer, config.num_workers, config.batch_size)
 
 
-def _run_local_job(config: RunConfig, out, data: Dataset, bar, logger, launched_at: float) -> dict:
-    gg = _launcher_gg(config)  # served here, so no worker's death takes it down
+def _run_local_job(config: RunConfig, out, data: Dataset, bar, logger, launched_at: float, launch,
+                   service_host: str) -> dict:
+    gg = _launcher_gg(config, service_host)  # served here, so no worker's death takes it down
     services = {"gg_address": (f"{gg.host}:{gg.port}", gg.secret)} if gg is not None else {}
 
     def on_message(rank: int, message) -> None:
@@ -134,7 +148,7 @@ def _run_local_job(config: RunConfig, out, data: Dataset, bar, logger, launched_
             gg.handle({"op": "rejoin", "worker": rank, "incarnation": incarnation})
 
     try:
-        results = run_local(
+        results = launch(
             train_worker, config.num_workers, (config, services, data),
             backend=config.resolved_backend(), device=config.device,
             timeout_s=config.timeout_s, job_timeout_s=_job_timeout_s(config), on_message=on_message,
@@ -148,18 +162,20 @@ def _run_local_job(config: RunConfig, out, data: Dataset, bar, logger, launched_
             gg.close()
     metrics = finalize_run(config, results, out, interrupted=results.interrupted, deaths=results.deaths,
                            joins=results.joins, gg_stats=gg.scheduler.stats() if gg is not None else None,
-                           data=data, launched_at=launched_at, results_at=results.finished_at)
+                           data=data, launched_at=launched_at, results_at=results.finished_at,
+                           launcher_record=results.launcher)
     if logger is not None:
         logger.finish(metrics)
     return metrics
 
 
-def _launcher_gg(config: RunConfig):
-    """The Group Generator of a local Prague / AD-PSGD job, served by the launcher (None for the others)."""
+def _launcher_gg(config: RunConfig, host: str = "127.0.0.1"):
+    """The Group Generator of a local Prague / AD-PSGD job, served by the launcher on ``host`` (None for the
+    others)."""
     from hetrain.groups.gg_service import GGServer
 
     scheduler = config.protocol_spec.make_scheduler(config.num_workers, fitted_protocol_options(config), config.seed)
-    return GGServer(scheduler, host="127.0.0.1") if scheduler is not None and config.num_workers > 1 else None
+    return GGServer(scheduler, host=host) if scheduler is not None and config.num_workers > 1 else None
 
 
 def _faults(config: RunConfig) -> list:
@@ -223,11 +239,12 @@ def run_training_torchrun(config: RunConfig, out_dir: str | None) -> dict | None
 def finalize_run(config: RunConfig, results: list[dict | None], out, interrupted: bool = False,
                  deaths: list[dict] | None = None, joins: list[dict] | None = None,
                  gg_stats: dict | None = None, data: Dataset | None = None, launched_at: float | None = None,
-                 results_at: float | None = None) -> dict:
+                 results_at: float | None = None, launcher_record: dict | None = None) -> dict:
     """Build, write and return the run's record. ``results`` has None for workers that died.
 
     ``data``: the workload's data if the caller has it loaded; ``launched_at``: when the job started
-    (``time.time()``), for ``startup_s``; ``results_at``: when the last result came in, for ``teardown_s``.
+    (``time.time()``), for ``startup_s``; ``results_at``: when the last result came in, for ``teardown_s``;
+    ``launcher_record``: what the launcher adds to the record (a Ray job: each worker's node).
     """
     deaths = deaths or []
     survivors = [r for r in results if r is not None]
@@ -256,7 +273,7 @@ def finalize_run(config: RunConfig, results: list[dict | None], out, interrupted
         extra={"interrupted": interrupted, "resumed": config.resume, "on_failure": config.resolved_on_failure(),
                "workers_lost": len(deaths), "workers_joined": len(joins or []), "deaths": deaths,
                "joins": joins or [], "num_workers": config.num_workers, **(gg_stats or {}),
-               **timing, "config": config.record()},
+               **timing, **(launcher_record or {}), "config": config.record()},
     )
     # iterations that count: a dead worker's last gradient may never have left it
     metrics["goodput_samples_per_s"] = max(0, metrics["total_iterations"] - len(deaths)) * config.batch_size / wall_s

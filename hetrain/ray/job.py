@@ -1,0 +1,98 @@
+"""A job whose workers are Ray actors: the local launcher's watch loop over :class:`RayWorkers`.
+
+:func:`run_ray` takes :func:`hetrain.jobs.local_job.run_local`'s arguments, plus where the workers go
+(:class:`hetrain.ray.actors.RayPlacement`), and returns the same :class:`JobResults`. The watch loop
+is :class:`~hetrain.jobs.local_job.LocalJob`'s: a death (an actor that died, or every actor of a
+node that was lost) is recorded and published to the survivors, who repair around it
+(``continue``); with ``respawn`` a replacement actor for the rank starts one incarnation later on
+the rank's placement-group bundle, wherever Ray places it, and joins as a local replacement does.
+What differs from a local job:
+
+* a worker is silent (for ``heartbeat_timeout_s``) only once its actor has run: a replacement
+  waiting for capacity is not hung;
+* a death is described with Ray's reason (``its node has died``, ``killed by ray.kill``) and the
+  node it ran on;
+* the job ends by killing every actor and removing the placement group, whatever happened (the
+  driver's own death ends them too: Ray ends the actors their owner leaves behind).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from typing import Any
+
+from hetrain.faults import Fault
+from hetrain.jobs.heartbeat import DEFAULT_HEARTBEAT_TIMEOUT_S
+from hetrain.jobs.local_job import ON_FAILURE_MODES, JobResults, LocalJob
+from hetrain.jobs.worker_process import WorkerSpec
+from hetrain.ray.actors import RayPlacement, RayWorkers
+
+
+def run_ray(
+    fn: Callable[..., Any],
+    num_workers: int,
+    args: tuple = (),
+    *,
+    placement: RayPlacement,
+    backend: str = "gloo",
+    device: str = "cpu",
+    timeout_s: float = 60.0,
+    job_timeout_s: float | None = None,
+    on_message: Callable[[int, Any], None] | None = None,
+    log_path: str | os.PathLike | None = None,
+    on_failure: str = "abort",
+    kills: list[tuple[float, int]] | None = None,
+    faults: list[Fault] | None = None,
+    heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
+    on_death: Callable[[int], None] | None = None,
+    on_join: Callable[[int, int], None] | None = None,
+) -> JobResults:
+    """Run ``fn(ctx, *args)`` on ``num_workers`` Ray actors (Ray initialised); return their results by rank.
+
+    As :func:`hetrain.jobs.local_job.run_local` (see it for every argument), with ``placement``:
+    the resources per worker, the driver's address, the actors' environment."""
+    if on_failure not in ON_FAILURE_MODES:
+        raise ValueError(f"on_failure must be abort, continue or respawn, got {on_failure!r}")
+    job = RayJob(fn, args, num_workers, placement=placement, backend=backend, device=device, timeout_s=timeout_s,
+                 job_timeout_s=job_timeout_s, on_failure=on_failure, log_path=log_path,
+                 faults=[Fault(rank, "train", t) for t, rank in kills or []] + list(faults or []),
+                 heartbeat_timeout_s=heartbeat_timeout_s, on_message=on_message, on_death=on_death,
+                 on_join=on_join)
+    results = job.run()
+    results.launcher = {"launcher": "ray", "ray_placements": job.placements}
+    return results
+
+
+class RayJob(LocalJob):
+    def __init__(self, fn, args: tuple, num_workers: int, *, placement: RayPlacement, **kwargs):
+        self.placement = placement
+        self.placements: dict = {}
+        try:
+            super().__init__(fn, args, num_workers, **kwargs)
+        except BaseException:  # e.g. the placement group could not be placed: nothing of the job stays
+            if getattr(self, "tmp", None):
+                shutil.rmtree(self.tmp, ignore_errors=True)
+            raise
+
+    def _make_workers(self, template: WorkerSpec) -> RayWorkers:
+        return RayWorkers(template, self.placement)
+
+    def run(self) -> JobResults:
+        try:
+            return super().run()
+        finally:
+            self.placements = {f"{rank}.{incarnation}": where
+                               for (rank, incarnation), where in self.workers.placements().items()}
+
+    def _start(self, rank: int, *args) -> None:
+        super()._start(rank, *args)
+        self.silence.last_heard.pop(rank, None)  # heard from once its actor runs (it may wait for capacity)
+
+    def _how(self, rank: int) -> tuple[str, str]:
+        pid = self.workers.pid(rank)
+        reason = self.workers.reason(rank)
+        if pid in self.hung or pid in self.faults.injected or reason is None:
+            return super()._how(rank)
+        return f"its Ray actor died: {reason}", "signal"

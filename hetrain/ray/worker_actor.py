@@ -1,0 +1,114 @@
+"""One worker of a Ray job: an actor whose ``run`` does what a local worker process does.
+
+:func:`hetrain.jobs.worker_process.worker_main`'s steps, over the driver's store instead of the
+launcher's shared memory (:mod:`hetrain.ray.channels`): take the launcher's environment, beat, join
+the default process group on the driver's ``TCPStore``, build the :class:`WorkerContext` (with a
+:class:`~hetrain.jobs.context.LauncherMembership` when deaths are survived), run ``fn(ctx, *args)``
+and return ``(kind, value, detail)``: ``("ok", result, None)``, or the error's kind, one line and its
+traceback. The actor stays alive after it returns, holding its connections, until the driver ends the
+job: nobody leaves while another worker may still talk to it. The actor runs two threads
+(``max_concurrency=2``), so ``signal_self`` reaches a busy worker (``--fail W@...:stop``).
+
+If the driver's store stops answering, the driver is gone: the worker says so on stderr and exits
+(Ray also ends the actors of a driver that died: they are owned by it).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+
+from hetrain.errors import HetrainError, UsageError
+
+_DRIVER_LOST_EXIT = 3
+
+
+class WorkerActor:
+    """The actor class (made remote by :class:`hetrain.ray.actors.RayWorkers`, with the job's resources)."""
+
+    def __init__(self, env: dict):
+        os.environ.update(env)
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+    def where(self) -> dict:
+        """This actor's node and process (for the job's record)."""
+        import ray
+
+        return {"node": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
+
+    def signal_self(self, signum: int) -> None:
+        os.kill(os.getpid(), signum)
+
+    def run(self, spec, store_address: tuple[str, int], payload) -> tuple:
+        return run_worker(spec, store_address, *payload)
+
+
+def run_worker(spec, store_address: tuple[str, int], fn, args: tuple) -> tuple:
+    """The body of ``WorkerActor.run``: returns (kind, value, detail) as a local worker's result message."""
+    from hetrain.jobs.heartbeat import start_heartbeat
+    from hetrain.ray.channels import WorkerChannels
+    from hetrain.ray.driver_store import connect
+
+    host, port = store_address
+    rank = spec.rank
+
+    def driver_lost(error) -> None:
+        print(f"hetrain: worker {rank} lost the job's driver (its store at {host}:{port} stopped answering: "
+              f"{error}); leaving", file=sys.stderr, flush=True)
+        os._exit(_DRIVER_LOST_EXIT)
+
+    try:
+        channels = WorkerChannels(lambda: connect(host, port, spec.timeout_s), spec.world_size, rank,
+                                  spec.incarnation, driver_lost)
+    except Exception as exc:  # noqa: BLE001 - reported as this worker's error
+        return "error", f"worker {rank} could not reach the job's store at {host}:{port}: {exc}", \
+            traceback.format_exc()
+    start_heartbeat(lambda: channels.report({"heartbeat": True}))
+    try:
+        return "ok", _train(spec, channels, connect(host, port, spec.timeout_s), fn, args), None
+    except BaseException as exc:  # noqa: BLE001 - every failure goes back to the driver
+        kind = "usage" if isinstance(exc, UsageError) else "error"
+        detail = traceback.format_exc()
+        from hetrain.jobs.worker_process import last_line
+
+        return kind, str(exc) if isinstance(exc, HetrainError) else last_line(detail), detail
+
+
+def _train(spec, channels, store, fn, args):
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from hetrain.jobs.context import LauncherMembership, WorkerContext
+    from hetrain.jobs.start_gate import StartGate
+    from hetrain.testing.mutants import apply_from_env
+    from hetrain.transport.job import prefer_lazy_connections, select_gpu
+
+    apply_from_env()  # tests only: HETRAIN_MUTANT=no-comm proves the protocol tests can fail
+    imported = time.time()
+    rank = spec.rank
+    torch.set_num_threads(1)
+    prefer_lazy_connections()
+    timeout = datetime.timedelta(seconds=spec.timeout_s)
+    dist.init_process_group(spec.backend, store=dist.PrefixStore("job/", store), rank=rank,
+                            world_size=spec.world_size, timeout=timeout)
+    device = select_gpu(rank) if spec.device == "cuda" else torch.device("cpu")
+    membership = None if spec.on_failure == "abort" else LauncherMembership(
+        channels.dead, channels.incarnations, rank, spec.incarnation, channels.report, channels.closing.wait,
+        channels.finished, channels.stops)
+    ctx = WorkerContext(rank, spec.world_size, device, spec.timeout_s, report=channels.report,
+                        start_gate=StartGate(channels.ready, channels.go, channels.dead, rank),
+                        hold_phases=frozenset(spec.hold_phases),
+                        stop_requested=channels.stop.is_set, dead_workers=membership,
+                        continue_on_death=spec.on_failure != "abort", on_failure=spec.on_failure,
+                        incarnation=spec.incarnation, clock_offset_s=spec.clock_offset_s,
+                        start_iteration=spec.start_iteration,
+                        phases={"launched_at": spec.launched_at,
+                                "import_s": max(0.0, imported - spec.launched_at),
+                                "connect_s": time.time() - imported})
+    if spec.incarnation > 0:
+        channels.ready[rank] = 1  # a replacement joins the running job; it never holds the start
+    return fn(ctx, *args)
