@@ -236,12 +236,17 @@ class Hop(SyncProtocol):
 
     def _note_finished_neighbours(self) -> None:
         """Neighbours that finished before a repair made them ours never send us their STOP: count
-        them as stopped (the launcher's shared record says who finished and whom each told)."""
+        them as stopped (the launcher's shared record says who finished and whom each told), and send
+        them nothing more. A finished worker receives nothing, and it never connects to a neighbour the
+        repair gave it: the first message to it would wait in gloo's connect until the timeout while the
+        others wait in the final average for this worker (seen under load: 1 run in 20)."""
         senders, token_sources = self.membership.finished_without_stop()
         for peer in senders & set(self.logic.in_weights):
             self.logic.sender_finished(peer)
         for peer in token_sources & set(self.logic.tokens):
             self.logic.token_source_finished(peer)
+        for peer in (senders | token_sources) - self.channels.forgotten:
+            self.channels.forget(peer)
 
     def _send_owed_models(self) -> None:
         """With the lock held once: send a repair's owed model, releasing the lock meanwhile (a send may
@@ -280,6 +285,7 @@ class Hop(SyncProtocol):
         if self._last_sent is not None and owed:
             self._resend = (owed, *self._last_sent)
         self.stats.extra["graph_repairs"] = self.stats.extra.get("graph_repairs", 0) + 1
+        self._note_finished_neighbours()  # new neighbours that have finished: owed nothing, never waited for
         if back:
             self.stats.extra["neighbours_joined"] = self.stats.extra.get("neighbours_joined", 0) + len(back)
 

@@ -321,7 +321,22 @@ def iteration_from_logic() -> None:
     Hop.metrics = metrics
 
 
-MUTANTS = {"no-comm": no_comm, "link-ingress-own-rule": link_ingress_own_rule, "server-not-last": server_not_last,
+def finished_neighbours_sent_to() -> None:
+    """Hop keeps sending to a neighbour a repair gave it after that neighbour finished (the rule before
+    this was found: such a send waits in gloo's connect until the timeout)."""
+    from hetrain.runtime.hop import Hop
+
+    def counted_as_stopped_only(self):
+        senders, token_sources = self.membership.finished_without_stop()
+        for peer in senders & set(self.logic.in_weights):
+            self.logic.sender_finished(peer)
+        for peer in token_sources & set(self.logic.tokens):
+            self.logic.token_source_finished(peer)
+
+    Hop._note_finished_neighbours = counted_as_stopped_only
+
+
+MUTANTS = {"no-comm": no_comm, "finished-neighbours-sent-to": finished_neighbours_sent_to, "link-ingress-own-rule": link_ingress_own_rule, "server-not-last": server_not_last,
            "iteration-from-logic": iteration_from_logic, "outer-step-on-own-anchor": outer_step_on_own_anchor,
            "anchors-kept-local": anchors_kept_local, "anchor-at-build": anchor_at_build,
            "rows-by-steps": rows_by_steps, "no-steps-weighting": no_steps_weighting,

@@ -103,6 +103,8 @@ COMM_MUTANTS = {
     "server-not-last": ["tests/runtime/test_progress_beacon.py::test_the_server_is_waited_for_while_it_serves_the_last_worker"],
     "iteration-from-logic": [
         "tests/runtime/test_comm_protocols.py::test_auto_local_work_gives_a_slower_worker_fewer_local_steps"],
+    "finished-neighbours-sent-to": [  # issue 37's finish stall
+        "tests/runtime/test_finished_neighbours.py::test_a_neighbour_that_finished_before_the_repair_is_stopped_and_sent_nothing"],
     "decoders-scaled": ["tests/compression/test_codecs.py::test_topk_keeps_exactly_the_largest_values_and_nothing_else",
                         "tests/compression/test_codecs.py::test_powersgd_reconstructs_a_low_rank_model_and_sends_vectors_whole",
                         "tests/compression/test_codecs.py::test_quantizers_decode_to_the_values_not_a_scaled_copy"],
