@@ -114,39 +114,15 @@ def worker_main(spec: WorkerSpec, channels: JobChannels) -> None:
     rank = spec.rank
     start_heartbeat(lambda: channels.messages.put((rank, {"heartbeat": True})))
     try:
-        import torch
         import torch.distributed as dist
 
-        from hetrain.jobs.context import LauncherMembership, WorkerContext
-        from hetrain.jobs.start_gate import StartGate
         from hetrain.testing.mutants import apply_from_env
-        from hetrain.transport.job import prefer_lazy_connections, select_gpu
 
         apply_from_env()  # tests only: HETRAIN_MUTANT=no-comm proves the protocol tests can fail
 
         imported = time.time()
-        torch.set_num_threads(1)
-        prefer_lazy_connections()
-        store = dist.FileStore(spec.store_path, spec.world_size)
-        timeout = datetime.timedelta(seconds=spec.timeout_s)
-        dist.init_process_group(spec.backend, store=store, rank=rank, world_size=spec.world_size, timeout=timeout)
-        device = select_gpu(rank) if spec.device == "cuda" else torch.device("cpu")
         report = lambda message: channels.messages.put((rank, message))  # noqa: E731
-        membership = None if spec.on_failure == "abort" else LauncherMembership(
-            channels.dead, channels.incarnations, rank, spec.incarnation, report, channels.closing.wait,
-            channels.finished, channels.stops)
-        ctx = WorkerContext(rank, spec.world_size, device, spec.timeout_s, report=report,
-                            start_gate=StartGate(channels.ready, channels.go, channels.dead, rank),
-                            hold_phases=frozenset(spec.hold_phases),
-                            stop_requested=channels.stop.is_set, dead_workers=membership,
-                            continue_on_death=spec.on_failure != "abort", on_failure=spec.on_failure,
-                            incarnation=spec.incarnation, clock_offset_s=spec.clock_offset_s,
-                            start_iteration=spec.start_iteration,
-                            phases={"launched_at": spec.launched_at,
-                                    "import_s": max(0.0, imported - spec.launched_at),
-                                    "connect_s": time.time() - imported})
-        if spec.incarnation > 0:
-            channels.ready[rank] = 1  # a replacement joins the running job; it never holds the start
+        ctx = join_job(spec, rank, dist.FileStore(spec.store_path, spec.world_size), channels, report, imported)
         result = spec.fn(ctx, *spec.args)
         channels.results.put((rank, "ok", result, None))
         if spec.on_failure == "abort":
@@ -158,6 +134,41 @@ def worker_main(spec: WorkerSpec, channels: JobChannels) -> None:
         channels.results.put((rank, kind, summary, detail))
         _exit_now(1, channels.results, channels.messages)
     _exit_now(0, channels.results, channels.messages)
+
+
+def join_job(spec: WorkerSpec, rank: int, store, channels, report, imported: float):
+    """Join the job's default process group on ``store`` and build this worker's context from the
+    launcher's ``channels`` (shared flags: deaths, incarnations, the start gate, the finish record) and
+    ``report`` (a message to the launcher). ``imported``: when the worker's imports ended. The local
+    launcher's processes and the Ray launcher's actors start alike."""
+    import torch
+    import torch.distributed as dist
+
+    from hetrain.jobs.context import LauncherMembership, WorkerContext
+    from hetrain.jobs.start_gate import StartGate
+    from hetrain.transport.job import prefer_lazy_connections, select_gpu
+
+    torch.set_num_threads(1)
+    prefer_lazy_connections()
+    timeout = datetime.timedelta(seconds=spec.timeout_s)
+    dist.init_process_group(spec.backend, store=store, rank=rank, world_size=spec.world_size, timeout=timeout)
+    device = select_gpu(rank) if spec.device == "cuda" else torch.device("cpu")
+    membership = None if spec.on_failure == "abort" else LauncherMembership(
+        channels.dead, channels.incarnations, rank, spec.incarnation, report, channels.closing.wait,
+        channels.finished, channels.stops)
+    ctx = WorkerContext(rank, spec.world_size, device, spec.timeout_s, report=report,
+                        start_gate=StartGate(channels.ready, channels.go, channels.dead, rank),
+                        hold_phases=frozenset(spec.hold_phases),
+                        stop_requested=channels.stop.is_set, dead_workers=membership,
+                        continue_on_death=spec.on_failure != "abort", on_failure=spec.on_failure,
+                        incarnation=spec.incarnation, clock_offset_s=spec.clock_offset_s,
+                        start_iteration=spec.start_iteration,
+                        phases={"launched_at": spec.launched_at,
+                                "import_s": max(0.0, imported - spec.launched_at),
+                                "connect_s": time.time() - imported})
+    if spec.incarnation > 0:
+        channels.ready[rank] = 1  # a replacement joins the running job; it never holds the start
+    return ctx
 
 
 def last_line(text: str) -> str:

@@ -77,38 +77,13 @@ def run_worker(spec, store_address: tuple[str, int], fn, args: tuple) -> tuple:
 
 
 def _train(spec, channels, store, fn, args):
-    import datetime
 
-    import torch
     import torch.distributed as dist
 
-    from hetrain.jobs.context import LauncherMembership, WorkerContext
-    from hetrain.jobs.start_gate import StartGate
+    from hetrain.jobs.worker_process import join_job
     from hetrain.testing.mutants import apply_from_env
-    from hetrain.transport.job import prefer_lazy_connections, select_gpu
 
     apply_from_env()  # tests only: HETRAIN_MUTANT=no-comm proves the protocol tests can fail
     imported = time.time()
-    rank = spec.rank
-    torch.set_num_threads(1)
-    prefer_lazy_connections()
-    timeout = datetime.timedelta(seconds=spec.timeout_s)
-    dist.init_process_group(spec.backend, store=dist.PrefixStore("job/", store), rank=rank,
-                            world_size=spec.world_size, timeout=timeout)
-    device = select_gpu(rank) if spec.device == "cuda" else torch.device("cpu")
-    membership = None if spec.on_failure == "abort" else LauncherMembership(
-        channels.dead, channels.incarnations, rank, spec.incarnation, channels.report, channels.closing.wait,
-        channels.finished, channels.stops)
-    ctx = WorkerContext(rank, spec.world_size, device, spec.timeout_s, report=channels.report,
-                        start_gate=StartGate(channels.ready, channels.go, channels.dead, rank),
-                        hold_phases=frozenset(spec.hold_phases),
-                        stop_requested=channels.stop.is_set, dead_workers=membership,
-                        continue_on_death=spec.on_failure != "abort", on_failure=spec.on_failure,
-                        incarnation=spec.incarnation, clock_offset_s=spec.clock_offset_s,
-                        start_iteration=spec.start_iteration,
-                        phases={"launched_at": spec.launched_at,
-                                "import_s": max(0.0, imported - spec.launched_at),
-                                "connect_s": time.time() - imported})
-    if spec.incarnation > 0:
-        channels.ready[rank] = 1  # a replacement joins the running job; it never holds the start
+    ctx = join_job(spec, spec.rank, dist.PrefixStore("job/", store), channels, channels.report, imported)
     return fn(ctx, *args)
