@@ -4,11 +4,11 @@ actor that hangs (found by heartbeat), and the driver itself (no actor may outli
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import psutil
 import pytest
+from ray_nodes import train_command  # noqa: E402 (tests/ray is on sys.path)
 
 pytest.importorskip("ray", reason="the Ray launcher's tests need hetrain[ray]")
 
@@ -81,8 +81,7 @@ def _actor_processes() -> list[psutil.Process]:
 def test_a_killed_driver_leaves_no_actor_behind(make_cluster, tmp_path):
     cluster = make_cluster(2)
     driver = subprocess.Popen(
-        [sys.executable, "-m", "hetrain", "train", "--launcher", "ray", "--ray-address", cluster.address,
-         "--workers", "2", "--time-budget", "60", "--no-progress", "--out", str(tmp_path)],
+        train_command(cluster.address, tmp_path, "--time-budget", "60", "--no-progress"),
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 90
@@ -104,9 +103,8 @@ def test_a_killed_driver_leaves_no_actor_behind(make_cluster, tmp_path):
 def test_abort_fails_the_cli_in_one_line_naming_the_killed_actor(make_cluster, tmp_path):
     cluster = make_cluster(2)
     done = subprocess.run(
-        [sys.executable, "-m", "hetrain", "train", "--launcher", "ray", "--ray-address", cluster.address,
-         "--workers", "2", "--compute-ms", "50", "--time-budget", "20", "--on-failure", "abort", "--fail", "1@2s",
-         "--no-progress", "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+        train_command(cluster.address, tmp_path, "--compute-ms", "50", "--time-budget", "20", "--on-failure",
+                      "abort", "--fail", "1@2s", "--no-progress"), capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, done.stderr[-3000:]
     lines = [line for line in done.stderr.splitlines() if line.startswith("hetrain:")]
     assert len(lines) == 1 and lines[0].startswith("hetrain: job failed: worker 1 was killed by --fail 1@2s"), lines

@@ -6,12 +6,12 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 
 import psutil
 import pytest
+from ray_nodes import train_command  # noqa: E402 (tests/ray is on sys.path)
 
 pytest.importorskip("ray", reason="the Ray launcher's tests need hetrain[ray]")
 
@@ -36,8 +36,7 @@ def test_a_hop_job_on_ray_actors_trains_and_writes_its_record(make_cluster, tmp_
     watcher.start()
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "hetrain", "train", "--launcher", "ray", "--ray-address", cluster.address,
-             "--workers", "2", "--protocol", "hop", "--iterations", "150", "--no-progress", "--out", str(tmp_path)],
+            train_command(cluster.address, tmp_path, "--protocol", "hop", "--iterations", "150", "--no-progress"),
             capture_output=True, text=True, timeout=120, env=dict(os.environ))
     finally:
         stop.set()
@@ -57,8 +56,7 @@ def test_a_hop_job_on_ray_actors_trains_and_writes_its_record(make_cluster, tmp_
 def test_ctrl_c_stops_the_actors_and_writes_what_the_run_had(make_cluster, tmp_path):
     cluster = make_cluster(2)
     driver = subprocess.Popen(
-        [sys.executable, "-m", "hetrain", "train", "--launcher", "ray", "--ray-address", cluster.address,
-         "--workers", "2", "--compute-ms", "50", "--time-budget", "60", "--out", str(tmp_path)],
+        train_command(cluster.address, tmp_path, "--compute-ms", "50", "--time-budget", "60"),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     err = bytearray()
     reader = threading.Thread(target=lambda: [err.extend(c) for c in iter(lambda: os.read(driver.stderr.fileno(),
