@@ -25,7 +25,13 @@ with no churn. Figures:
 * ``detect_s``: node removed -> the driver records the deaths (Ray reports the actors dead);
 * ``recovery_s``: node removed -> every survivor has computed again (its next progress report);
 * ``ready_s``: the fresh node added (``add_node`` returned: capacity is back) -> the replacement joined
-  (the driver admitted it: it trains and its neighbours talk to it).
+  (the driver admitted it: it trains and its neighbours talk to it); None where the replacements had
+  joined before (``--spare-per-node``: the survivors had room for them);
+* ``ready_after_loss_s``: node removed -> every replacement of its workers joined.
+
+``--spare-per-node K``: every worker node declares K CPUs beyond its workers', so the placement group's
+bundles of a lost node are placed again at once on the survivors (Ray's rescheduling) and the
+replacements start there, not when a node comes back.
 
 A torchrun comparison (``--max-restarts --resume`` on the same losses) is not part of this script
 (docs/benchmarks.md, "Ray", says why).
@@ -57,6 +63,11 @@ def start_cluster(head_cpus: int, nodes: list[int]):
         cluster.add_node(**node_args(cpus))
     cluster.wait_for_nodes()
     return cluster
+
+
+def node_cpus(args) -> int:
+    """The CPUs a worker node declares: its workers' and ``--spare-per-node`` more (room for replacements)."""
+    return args.workers_per_node + args.spare_per_node
 
 
 def job_config(args, workers: int, seconds: float, on_failure: str):
@@ -120,7 +131,7 @@ class Churn:
         if self.pending_add is None and self.t_s >= due and due < self.args.seconds:
             self._remove()
         elif self.pending_add is not None and self.t_s >= self.pending_add["t_s"] + self.args.back_after:
-            self.cluster.add_node(**node_args(self.args.workers_per_node))
+            self.cluster.add_node(**node_args(node_cpus(self.args)))
             self.pending_add["added_at"] = time.monotonic()
             self.pending_add = None
 
@@ -169,7 +180,7 @@ def run_churn_job(args, churned: bool) -> dict:
 
     workers = args.nodes * args.workers_per_node
     config = job_config(args, workers, args.seconds, "respawn")
-    cluster = start_cluster(0, [args.workers_per_node] * args.nodes)
+    cluster = start_cluster(0, [node_cpus(args)] * args.nodes)
     churn = Churn(cluster, args) if churned else None
     try:
         ray.init(address=cluster.address, _node_ip_address="127.0.0.1")  # reporting_worker goes by value
@@ -203,7 +214,10 @@ def run_churn_job(args, churned: bool) -> dict:
                 "detect_s": max((t - event["at"] for t in event["deaths_at"].values()), default=None),
                 "recovery_s": max(recovered) - event["at"] if len(recovered) == len(event["ranks"]) else None,
                 "ready_s": (max(event["joins_at"].values()) - event["added_at"]
-                            if event["added_at"] and len(event["joins_at"]) == len(event["ranks"]) else None)})
+                            if event["added_at"] and len(event["joins_at"]) == len(event["ranks"])
+                            and max(event["joins_at"].values()) > event["added_at"] else None),
+                "ready_after_loss_s": (max(event["joins_at"].values()) - event["at"]
+                                       if len(event["joins_at"]) == len(event["ranks"]) else None)})
         row["losses"] = losses
     return row
 
@@ -226,6 +240,9 @@ def main(argv=None) -> int:
     parser.add_argument("--steady-seconds", type=float, default=30.0, help="steady: seconds of training")
     parser.add_argument("--nodes", type=int, default=3, help="churn: nodes holding workers")
     parser.add_argument("--workers-per-node", type=int, default=2)
+    parser.add_argument("--spare-per-node", type=int, default=0,
+                        help="churn: CPUs each worker node declares beyond its workers' (room for replacements: "
+                             "with 1, a lost node's workers are replaced at once on the survivors)")
     parser.add_argument("--seconds", type=float, default=300.0, help="churn: seconds of training")
     parser.add_argument("--period", type=float, default=60.0, help="churn: a node lost every PERIOD s of training")
     parser.add_argument("--back-after", type=float, default=30.0, help="churn: a node added back this long after")
