@@ -1,7 +1,7 @@
 """torchrun under node churn: issue 41's schedule with ``--max-restarts --resume``, against no churn.
 
     .venv/bin/python benchmarks/torchrun_churn_bench.py --out runs/torchrun-churn        # 300 s, a loss every 60 s
-    .venv/bin/python benchmarks/torchrun_churn_bench.py --out runs/tr --seconds 90 --period 30 --back-after 15
+    .venv/bin/python benchmarks/torchrun_churn_bench.py --out runs/tr --seconds 90 --period 45 --back-after 15
 
 The torchrun side of ``benchmarks/ray_bench.py --mode churn``, on this one machine. A node is one
 torchrun agent (``torch.distributed.run --nnodes 3 --nproc-per-node 2 --max-restarts N``, c10d
@@ -21,10 +21,16 @@ the time left to the job's deadline (launch + ``--seconds``), the same absolute 
   session of its own); every ``--period`` s of the job's wall time the agent holding rank 0 is lost (as Ray's
   churn loses the node holding the lowest live rank; between attempts, when no rank runs, the agent
   with the lowest pid, which the rendezvous makes group rank 0; ``--lose last-rank``: the one holding
-  the last rank), and a fresh agent is started
-  ``--back-after`` s later; no loss at or after ``--seconds``. ``--nnodes 3`` (static): the survivors'
-  restart waits for the third node (a checkpoint of 6 workers cannot resume with 4: hetrain refuses another
-  ``num_workers``, so elastic ``--nnodes 2:3`` would fail the resume).
+  the last rank), and a fresh agent is started ``--back-after`` s later; no loss at or after
+  ``--seconds``. ``--nnodes 3`` (static): the survivors' restart waits for the third node (a checkpoint
+  of 6 workers cannot resume with 4: hetrain refuses another ``num_workers``, exit 2, so elastic
+  ``--nnodes 2:3`` would fail every resume).
+* Each attempt's budget counts its training, from the end of its start-up: the last attempt's training
+  ends about one rank start-up after the deadline (the failure-free job's too).
+* The survivors notice a loss by gloo's connection reset (the kernel closes a killed process's sockets):
+  their ranks fail within 0.1 s and their agents restart them. ``--timeout`` (hetrain's, 60 s as in Ray's
+  churn job) bounds only the waits where no reset comes: a machine that vanished from the network would be
+  noticed after it, which this emulation (as Ray's) does not show.
 * Then the same job with no churn (same agents, same deadline rule).
 
 Figures (OUT/torchrun_churn.json):
@@ -40,7 +46,8 @@ Figures (OUT/torchrun_churn.json):
   than was computed: Hop's slow worker skips iterations to keep up (its ``iteration`` jumps).
 * per loss: ``detect_s`` (kill -> the first survivor rank fails or is stopped by its agent),
   ``restart_s`` (kill -> every rank of the attempt that then ran has computed its first iteration),
-  ``after_return_s`` (the fresh agent started -> that moment), the job attempts started in between
+  ``after_return_s`` (the fresh agent started -> that moment; ``ranks_started_after_return_s``: -> the
+  last rank of that attempt ran this script, torch imported), the job attempts started in between
   (a rank 0 started) and the agents' restart counts.
 """
 
@@ -193,8 +200,7 @@ def run_job(args, name: str, churned: bool, store_port: int, out: Path) -> dict:
                     at = time.time()
                     ranks = kill_node(victim)
                     victim.wait(timeout=10)
-                    pending = {"at": at, "at_s": at - launched, "agent": victim.pid, "chosen": why, "ranks": ranks,
-                               "back_at": None}
+                    pending = {"at": at, "agent": victim.pid, "chosen": why, "ranks": ranks, "back_at": None}
                     losses.append(pending)
                     print(f"[{name}] {at - launched:6.1f} s: node lost (agent {victim.pid}, ranks {ranks}, {why})",
                           flush=True)
@@ -304,8 +310,9 @@ def attempts(events: list[dict], losses: list[dict], launched: float, end: float
     restarts: dict[int, int] = {}
     for e in events:
         restarts[e["agent"]] = max(restarts.get(e["agent"], 0), e["restart"])
+    first = _attempt_times(events, launched, losses[0]["at"] if losses else end)
     row = {"job_attempts": len(starts0), "agent_restarts": restarts,
-           "startup_s": _all_training_at(events, launched, losses[0]["at"] if losses else end, launched)}
+           "startup_s": first[1] - launched if first else None}
     for index, loss in enumerate(losses):
         window_end = losses[index + 1]["at"] if index + 1 < len(losses) else end
         survivors = [e for e in events if e["agent"] != loss["agent"] and loss["at"] <= e["t"] < window_end]
@@ -314,29 +321,32 @@ def attempts(events: list[dict], losses: list[dict], launched: float, end: float
         loss["detected_by"] = (failed[0].get("error") or f"{failed[0]['event']} (code {failed[0].get('code')})"
                                if failed else None)
         loss["job_attempts"] = sum(1 for e in starts0 if loss["at"] <= e["t"] < window_end)
-        trained = _all_training_at(events, loss["at"], window_end, launched)
-        loss["restart_s"] = trained - loss["at"] + launched if trained is not None else None
-        loss["after_return_s"] = (trained + launched - loss["back_at"]
-                                  if trained is not None and loss.get("back_at") else None)
+        times = _attempt_times(events, loss["at"], window_end)
+        back = loss.get("back_at")
+        loss["restart_s"] = times[1] - loss["at"] if times else None
+        loss["after_return_s"] = times[1] - back if times and back else None
+        loss["ranks_started_after_return_s"] = times[0] - back if times and back else None
         loss["at"] = round(loss["at"] - launched, 3)
-        loss["back_at"] = round(loss["back_at"] - launched, 3) if loss.get("back_at") else None
+        loss["back_at"] = round(back - launched, 3) if back else None
     row["losses"] = losses
     return row
 
 
-def _all_training_at(events: list[dict], begin: float, end: float, launched: float) -> float | None:
-    """Seconds from the launch until every rank of the last attempt started in [begin, end) trained."""
+def _attempt_times(events: list[dict], begin: float, end: float) -> tuple[float, float] | None:
+    """For the last attempt started in [begin, end) (each rank's last start there): when its last rank
+    started (this script's ``start`` event: torch imported, the checkpoint read) and when every one of its
+    ranks had computed its first iteration (``time.time()``); None if some rank never got there."""
     ranks = {e["rank"] for e in events if e["event"] == "start"}
     last_start = {}
     for e in events:
         if e["event"] == "start" and begin <= e["t"] < end:
-            last_start[e["rank"]] = e["pid"]
+            last_start[e["rank"]] = e
     if not ranks or set(last_start) != ranks:
         return None
     trained = {e["pid"]: e["t"] for e in events if e["event"] == "training"}
-    if not all(pid in trained for pid in last_start.values()):
+    if not all(e["pid"] in trained for e in last_start.values()):
         return None
-    return max(trained[pid] for pid in last_start.values()) - launched
+    return max(e["t"] for e in last_start.values()), max(trained[e["pid"]] for e in last_start.values())
 
 
 # ----- the comparison ---------------------------------------------------------------------------------
@@ -353,7 +363,8 @@ def summary(record: dict) -> str:
         for loss in row.get("losses", []):
             lines.append(f"  loss at {loss['at']:.1f} s (ranks {loss['ranks']}): detected {_s(loss['detect_s'])}, "
                          f"every rank training again {_s(loss['restart_s'])} after the kill, "
-                         f"{_s(loss['after_return_s'])} after the node's return; {loss['job_attempts']} attempt(s)")
+                         f"{_s(loss['after_return_s'])} after the node's return (its ranks started after "
+                         f"{_s(loss['ranks_started_after_return_s'])}); {loss['job_attempts']} attempt(s)")
     if record.get("goodput_vs_failure_free") is not None:
         lines.append(f"goodput with churn / failure-free: {record['goodput_vs_failure_free']:.3f}")
     return "\n".join(lines)
