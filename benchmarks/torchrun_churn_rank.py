@@ -106,7 +106,15 @@ def main(argv: list[str]) -> int:
     return code
 
 
+USAGE = ("usage: torchrun [torchrun's options] benchmarks/torchrun_churn_rank.py HETRAIN_TRAIN_ARGS\n\n"
+         "One rank of benchmarks/torchrun_churn_bench.py's job (which sets HETRAIN_CHURN_DEADLINE).")
+
 if __name__ == "__main__":
+    if sys.argv[1:2] in (["-h"], ["--help"]):
+        print(USAGE)
+        sys.exit(0)
+    if "HETRAIN_CHURN_DEADLINE" not in os.environ:
+        sys.exit("torchrun_churn_rank.py: HETRAIN_CHURN_DEADLINE is not set (benchmarks/torchrun_churn_bench.py sets it)")
     code = main(sys.argv[1:])
     try:  # as hetrain's console_main: the exit handlers, then no interpreter teardown
         atexit._run_exitfuncs()
