@@ -395,6 +395,7 @@ def main(argv=None) -> int:
     parser.add_argument("--share-store", action="store_true",
                         help="torch's default: the rank-0 agent's store shared with the ranks (see above)")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # as Ctrl-C: every agent and rank killed on the way out
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
