@@ -283,6 +283,9 @@ def preserved_iterations(events: list[dict], metrics: dict) -> tuple[dict, list[
             continue
         total, current = worker["iterations"], chain[-1]
         link = current.get("checkpoint") if metrics.get("resumed") else None
+        if link is not None and "error" in link:
+            problems.append(f"rank {rank}: its final attempt could not read its checkpoint: {link['error']}")
+            link = None
         if link is not None and worker.get("iterations_before_resume") != link["iterations"]:
             problems.append(f"rank {rank}: the final attempt resumed from {worker.get('iterations_before_resume')} "
                             f"iterations, its start event saw {link['iterations']}")
@@ -294,6 +297,9 @@ def preserved_iterations(events: list[dict], metrics: dict) -> tuple[dict, list[
             total += link["iterations"]
             current = writers[-1]
             link = current.get("checkpoint")
+            if link is not None and "error" in link:
+                problems.append(f"rank {rank}: an attempt could not read its checkpoint: {link['error']}")
+                break
         preserved[rank] = total
     return preserved, problems
 

@@ -59,6 +59,8 @@ def checkpoint_seen(argv: list[str]) -> dict | None:
         state = torch.load(file, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         return None
+    except Exception as exc:  # hetrain refuses it too; the benchmark notes it (the rank must not fail here)
+        return {"error": f"{type(exc).__name__}: {exc}"[:200]}
     present = sum(os.path.exists(os.path.join(directory, f"worker-{r}.pt"))
                   for r in range(int(os.environ["WORLD_SIZE"])))
     return {"mtime": mtime, "iteration": int(state["protocol"]["iteration"]),
