@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import datetime
 import os
+import time
+import uuid
 from dataclasses import dataclass
 from itertools import count
 
 import torch
 import torch.distributed as dist
+
+from hetrain.errors import WorkerError
 
 DEFAULT_TIMEOUT_S = 60.0
 _instances: dict[tuple, count] = {}
@@ -94,18 +98,64 @@ def select_gpu(rank: int) -> torch.device:
 
 def _attempt_store(timeout: datetime.timedelta):
     """Under torchrun with its agent's store (torch's default since 2.5), that store under a prefix of
-    this attempt's own (``TORCHELASTIC_RESTART_COUNT``); None otherwise (``init_process_group``'s own).
+    this attempt's own; None otherwise (``init_process_group``'s own).
 
     The agent keeps one store across ``--max-restarts`` restarts, and a restarted job's ranks read
     the dead attempt's addresses from it: gloo then connects to ports nobody listens on and the
     restart fails (pytorch/pytorch#135712; seen here with hop under torchrun, a rank SIGKILLed
-    mid-run). Each torchrun restart restarts every rank, so every rank has the same count.
+    mid-run). The prefix cannot be ``TORCHELASTIC_RESTART_COUNT``: each agent counts its own restarts,
+    and an agent started for a lost node counts from 0 while the survivors are at 1 or more, so their
+    ranks would wait under different prefixes. The ranks agree on it through the store instead
+    (:func:`agree_on_attempt`).
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "MASTER_ADDR" not in os.environ:
         return None
     agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
                           timeout=timeout)
-    return dist.PrefixStore(f"hetrain/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", agent)
+    token = agree_on_attempt(agent, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), timeout.total_seconds())
+    return dist.PrefixStore(f"hetrain/attempt-{token}/", agent)
+
+
+ATTEMPT_KEY = "hetrain/attempt"
+_POLL_S = 0.05  # how often a rank looks for rank 0's answer
+_REREAD_S = 0.5  # how often it reads the attempt's token again (it may have read a dead attempt's)
+
+
+def agree_on_attempt(store, rank: int, world_size: int, timeout_s: float) -> str:
+    """A token of this attempt's own, the same on every rank, through a store that outlives attempts.
+
+    The store may hold a dead attempt's token. Rank 0 publishes a fresh one; every other rank answers
+    the token it reads with a nonce of its own and takes the token once rank 0 has echoed that nonce.
+    Only a live rank 0, this attempt's, echoes a nonce made now: a rank that read a dead attempt's token
+    reads it again until it finds the fresh one. Raises ``WorkerError`` after ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    if rank == 0:
+        token = uuid.uuid4().hex
+        store.set(ATTEMPT_KEY, token)
+        joined = [f"{ATTEMPT_KEY}/{token}/joined/{r}" for r in range(1, world_size)]
+        if joined:
+            try:
+                store.wait(joined, datetime.timedelta(seconds=timeout_s))
+            except dist.DistStoreError:
+                message = f"rank 0: not every rank of this torchrun attempt joined within {timeout_s:.0f} s"
+                raise WorkerError(message) from None
+            for r, nonce in zip(range(1, world_size), store.multi_get(joined)):
+                store.set(f"{ATTEMPT_KEY}/{token}/welcome/{r}/{nonce.decode()}", b"1")
+        return token
+    nonce, token, read_at = uuid.uuid4().hex, None, -_REREAD_S
+    while True:
+        if time.monotonic() - read_at >= _REREAD_S:
+            current = store.get(ATTEMPT_KEY).decode()  # waits for the first attempt's rank 0 to set it
+            read_at = time.monotonic()
+            if current != token:
+                token = current
+                store.set(f"{ATTEMPT_KEY}/{token}/joined/{rank}", nonce)
+        if store.check([f"{ATTEMPT_KEY}/{token}/welcome/{rank}/{nonce}"]):
+            return token
+        if time.monotonic() > deadline:
+            raise WorkerError(f"rank {rank}: no rank 0 of this torchrun attempt answered within {timeout_s:.0f} s")
+        time.sleep(_POLL_S)
 
 
 @dataclass(frozen=True)
