@@ -228,11 +228,29 @@ class Hop(SyncProtocol):
         if self.dead_workers is None:  # no launcher: a lost connection is all there is to go by
             new |= self._lost.suspects() - self.dead
             self.dead |= new
+        seen_dead = set(self.dead)
         back = self.rejoined()
         # dead; or dead and replaced between two looks (respawn); the others, lost yet alive, are errors
         self._channel_errors.extend(self._lost.settle(self.dead | back))
         if new or back:
             self._apply_membership(new, back)
+        if back - seen_dead:
+            self._listen_on_interim_edges(back - seen_dead)
+
+    def _listen_on_interim_edges(self, unseen: set[int]) -> None:
+        """``unseen`` died and came back between two looks here; a neighbour that saw the death alone
+        repaired its graph around it, and for that while this worker was its neighbour: it may send
+        here (the model a repair owes, updates, tokens) over an edge this worker never used. gloo
+        connects a pair when both ends use it, and the end that waits has no timeout
+        (pytorch/gloo#520): that sender's main thread waited for ever, and its neighbours for it
+        (6 workers, the slow one seeing a death and its replacement in one look: 3 runs in about
+        30 under load). Listen on those edges too; what comes over them is dropped (not a
+        neighbour now), and the listeners stay for the next repair that needs them."""
+        interim = repair(self.original_topology, self.dead | unseen)
+        in_weights, _, out_neighbors = neighbour_weights(interim, self.job.rank)
+        self.channels.listen("update", in_weights)
+        self.channels.listen("token", out_neighbors if self.config.uses_tokens else [])
+        self.stats.extra["interim_edges_listened"] = self.stats.extra.get("interim_edges_listened", 0) + 1
 
     def _note_finished_neighbours(self) -> None:
         """Neighbours that finished before a repair made them ours never send us their STOP: count

@@ -336,7 +336,32 @@ def finished_neighbours_sent_to() -> None:
     Hop._note_finished_neighbours = counted_as_stopped_only
 
 
-MUTANTS = {"no-comm": no_comm, "finished-neighbours-sent-to": finished_neighbours_sent_to, "link-ingress-own-rule": link_ingress_own_rule, "server-not-last": server_not_last,
+def interim_edges_ignored() -> None:
+    """Hop listens only on its own graph's edges when a death and its replacement are seen in one look
+    (the rule before this was found: a neighbour that saw the death alone sent over an edge nobody used,
+    and waited in gloo's connect for ever)."""
+    from hetrain.runtime.hop import Hop
+
+    Hop._listen_on_interim_edges = lambda self, unseen: None
+
+
+def idle_edges_bounded() -> None:
+    """Peer channels bound every header wait by gloo's timeout, also where deaths are tolerated (the rule
+    before this was found: a receiver left on an edge a repair made and a join unmade timed out, and the
+    timeout closed every pair of its group)."""
+    from hetrain.transport.peer_channels import PeerChannels
+
+    original = PeerChannels.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self._header_timeout = self._receive_timeout
+
+    PeerChannels.__init__ = init
+
+
+MUTANTS = {"no-comm": no_comm, "idle-edges-bounded": idle_edges_bounded, "finished-neighbours-sent-to": finished_neighbours_sent_to,
+           "interim-edges-ignored": interim_edges_ignored, "link-ingress-own-rule": link_ingress_own_rule, "server-not-last": server_not_last,
            "iteration-from-logic": iteration_from_logic, "outer-step-on-own-anchor": outer_step_on_own_anchor,
            "anchors-kept-local": anchors_kept_local, "anchor-at-build": anchor_at_build,
            "rows-by-steps": rows_by_steps, "no-steps-weighting": no_steps_weighting,

@@ -21,6 +21,9 @@ against a collective's. Every member constructs its PeerChannels at the same poi
 Every receive waits at most three times ``timeout_s`` (the protocol's own,
 more informative timeout fires first); a receiver that times out or loses its
 peer calls ``on_error(message)``, which the protocol raises in its main thread.
+Where deaths are tolerated, a header wait has no such bound: repairs leave
+receivers on edges that carry nothing any more, and gloo's timeout would close
+every pair of the group (the protocol's waits bound everything that matters).
 Sends to each peer go through a :class:`~hetrain.transport.send_window.SendWindow`:
 at most ``max_in_flight`` messages outstanding per peer, each payload released
 as soon as its send completes.
@@ -33,6 +36,7 @@ peer to its new process. A replacement builds no world-sized group at all.
 
 from __future__ import annotations
 
+import datetime
 import threading
 import time
 from collections.abc import Callable
@@ -58,6 +62,7 @@ CHANNEL_TAGS = {"update": 11, "token": 12}
 PAYLOAD_CHANNEL = "update"  # the one channel whose messages carry payloads
 HANDSHAKE_TAG = 13
 RECEIVER_TIMEOUT_FACTOR = 3
+IDLE_HEADER_WAIT = datetime.timedelta(days=7)  # a header wait that tolerates an idle edge (continue, respawn)
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,11 @@ class PeerChannels:
         self._threads: dict[tuple[str, int, int], threading.Thread] = {}
         self._windows: dict[int, SendWindow] = {}
         self._receive_timeout = job.timeout * RECEIVER_TIMEOUT_FACTOR
+        # where deaths are tolerated the graph changes, and a receiver may listen on an edge no message
+        # comes over any more (a repaired edge after its replacement joined): its wait must not end in
+        # gloo's timeout, which closes every pair of the group (pytorch/gloo, UnboundBuffer::waitRecv:
+        # "Application timeout caused pair closure"). Every wait that matters has the protocol's timeout.
+        self._header_timeout = IDLE_HEADER_WAIT if tolerate_lost_peers else self._receive_timeout
         # one group for the original processes, a two-member group per pair after a replacement joins.
         # (A group per pair from the start, which would keep a peer dead before it connected from
         # holding the group's other lazy connections, deadlocked Hop under respawn: 3 of 4 runs with 8
@@ -281,7 +291,7 @@ class PeerChannels:
             route = self._link(src, incarnation)
             while True:
                 header = torch.empty(HEADER_NUMEL, dtype=torch.int64)
-                self._wait(route[0].recv([header], route[1], tag), src, f"a {channel} header")
+                self._wait(route[0].recv([header], route[1], tag), src, f"a {channel} header", self._header_timeout)
                 kind, iteration, count, *stamps = (int(v) for v in header.tolist())
                 payload = None
                 if kind in MODEL_KINDS or kind == DELTA:
@@ -312,9 +322,9 @@ class PeerChannels:
         synchronize(self.job.device)  # this thread's own stream, now after the transfer: the payload is complete
         return payload
 
-    def _wait(self, work, src: int, what: str) -> None:
+    def _wait(self, work, src: int, what: str, timeout: datetime.timedelta | None = None) -> None:
         try:
-            work.wait(self._receive_timeout)
+            work.wait(timeout or self._receive_timeout)
         except Exception as exc:
             detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             if "imed out" in detail or "timeout" in detail.lower():

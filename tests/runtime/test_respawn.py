@@ -12,6 +12,7 @@ import torch
 
 from hetrain.cli import main
 from hetrain.config import RunConfig
+from hetrain.errors import WorkerError
 from hetrain.groups.preduce import PReduce
 from hetrain.jobs.local_job import run_local
 from hetrain.jobs.run import run_training
@@ -50,6 +51,21 @@ def test_a_replacement_joins_reaches_the_others_and_ends_in_consensus(protocol, 
     # the final average reached every live worker: they all hold the same model
     assert len({round(w["consensus_accuracy"], 6) for w in live}) == 1
     assert metrics["final_accuracy_avg_model"] > 0.8
+
+
+def test_an_edge_the_repair_made_and_the_join_unmade_does_not_end_the_job():
+    """The ring 0-1-2-3 repaired around 2 gives 1 and 3 an edge, which 2's replacement takes away again:
+    their receivers on it then wait for a message that never comes. Their wait had gloo's bound (three
+    timeouts), whose expiry closed every pair of the group: the job failed a few timeouts after any
+    replacement joined ("worker 1 waited more than 12 s for a update header from worker 3")."""
+    config = RunConfig(protocol="hop", fail="2@1s", on_failure="respawn",
+                       **dict(BASE, timeout_s=4.0, time_budget_s=16.0))
+    try:
+        metrics = run_training(config, None, progress=False)
+    except WorkerError as error:
+        raise AssertionError(f"the job failed: {error}") from None
+    assert metrics["workers_lost"] == 1 and metrics["workers_joined"] == 1
+    assert metrics["joins"][0]["joined_t_s"] < 16.0 - 3 * 4.0  # the idle edge outlived its old bound
 
 
 @pytest.mark.slow
