@@ -327,6 +327,11 @@ class PeerChannels:
             work.wait(timeout or self._receive_timeout)
         except Exception as exc:
             detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            if "pair closure" in str(exc):  # gloo closes every pair of a group when any of its waits times out
+                raise RuntimeError(
+                    f"worker {self.job.rank} lost its connection to worker {src} while waiting for {what}: "
+                    f"another wait on the same group timed out, and gloo then closes all of its connections"
+                ) from None
             if "imed out" in detail or "timeout" in detail.lower():
                 raise RuntimeError(
                     f"worker {self.job.rank} waited more than {self._receive_timeout.total_seconds():.0f} s "

@@ -107,9 +107,10 @@ COMM_MUTANTS = {
         "tests/runtime/test_finished_neighbours.py::test_a_neighbour_that_finished_before_the_repair_is_stopped_and_sent_nothing"],
     "interim-edges-ignored": [  # a respawn stall: a death and its replacement seen in one look
         "tests/runtime/test_finished_neighbours.py::"
-        "test_a_death_and_its_replacement_seen_in_one_look_still_listens_on_the_edges_others_repaired"],
+        "test_a_death_and_its_replacement_seen_in_one_look_still_listens_on_the_edges_others_repaired",
+        "tests/runtime/test_respawn.py::test_edges_a_repair_made_and_a_join_unmade_neither_hang_nor_end_the_job"],
     "idle-edges-bounded": [  # a respawn job failed a few timeouts after a replacement joined
-        "tests/runtime/test_respawn.py::test_an_edge_the_repair_made_and_the_join_unmade_does_not_end_the_job"],
+        "tests/runtime/test_respawn.py::test_edges_a_repair_made_and_a_join_unmade_neither_hang_nor_end_the_job"],
     "decoders-scaled": ["tests/compression/test_codecs.py::test_topk_keeps_exactly_the_largest_values_and_nothing_else",
                         "tests/compression/test_codecs.py::test_powersgd_reconstructs_a_low_rank_model_and_sends_vectors_whole",
                         "tests/compression/test_codecs.py::test_quantizers_decode_to_the_values_not_a_scaled_copy"],
