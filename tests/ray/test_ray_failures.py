@@ -7,6 +7,7 @@ for a while, the node holding ranks ... is removed (``Cluster.remove_node``: its
 it die). Each rank samples its own part of the data, so only communication makes their models agree.
 """
 
+import dataclasses
 import time
 
 import pytest
@@ -80,10 +81,14 @@ def test_a_lost_node_leaves_the_survivors_training_to_consensus(joined):
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_respawn_starts_the_lost_workers_on_a_node_added_afterwards(joined):
+    """The replacements start cold on the new node (a Ray worker process importing torch and hetrain):
+    seconds on an idle machine, more than the 18 s left of a 20 s budget with the two cores loaded
+    (1 of 2 joined beside the respawn sweep), hence a longer one."""
     cluster = joined(0, 2, 2)
     loss = NodeLoss(cluster, after_s=2.0, add_cpus=2)
+    config = dataclasses.replace(CONFIG, time_budget_s=40.0)
     results = hetrain.ray.run(ray_probe.train_reporting_node, 4, on_failure="respawn",
-                              args=(CONFIG, {}, load_dataset("digits")), timeout_s=CONFIG.timeout_s,
+                              args=(config, {}, load_dataset("digits")), timeout_s=CONFIG.timeout_s,
                               on_message=loss)
     assert len(loss.lost_ranks) == 2
     assert sorted((j["rank"], j["incarnation"]) for j in results.joins) == [(r, 1) for r in loss.lost_ranks]
