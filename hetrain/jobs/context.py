@@ -89,7 +89,9 @@ class LauncherMembership(Membership):
     communicators. ``incarnation`` is this process's own number;
     ``announce_joined()`` tells the launcher this replacement is ready (its
     communicators are posted), after which the others see it alive;
-    ``freeze(timeout_s)``, called as a worker finishes, ends admissions.
+    ``announce_settled()``: it has taken the job's model from its neighbours (a replacement
+    admitted and not settled when the membership closes is stopped: its neighbours, finishing,
+    may never send it one); ``freeze(timeout_s)``, called as a worker finishes, ends admissions.
     ``record_finish(update_stops, token_stops)``: this worker is finishing and sends STOP to
     these ranks; ``finished_without_stop()``: the live ranks that finished without sending this
     one a STOP (update, token): a repair made them its neighbours after they had finished, so they
@@ -107,6 +109,7 @@ class LauncherMembership(Membership):
         self.incarnation = incarnation
         self._report = report
         self._wait_frozen = wait_frozen
+        self._frozen = False
 
     def dead(self) -> set[int]:
         return {w for w in range(len(self._dead)) if self._dead[w]}
@@ -123,6 +126,9 @@ class LauncherMembership(Membership):
                 raise WorkerError(f"worker {self.rank} (a replacement) was not admitted to the job within "
                                   f"{timeout_s:.0f} s of joining")
             time.sleep(0.01)
+
+    def announce_settled(self) -> None:
+        self._report({"settled": self.incarnation})
 
     def record_finish(self, update_stops, token_stops) -> None:
         """Before sending its STOPs: say whom they go to, then that this worker has finished."""
@@ -148,5 +154,7 @@ class LauncherMembership(Membership):
     def freeze(self, timeout_s: float) -> bool:
         """Say this worker is finishing and wait until the launcher stops admitting replacements
         (every finishing worker then reads the same members, but for deaths). False on timeout."""
-        self._report({"finishing": True})
-        return self._wait_frozen(timeout_s)
+        if not self._frozen:  # once: the final average freezes before its wait and again in it
+            self._report({"finishing": True})
+        self._frozen = self._wait_frozen(timeout_s)
+        return self._frozen

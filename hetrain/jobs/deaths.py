@@ -64,6 +64,7 @@ class Replacements:
     def __init__(self):
         self.joining: dict[int, dict] = {}  # rank -> its replacement's record until it joins
         self.joined: list[dict] = []
+        self.unsettled: dict[int, int] = {}  # rank -> incarnation: admitted, not yet holding the job's model
         self.stopped_pids: set[int] = set()  # replacements killed because the job was ending
 
     def started(self, rank: int, incarnation: int, t_s: float) -> None:
@@ -72,6 +73,7 @@ class Replacements:
 
     def forget(self, rank: int) -> None:
         self.joining.pop(rank, None)
+        self.unsettled.pop(rank, None)
 
     def join(self, rank: int, incarnation: int, training_time_s: float) -> bool:
         """Record that ``rank``'s replacement ``incarnation`` joined; False if it is not the one we wait for."""
@@ -81,4 +83,18 @@ class Replacements:
         del self.joining[rank]
         record.update(joined_t_s=training_time_s, join_s=time.monotonic() - record.pop("_started"))
         self.joined.append(record)
+        self.unsettled[rank] = incarnation
         return True
+
+    def settled(self, rank: int, incarnation: int) -> None:
+        """``rank``'s replacement ``incarnation`` took the job's model from its neighbours."""
+        if self.unsettled.get(rank) == incarnation:
+            del self.unsettled[rank]
+
+    def stopped_unsettled(self, rank: int, incarnation: int) -> None:
+        """The job ended before ``rank``'s admitted replacement held a model: it was stopped (its join
+        record says so; it trained nothing)."""
+        self.unsettled.pop(rank, None)
+        for record in self.joined:
+            if record["rank"] == rank and record["incarnation"] == incarnation:
+                record["stopped_before_settling"] = True

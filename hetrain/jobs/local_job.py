@@ -243,6 +243,9 @@ class LocalJob:
             if isinstance(message, dict) and "joined" in message:
                 self._joined(rank, message["joined"])
                 continue
+            if isinstance(message, dict) and "settled" in message:
+                self.replacements.settled(rank, message["settled"])
+                continue
             if isinstance(message, dict) and "finishing" in message:
                 self._close_membership()
                 continue
@@ -328,7 +331,10 @@ class LocalJob:
 
     def _close_membership(self) -> None:
         """A worker is finishing: no replacement joins from now on (the final average needs one
-        agreed set of members); replacements still joining are stopped."""
+        agreed set of members); replacements still joining are stopped, and so are those admitted that
+        hold no model yet: their neighbours, finishing, may never send them one (a neighbour that
+        looked before the admission finishes without it), and the final average would wait for them
+        (docs/decisions.md, "A replacement admitted as the job ends")."""
         if self.channels.closing.is_set():
             return
         self.channels.closing.set()
@@ -336,6 +342,14 @@ class LocalJob:
             if self.workers.alive(rank):
                 self.replacements.stopped_pids.add(self.workers.pid(rank))  # not a failure: the job ends without it
                 self.workers.kill(rank)
+        for rank, incarnation in list(self.replacements.unsettled.items()):
+            if self.workers.alive(rank) and self.channels.incarnations[rank] == incarnation:
+                self.channels.dead[rank] = 1  # first: the finishing workers stop counting it as a member
+                self.replacements.stopped_unsettled(rank, incarnation)
+                self.replacements.stopped_pids.add(self.workers.pid(rank))
+                self.workers.kill(rank)
+                if self.on_death is not None:  # e.g. the Group Generator stops waiting for it to leave
+                    self.on_death(rank)
 
     def _joined(self, rank: int, incarnation: int) -> None:
         awaited = self.replacements.joining.get(rank, {}).get("incarnation")

@@ -271,7 +271,8 @@ def finalize_run(config: RunConfig, results: list[dict | None], out, interrupted
         final_loss_avg_model=workers[0]["consensus_loss"],
         consensus_distance=workers[0].get("consensus_distance"),
         extra={"interrupted": interrupted, "resumed": config.resume, "on_failure": config.resolved_on_failure(),
-               "workers_lost": len(deaths), "workers_joined": len(joins or []), "deaths": deaths,
+               "workers_lost": len(deaths), "deaths": deaths,
+               "workers_joined": sum(not j.get("stopped_before_settling") for j in joins or []),  # trained
                "joins": joins or [], "num_workers": config.num_workers, **(gg_stats or {}),
                **timing, **(launcher_record or {}), "config": config.record()},
     )

@@ -43,6 +43,7 @@ def average_state(state: FlatState, job: JobView, dead_workers: Callable[[], set
     if job.world_size == 1:
         return 0.0
     if beacon is not None:  # a straggler still stepping is waited for here, not inside the collective
+        freeze_membership(job, dead_workers, "the final average")  # first: who is waited for is settled
         beacon.wait_for_arrivals(dead_workers, "the final average")
     return over_survivors(job, dead_workers, "the final average",
                           lambda group, survivors, private: _average(state, group, len(survivors), job.timeout,
@@ -58,10 +59,7 @@ def over_survivors(job: JobView, dead_workers: Callable[[], set[int]] | None, wh
     survivors give up on that group and rebuild one without the dead, until the job's timeout; ``what``
     names the collective in errors.
     """
-    membership = Membership.of(dead_workers)
-    if not membership.freeze(job.timeout_s):
-        raise WorkerError(f"worker {job.rank} waited {job.timeout_s:.0f} s for the launcher to close the "
-                          f"membership before {what}")
+    membership = freeze_membership(job, dead_workers, what)
     dead = set(dead_workers()) if dead_workers else set()
     incarnations = membership.incarnations if membership.replaces else None
     replaced = incarnations is not None and any(incarnations())  # the world group holds dead processes' pairs
@@ -90,6 +88,18 @@ def over_survivors(job: JobView, dead_workers: Callable[[], set[int]] | None, wh
                 raise WorkerError(f"worker {job.rank} waited for {what} over the survivors "
                                   f"{survivors}: {_first_line(exc)}") from None
             time.sleep(_RETRY_PAUSE_S)  # someone else died meanwhile: the launcher says so shortly
+
+
+def freeze_membership(job: JobView, dead_workers, what: str) -> Membership:
+    """Tell the launcher this worker is finishing and wait until it admits no more replacements (and has
+    stopped those admitted that hold no model yet); return the membership. Before any wait for the
+    others: a replacement admitted as its neighbours finished may never get a model, and would be
+    waited for until the timeout (docs/decisions.md, "A replacement admitted as the job ends")."""
+    membership = Membership.of(dead_workers)
+    if not membership.freeze(job.timeout_s):
+        raise WorkerError(f"worker {job.rank} waited {job.timeout_s:.0f} s for the launcher to close the "
+                          f"membership before {what}")
+    return membership
 
 
 def survivor_group(job: JobView, dead: set[int], name: str = "survivors", incarnations: list[int] | None = None):

@@ -117,7 +117,8 @@ class Hop(SyncProtocol):
                                                 self._on_channel_error, tolerate_lost_peers=self.tolerant,
                                                 incarnation=self.incarnation, peer_incarnations=self.incarnations,
                                                 new_payload=self.state.empty, link=self.link,
-                                                delta_nbytes=codec.payload_nbytes if codec is not None else 0)
+                                                delta_nbytes=codec.payload_nbytes if codec is not None else 0,
+                                                peer_gone=self._peer_gone if self.tolerant else None)
         if not self.joining:  # a replacement's neighbours are mid-training: no handshake
             if self._public is not None and self.job.store is not None:
                 self._publish_start()
@@ -132,6 +133,11 @@ class Hop(SyncProtocol):
         if self.joining:
             self._adopt_neighbours_model()
         self.restart_clock()
+
+    def _peer_gone(self, peer: int, incarnation: int) -> bool:
+        """Whether the launcher names process ``incarnation`` of ``peer`` dead (dead now, or replaced since)."""
+        now = self.membership.incarnations()
+        return peer in self.dead_workers() or (now is not None and now[peer] != incarnation)
 
     # ----- compression: the shared start ----------------------------------------------------
     def _start_key(self, rank: int) -> str:
@@ -187,6 +193,7 @@ class Hop(SyncProtocol):
             self.stats.iteration = iteration * self.sync_every  # the counter counts local steps: H per exchange
             self.stats.extra["joined_at_iteration"] = self.stats.iteration
             self.logic.max_iteration_gap = 0  # the gap to the models it adopted says nothing of the protocol
+        self.announce_settled()
 
     # ----- receiver threads ------------------------------------------------------
     def _on_message(self, message: Message) -> None:

@@ -30,7 +30,7 @@ from hetrain.protocols.ledger import GroupScheduler
 from hetrain.protocols.options import options_or_settings
 from hetrain.protocols.prague_options import PragueOptions, scheduler_for
 from hetrain.protocols.request_timing import ComputeEstimate, ask_after_s
-from hetrain.runtime.consensus import average_state
+from hetrain.runtime.consensus import average_state, freeze_membership
 from hetrain.runtime.flat_state import averaged_nbytes
 from hetrain.runtime.protocol import SyncProtocol, comm_from
 from hetrain.runtime.public_signature import document_settings
@@ -127,6 +127,7 @@ class GroupProtocol(SyncProtocol):
             else:
                 time.sleep(_STATUS_POLL_S)
         self.stats.extra["joined_at_iteration"] = self.stats.iteration
+        self.announce_settled()
 
     # -- the loop --------------------------------------------------------------
     def _apply_background(self) -> None:
@@ -232,6 +233,7 @@ class GroupProtocol(SyncProtocol):
         if owed:
             self._run(owed, self._group_weight())  # weighted as its members' syncs weigh theirs
         if self.job.world_size > 1:
+            freeze_membership(self.job, self.dead_workers, "the final average")  # before waiting for anyone
             if not self._local:
                 self._wait_all_left()
             self.stats.extra["consensus_distance"] = average_state(self.state, self.job, self.dead_workers,

@@ -398,6 +398,12 @@ class SyncProtocol:
         if self._membership is not None and self.joining:
             self._membership.announce_joined(self.job.timeout_s)
 
+    def announce_settled(self) -> None:
+        """A replacement: tell the launcher this process holds the job's model now (it counts in the
+        final average from here on; before, the launcher stops it if the job ends first)."""
+        if self._membership is not None and self.joining:
+            self._membership.announce_settled()
+
     def state_dict(self) -> dict:
         """The protocol's own state (counters and, per protocol, what resuming needs); not the model's."""
         state = {"protocol": self.name, "iteration": self.stats.iteration, "iterations": self.stats.iterations,

@@ -360,7 +360,50 @@ def idle_edges_bounded() -> None:
     PeerChannels.__init__ = init
 
 
-MUTANTS = {"no-comm": no_comm, "idle-edges-bounded": idle_edges_bounded, "finished-neighbours-sent-to": finished_neighbours_sent_to,
+def unsettled_replacements_kept() -> None:
+    """The launcher, closing the membership, stops only the replacements not yet admitted (the rule before
+    this was found: one admitted as its neighbours finished waited for a model that never came, and
+    they for it in the final average, until the timeout)."""
+    from hetrain.jobs.deaths import Replacements
+
+    original = Replacements.join
+
+    def join(self, rank, incarnation, training_time_s):
+        joined = original(self, rank, incarnation, training_time_s)
+        self.unsettled.pop(rank, None)  # never counted as holding no model: the close leaves it alone
+        return joined
+
+    Replacements.join = join
+
+
+def freeze_after_the_wait() -> None:
+    """The final average waits for every member to arrive before it closes the membership (the order
+    before this was found: nobody closed it while an admitted replacement that would never arrive was
+    waited for)."""
+    import sys
+
+    from hetrain.runtime import consensus, prague
+
+    original = consensus.freeze_membership
+
+    def freeze_in_the_collective_only(job, dead_workers, what):
+        if sys._getframe(1).f_code.co_name != "over_survivors":
+            return consensus.Membership.of(dead_workers)
+        return original(job, dead_workers, what)
+
+    consensus.freeze_membership = prague.freeze_membership = freeze_in_the_collective_only
+
+
+def first_sends_unwatched() -> None:
+    """The first message to a peer's new process is posted on the main thread (the rule before this was
+    found: a replacement dead before it connected held its neighbours there until gloo's timeout)."""
+    from hetrain.transport.peer_channels import PeerChannels
+
+    PeerChannels._start_first = lambda self, dst, start: start
+
+
+MUTANTS = {"no-comm": no_comm, "unsettled-replacements-kept": unsettled_replacements_kept,
+           "freeze-after-the-wait": freeze_after_the_wait, "first-sends-unwatched": first_sends_unwatched, "idle-edges-bounded": idle_edges_bounded, "finished-neighbours-sent-to": finished_neighbours_sent_to,
            "interim-edges-ignored": interim_edges_ignored, "link-ingress-own-rule": link_ingress_own_rule, "server-not-last": server_not_last,
            "iteration-from-logic": iteration_from_logic, "outer-step-on-own-anchor": outer_step_on_own_anchor,
            "anchors-kept-local": anchors_kept_local, "anchor-at-build": anchor_at_build,

@@ -49,6 +49,10 @@ class Membership:
     def announce_joined(self, timeout_s: float) -> None:
         """A replacement: tell whoever admits it that this process is ready (nothing to tell here)."""
 
+    def announce_settled(self) -> None:
+        """A replacement: tell whoever admits it that this process now holds the job's model (nothing
+        to tell here). Until then it has nothing to bring to the final average."""
+
     def record_finish(self, update_stops, token_stops) -> None:
         """Before a finishing worker sends its STOPs: whom they go to (kept where others can read it)."""
 

@@ -54,6 +54,7 @@ from hetrain.transport.membership import Membership
 from hetrain.transport.pair_links import PairLinks
 from hetrain.transport.send_window import DEFAULT_MAX_IN_FLIGHT, SendWindow
 from hetrain.transport.staging import HostStaging, after_compute, compute_stream
+from hetrain.transport.watched_call import call_unless_dead
 
 UPDATE, TOKEN, STOP, KEYFRAME, DELTA = 0, 1, 2, 3, 4
 MODEL_KINDS = (UPDATE, KEYFRAME)  # messages whose payload is a whole model
@@ -84,7 +85,8 @@ class PeerChannels:
                  max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, name: str = "peers", tolerate_lost_peers: bool = False,
                  incarnation: int = 0, peer_incarnations: list[int] | None = None,
                  new_payload: Callable[[], torch.Tensor] | None = None, link: EmulatedLink | None = None,
-                 delta_nbytes: int = 0, data_layout: str | None = None):
+                 delta_nbytes: int = 0, data_layout: str | None = None,
+                 peer_gone: Callable[[int, int], bool] | None = None):
         """``on_message(message)`` and ``on_error(peer, text)`` run on receiver threads; ``max_in_flight``
         bounds the messages (both channels) outstanding to each peer. With ``tolerate_lost_peers`` a
         failed send is reported through ``on_error`` instead of raised (the protocol decides whether the
@@ -94,7 +96,10 @@ class PeerChannels:
         protocols pass their :class:`~hetrain.runtime.flat_state.FlatState`'s pooled ``empty``).
         ``link``: the worker's emulated link (counts bytes; default: a fresh unconstrained one);
         ``delta_nbytes``: the size of a DELTA payload (compression on). ``data_layout``: the data plane's
-        (:func:`~hetrain.transport.data_plane.data_plane_layout`; default: the environment's, else the backend's)."""
+        (:func:`~hetrain.transport.data_plane.data_plane_layout`; default: the environment's, else the backend's).
+        ``peer_gone(peer, incarnation)``: whether the launcher names that process of ``peer`` dead (deaths
+        tolerated): the first message to each peer process is then sent on a watched thread, given up as
+        soon as it is (:meth:`_start_first`)."""
         self.job = job
         self.link = link if link is not None else EmulatedLink(None, job.rank)
         self.delta_nbytes = delta_nbytes
@@ -107,6 +112,8 @@ class PeerChannels:
         self.tolerate_lost_peers = tolerate_lost_peers
         self.forgotten: set[int] = set()
         self.name = name
+        self._peer_gone = peer_gone
+        self._reached: set[tuple[int, int]] = set()  # (peer, its incarnation) a message has been posted to
         self.incarnation = incarnation
         self._peer_incarnation = dict(enumerate(peer_incarnations or []))
         self._pairs = PairLinks(job, name, cpu=True)  # two-member groups: after a replacement joins, or tolerating deaths
@@ -364,7 +371,7 @@ class PeerChannels:
                 return works
 
             try:
-                self._window(dst).post(start, header, payload)
+                self._window(dst).post(self._start_first(dst, start), header, payload)
             except Exception as exc:  # gloo raises at once on a pair whose peer is gone
                 error = str(exc) if isinstance(exc, WorkerError) else (
                     f"worker {self.job.rank} lost worker {dst} while sending to it (did it exit?): "
@@ -372,6 +379,25 @@ class PeerChannels:
                 if not self.tolerate_lost_peers:
                     raise WorkerError(error) from None
                 self.on_error(dst, error)
+
+    def _start_first(self, dst: int, start: Callable[[], list]) -> Callable[[], list]:
+        """``start`` as it posts the first message to ``dst``'s current process: on a watched thread,
+        given up (:class:`~hetrain.transport.watched_call.DeathDuringCall`) as soon as the launcher names
+        that process dead. gloo connects a pair on its first message and waits for a peer that never
+        connects until its timeout: a replacement that died just after it was admitted, before it
+        connected, held each neighbour's main thread that long, and the others waited for those
+        neighbours' updates (docs/decisions.md, "A replacement admitted as the job ends")."""
+        incarnation = self._peer_incarnation.get(dst, 0)
+        if self._peer_gone is None or (dst, incarnation) in self._reached:
+            return start
+
+        def watched() -> list:
+            works = call_unless_dead(start, lambda: {dst} if self._peer_gone(dst, incarnation) else set(),
+                                     f"worker {self.job.rank}'s first message to worker {dst}", "hetrain-connect")
+            self._reached.add((dst, incarnation))
+            return works
+
+        return watched
 
     def _window(self, dst: int) -> SendWindow:
         window = self._windows.get(dst)

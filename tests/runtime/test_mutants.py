@@ -111,6 +111,14 @@ COMM_MUTANTS = {
         "tests/runtime/test_respawn.py::test_edges_a_repair_made_and_a_join_unmade_neither_hang_nor_end_the_job"],
     "idle-edges-bounded": [  # a respawn job failed a few timeouts after a replacement joined
         "tests/runtime/test_respawn.py::test_edges_a_repair_made_and_a_join_unmade_neither_hang_nor_end_the_job"],
+    # a replacement admitted as the job ends, or dead just after its admission (respawn)
+    "unsettled-replacements-kept": [
+        "tests/jobs/test_replacement_at_the_end.py::"
+        "test_closing_the_membership_stops_an_admitted_replacement_that_holds_no_model_yet"],
+    "freeze-after-the-wait": [
+        "tests/jobs/test_replacement_at_the_end.py::test_the_final_average_closes_the_membership_before_it_waits_for_anyone"],
+    "first-sends-unwatched": [
+        "tests/transport/test_first_send.py::test_a_first_send_to_a_process_that_never_connects_ends_when_it_is_named_dead"],
     "decoders-scaled": ["tests/compression/test_codecs.py::test_topk_keeps_exactly_the_largest_values_and_nothing_else",
                         "tests/compression/test_codecs.py::test_powersgd_reconstructs_a_low_rank_model_and_sends_vectors_whole",
                         "tests/compression/test_codecs.py::test_quantizers_decode_to_the_values_not_a_scaled_copy"],
