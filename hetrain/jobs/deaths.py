@@ -65,6 +65,7 @@ class Replacements:
         self.joining: dict[int, dict] = {}  # rank -> its replacement's record until it joins
         self.joined: list[dict] = []
         self.unsettled: dict[int, int] = {}  # rank -> incarnation: admitted, not yet holding the job's model
+        self.deferred: list[tuple[int, int]] = []  # (rank, incarnation) ready, admitted once none is unsettled
         self.stopped_pids: set[int] = set()  # replacements killed because the job was ending
 
     def started(self, rank: int, incarnation: int, t_s: float) -> None:
@@ -74,6 +75,7 @@ class Replacements:
     def forget(self, rank: int) -> None:
         self.joining.pop(rank, None)
         self.unsettled.pop(rank, None)
+        self.deferred = [(r, i) for r, i in self.deferred if r != rank]
 
     def join(self, rank: int, incarnation: int, training_time_s: float) -> bool:
         """Record that ``rank``'s replacement ``incarnation`` joined; False if it is not the one we wait for."""
@@ -85,6 +87,10 @@ class Replacements:
         self.joined.append(record)
         self.unsettled[rank] = incarnation
         return True
+
+    def admitting(self) -> bool:
+        """Whether an admitted replacement holds no model yet (the next one ready waits its turn)."""
+        return bool(self.unsettled)
 
     def settled(self, rank: int, incarnation: int) -> None:
         """``rank``'s replacement ``incarnation`` took the job's model from its neighbours."""

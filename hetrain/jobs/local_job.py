@@ -208,6 +208,7 @@ class LocalJob:
             self._note_recoveries()
         elif self.failures or dead:
             self._fail()
+        self._admit_deferred()
 
     def _results(self) -> JobResults:
         results = JobResults(self.done.get(rank) for rank in range(self.n))
@@ -356,10 +357,27 @@ class LocalJob:
         if awaited != incarnation or self.channels.incarnations[rank] != incarnation or self.channels.closing.is_set():
             self.replacements.forget(rank)  # a replacement that has since died, or came too late
             return
+        if self.replacements.admitting():  # one at a time (docs/decisions.md, "Replacements admitted one at a time")
+            self.replacements.deferred.append((rank, incarnation))
+            return
+        self._admit(rank, incarnation)
+
+    def _admit(self, rank: int, incarnation: int) -> None:
         if self.on_join is not None:  # first (e.g. the Group Generator re-admits it), then the others see it
             self.on_join(rank, incarnation)
         self.channels.dead[rank] = 0  # alive again: the survivors connect to its new incarnation
         self.replacements.join(rank, incarnation, self._training_time_s())
+
+    def _admit_deferred(self) -> None:
+        """Admit the next replacement that is ready once every admitted one holds the job's model: two
+        neighbours admitted together each waited for the other's model, which neither had (Hop: "worker
+        0 (a replacement) waited 60 s for a model from its in-neighbours [1, 5]", three ranks of a ring
+        lost with one node)."""
+        while self.replacements.deferred and not self.replacements.admitting() and not self.channels.closing.is_set():
+            rank, incarnation = self.replacements.deferred.pop(0)
+            if (self.replacements.joining.get(rank, {}).get("incarnation") == incarnation
+                    and self.channels.incarnations[rank] == incarnation and self.workers.alive(rank)):
+                self._admit(rank, incarnation)
 
     def _note_recoveries(self) -> None:
         self.deaths.note_recoveries(self.progress, lambda r: self.channels.dead[r])

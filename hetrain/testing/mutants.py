@@ -402,7 +402,15 @@ def first_sends_unwatched() -> None:
     PeerChannels._start_first = lambda self, dst, start: start
 
 
-MUTANTS = {"no-comm": no_comm, "unsettled-replacements-kept": unsettled_replacements_kept,
+def replacements_admitted_together() -> None:
+    """The launcher admits every replacement as soon as it is ready (the rule before this was found: two
+    neighbours admitted together each waited for the other's model, which neither had)."""
+    from hetrain.jobs.deaths import Replacements
+
+    Replacements.admitting = lambda self: False
+
+
+MUTANTS = {"no-comm": no_comm, "replacements-admitted-together": replacements_admitted_together, "unsettled-replacements-kept": unsettled_replacements_kept,
            "freeze-after-the-wait": freeze_after_the_wait, "first-sends-unwatched": first_sends_unwatched, "idle-edges-bounded": idle_edges_bounded, "finished-neighbours-sent-to": finished_neighbours_sent_to,
            "interim-edges-ignored": interim_edges_ignored, "link-ingress-own-rule": link_ingress_own_rule, "server-not-last": server_not_last,
            "iteration-from-logic": iteration_from_logic, "outer-step-on-own-anchor": outer_step_on_own_anchor,

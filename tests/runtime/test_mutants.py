@@ -117,6 +117,9 @@ COMM_MUTANTS = {
         "test_closing_the_membership_stops_an_admitted_replacement_that_holds_no_model_yet"],
     "freeze-after-the-wait": [
         "tests/jobs/test_replacement_at_the_end.py::test_the_final_average_closes_the_membership_before_it_waits_for_anyone"],
+    "replacements-admitted-together": [
+        "tests/jobs/test_replacement_at_the_end.py::"
+        "test_replacements_are_admitted_one_at_a_time_each_once_the_one_before_holds_a_model"],
     "first-sends-unwatched": [
         "tests/transport/test_first_send.py::test_a_first_send_to_a_process_that_never_connects_ends_when_it_is_named_dead"],
     "decoders-scaled": ["tests/compression/test_codecs.py::test_topk_keeps_exactly_the_largest_values_and_nothing_else",
