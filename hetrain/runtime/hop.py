@@ -118,7 +118,7 @@ class Hop(SyncProtocol):
                                                 incarnation=self.incarnation, peer_incarnations=self.incarnations,
                                                 new_payload=self.state.empty, link=self.link,
                                                 delta_nbytes=codec.payload_nbytes if codec is not None else 0,
-                                                peer_gone=self._peer_gone if self.tolerant else None)
+                                                peer_gone=self._peer_gone if self.dead_workers is not None else None)
         if not self.joining:  # a replacement's neighbours are mid-training: no handshake
             if self._public is not None and self.job.store is not None:
                 self._publish_start()
@@ -135,7 +135,8 @@ class Hop(SyncProtocol):
         self.restart_clock()
 
     def _peer_gone(self, peer: int, incarnation: int) -> bool:
-        """Whether the launcher names process ``incarnation`` of ``peer`` dead (dead now, or replaced since)."""
+        """Whether the launcher names process ``incarnation`` of ``peer`` dead (dead now, or replaced since).
+        Only where someone reports deaths (``dead_workers``); without, a first send waits as gloo does."""
         now = self.membership.incarnations()
         return peer in self.dead_workers() or (now is not None and now[peer] != incarnation)
 
