@@ -44,6 +44,18 @@ class Topology:
         return all((dst, src) in self.edges for src, dst in self.edges)
 
     @cached_property
+    def is_doubly_stochastic(self) -> bool:
+        """Whether :attr:`mixing_weights`' columns sum to 1 as its rows do (symmetric graphs, regular
+        directed graphs such as the exponential graph): the plain mean is kept by mixing."""
+        columns = np.zeros(self.num_workers)
+        for i, (weights, own) in enumerate(self.mixing_weights):
+            columns[i] += own
+            for j, v in weights.items():
+                if j != i:
+                    columns[j] += v
+        return bool(np.allclose(columns, 1.0, rtol=0, atol=1e-12))
+
+    @cached_property
     def mixing_weights(self) -> list[tuple[dict[int, float], float]]:
         """Row i of the mixing matrix as (in-neighbour weights, self weight): O(edges) memory.
 

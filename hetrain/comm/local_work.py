@@ -8,8 +8,10 @@ H), re-measured at every exchange, so a worker twice as slow takes half as
 many steps and unequal workers reach each exchange at about the same time.
 Averages are then weighted by the local steps behind each model
 (:func:`weights_by_steps`): a model that took more samples counts more, and
-consensus goes to the steps-weighted mean (on symmetric graphs; Prague's
-weighted P-Reduce keeps it on any grouping).
+consensus goes to the steps-weighted mean: on symmetric graphs by
+:func:`weights_by_steps`, on directed graphs with doubly stochastic weights (the
+exponential graph) by :func:`weights_by_circulation`; Prague's weighted P-Reduce
+keeps it on any grouping.
 """
 
 from __future__ import annotations
@@ -48,4 +50,24 @@ def weights_by_steps(weights: list[float], steps: list[int], most_steps: int) ->
     With every worker at ``most_steps`` the weights are the graph's own.
     """
     scaled = [w * s / most_steps for w, s in zip(weights, steps)]
+    return 1.0 - sum(scaled), scaled
+
+
+def weights_by_circulation(weights: list[float], own_steps: int, slowest_steps: int) -> tuple:
+    """Mixing weights for a graph whose own weights are doubly stochastic but not symmetric (a
+    directed regular graph: the exponential graph): (self weight, [weights]).
+
+    Every neighbour weight ``w_ij`` becomes ``w_ij * s_min / s_i`` (``s_i``: this worker's local steps,
+    ``s_min``: the slowest live worker's) and the worker keeps the rest. The steps-weighted flow from
+    j to i is then ``s_i W_ij = s_min w_ij``, the graph's weights times one number for the whole
+    job: what j gives its out-neighbours, ``s_min (1 - w_jj)`` by the columns' sums, equals what it
+    takes from its in-neighbours by the rows', so ``sum_i s_i x_i`` is kept by every exchange and
+    repeated mixing converges to ``sum_i s_i x_i / sum_i s_i`` (the stationary distribution of the
+    chain is proportional to the steps). Which steps are whose comes from the job's speed board
+    (:mod:`hetrain.runtime.speed_board`); the weighted mean is exact while the workers read the same
+    slowest steps. The price: a worker s_i / s_min times faster than the slowest mixes that much
+    less with its neighbours. With every worker at the same steps the weights are the graph's own.
+    """
+    scale = min(1.0, slowest_steps / own_steps) if own_steps > 0 else 1.0
+    scaled = [w * scale for w in weights]
     return 1.0 - sum(scaled), scaled

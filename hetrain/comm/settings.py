@@ -67,7 +67,7 @@ class CommSettings:
     outer_momentum: float | None = comm_option(None, type=float, help="outer momentum (default 0.9)")
     compression: CompressionSpec = comm_option(
         "none", type=str, flag="--compress",
-        help="none | bf16 | int8 | topk:FRACTION | powersgd:RANK, with error feedback (allreduce: none, bf16, "
+        help="none | bf16 | int8 | int4 | topk:FRACTION | powersgd:RANK, with error feedback (allreduce: none, bf16, "
              "powersgd:RANK)")
     gossip_step: float | None = comm_option(
         None, type=float, help="with compression: how far a worker moves toward its neighbours' copies (CHOCO's "

@@ -80,6 +80,31 @@ class Int8(Codec):
         return (q * scale[:, None]).reshape(-1)[: self.numel]
 
 
+class Int4(Codec):
+    """Blocks of INT8_BLOCK values, each a 4-bit integer in [-7, 7] times its block's scale (absmax / 7),
+    rounded to nearest; two per byte (the even value in the low half). The scales come first."""
+
+    def encode(self, x):
+        x = x.reshape(-1).to(_F32)
+        blocks = math.ceil(self.numel / INT8_BLOCK)
+        padded = torch.nn.functional.pad(x, (0, blocks * INT8_BLOCK - self.numel)).view(blocks, INT8_BLOCK)
+        scale = padded.abs().amax(dim=1) / 7.0
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        q = (torch.round(padded / scale[:, None]).clamp_(-7, 7) + 8).to(torch.uint8).reshape(-1)[: self.numel]
+        if q.numel() % 2:
+            q = torch.nn.functional.pad(q, (0, 1), value=8)
+        pairs = q.view(-1, 2)
+        return _as_bytes(scale, pairs[:, 0] | (pairs[:, 1] << 4))
+
+    def decode(self, payload):
+        blocks = math.ceil(self.numel / INT8_BLOCK)
+        scale = payload[: 4 * blocks].view(_F32)
+        packed = payload[4 * blocks:]
+        q = torch.stack([packed & 0x0F, packed >> 4], dim=1).reshape(-1)[: self.numel].to(_F32) - 8.0
+        q = torch.nn.functional.pad(q, (0, blocks * INT8_BLOCK - self.numel)).view(blocks, INT8_BLOCK)
+        return (q * scale[:, None]).reshape(-1)[: self.numel]
+
+
 class TopK(Codec):
     """The ``k`` values of largest magnitude as (int32 index, float32 value); ties by index (torch.topk)."""
 
@@ -160,7 +185,7 @@ class PowerSGD(Codec):
         return out
 
 
-_CODECS = {"none": Identity, "bf16": BFloat16, "int8": Int8, "topk": TopK, "powersgd": PowerSGD}
+_CODECS = {"none": Identity, "bf16": BFloat16, "int8": Int8, "int4": Int4, "topk": TopK, "powersgd": PowerSGD}
 
 
 def make_codec(spec: str | CompressionSpec, numel: int, shapes: list[tuple] | None = None) -> Codec:

@@ -1,4 +1,4 @@
-"""What a message is compressed to: ``none``, ``bf16``, ``int8``, ``topk:FRACTION``, ``powersgd:RANK``.
+"""What a message is compressed to: ``none``, ``bf16``, ``int8``, ``int4``, ``topk:FRACTION``, ``powersgd:RANK``.
 
 Pure (no torch): parsing and message sizes, shared by the runtime's codecs
 (:mod:`hetrain.compression.codecs`) and the simulator (which charges the sizes).
@@ -6,6 +6,9 @@ Pure (no torch): parsing and message sizes, shared by the runtime's codecs
 * ``bf16``: every value as bfloat16 (2 bytes).
 * ``int8``: values in blocks of ``INT8_BLOCK``; each block as int8 times its own
   float32 scale (its largest magnitude / 127): 1 byte per value plus 4 per block.
+* ``int4``: the same blocks, each value as a 4-bit integer in [-7, 7] times the
+  block's scale (largest magnitude / 7), two values per byte: half a byte per value
+  plus 4 per block (7.8x fewer bytes than float32, against int8's 3.9x).
 * ``topk:F``: the ``ceil(F n)`` values of largest magnitude, as (int32 index,
   float32 value) pairs: 8 bytes each.
 * ``powersgd:R``: each weight matrix (a tensor of 2+ dimensions, as rows x the
@@ -26,9 +29,9 @@ from dataclasses import dataclass
 
 from hetrain.errors import UsageError
 
-KINDS = ("none", "bf16", "int8", "topk", "powersgd")
+KINDS = ("none", "bf16", "int8", "int4", "topk", "powersgd")
 INT8_BLOCK = 256
-_FORM = "none, bf16, int8, topk:FRACTION (e.g. topk:0.01) or powersgd:RANK (e.g. powersgd:4)"
+_FORM = "none, bf16, int8, int4, topk:FRACTION (e.g. topk:0.01) or powersgd:RANK (e.g. powersgd:4)"
 
 
 @dataclass(frozen=True)
@@ -43,7 +46,7 @@ class CompressionSpec:
             return text
         spec = (text or "none").strip().lower()
         kind, sep, arg = spec.partition(":")
-        if kind in ("none", "bf16", "int8"):
+        if kind in ("none", "bf16", "int8", "int4"):
             if sep:
                 raise UsageError(f"compression {text!r}: {kind} takes no argument; expected {_FORM}")
             return cls(kind)
@@ -88,13 +91,15 @@ class CompressionSpec:
             return 2 * numel
         if self.kind == "int8":
             return numel + 4 * math.ceil(numel / INT8_BLOCK)
+        if self.kind == "int4":
+            return math.ceil(numel / 2) + 4 * math.ceil(numel / INT8_BLOCK)
         if self.kind == "topk":
             return 8 * self.topk_count(numel)
         shapes = shapes if shapes is not None else [_square(numel)]
         return 4 * sum(low_rank_numel(shape, self.rank) for shape in shapes)
 
     def default_gossip_step(self, numel: int, shapes: list[tuple] | None = None) -> float:
-        """CHOCO's consensus step for these messages: 1 for the quantizers (none, bf16, int8), the fraction
+        """CHOCO's consensus step for these messages: 1 for the quantizers (none, bf16, int8, int4), the fraction
         of the bytes sent for topk and powersgd (a larger step diverged: docs/decisions.md, "Compression")."""
         if self.kind in ("topk", "powersgd"):
             return min(1.0, 1.0 / self.ratio(numel, shapes))

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from hetrain.comm.local_work import weights_by_steps
+from hetrain.comm.local_work import weights_by_circulation, weights_by_steps
 from hetrain.comm.settings import CommSettings
 from hetrain.compression.codecs import make_codec
 from hetrain.compression.gossip_codec import PublicCopy, ReplicaSet, choco_mix
@@ -349,9 +349,12 @@ class Hop(SyncProtocol):
 
     def _apply(self, plan: AveragePlan, own: torch.Tensor) -> None:
         self_weight, weights = plan.self_weight, [term.weight for term in plan.terms]
-        if self.local_work == "auto" and self.topology.is_symmetric:  # by the local steps behind each model
-            self_weight, weights = weights_by_steps(weights, [term.payload.steps for term in plan.terms],
-                                                    self.sync_every)
+        if self.local_work == "auto":  # by the local steps behind each model (docs/decisions.md)
+            if self.topology.is_symmetric:
+                self_weight, weights = weights_by_steps(weights, [term.payload.steps for term in plan.terms],
+                                                        self.sync_every)
+            elif self.topology.is_doubly_stochastic and (slowest := self._slowest_steps()) is not None:
+                self_weight, weights = weights_by_circulation(weights, self.steps_this_exchange, slowest)
         if self._public is not None:
             own_public = self._public.public if self._public.public is not None else own
             mixed = choco_mix(own, own_public, self_weight, zip(weights, (t.payload.model for t in plan.terms)),

@@ -279,6 +279,17 @@ class SyncProtocol:
         self.stats.extra["local_steps_last"] = steps
         return steps
 
+    def _slowest_steps(self) -> int | None:
+        """Under ``local_work="auto"``: the local steps the slowest live worker takes per exchange, as this
+        worker's speed board reads them (None: nothing measured yet)."""
+        if self._speeds is None:
+            return None
+        own = self._step_timer.step_s
+        fastest, slowest = self._speeds.fastest(own, exclude=self.dead), self._speeds.slowest(own, exclude=self.dead)
+        if not fastest or not slowest:
+            return None
+        return steps_per_exchange(self.sync_every, slowest, fastest)
+
     def _pay_vote(self, nbytes: int) -> None:
         """A small all-reduce over the whole group (a stop vote) pays the emulated links: its ring's bytes
         and 2(n-1) latencies."""

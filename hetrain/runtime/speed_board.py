@@ -42,6 +42,14 @@ class SpeedBoard:
             times.append(own_step_s)
         return min(times) if times else None
 
+    def slowest(self, own_step_s: float | None, exclude=()) -> float | None:
+        """The largest step time known among the workers not in ``exclude`` (this one's included)."""
+        self.fastest(own_step_s, exclude)  # the same refresh
+        times = [t for r, t in self._known.items() if r not in exclude and r != self.rank]
+        if own_step_s:
+            times.append(own_step_s)
+        return max(times) if times else None
+
     def _refresh(self) -> None:
         if not self._all_written:
             self._all_written = self.store.check(self._keys)

@@ -12,6 +12,7 @@ import hetrain
 
 NESTEROV = {"lr": 0.7, "momentum": 0.9, "nesterov": True}
 AUTO_STEPS = {0: 2, 3: 5}  # local steps per exchange by rank under local_work="auto"; the others take 8
+STEP_S = {0: 4.0, 3: 1.6}  # the step times that give them: round(8 * 1.0 / 4.0) = 2, round(8 / 1.6) = 5
 
 
 def start_model(rank: int, size: int = 8) -> torch.nn.Module:
@@ -29,9 +30,9 @@ def gossip_only(ctx, topology: str, exchanges: int, outer: bool):
     if topology == "prague":  # groups of two, a new partner every exchange (the smart Group Generator)
         # no overlap: with it, a pair's last average lands on whichever member steps again (a member that
         # already took its last step holds it until finish), so the mean before finish moves under load
-        sync = hetrain.Prague(model, None, group_size=2, sync_every=1, outer_optimizer=optimizer, preduce_overlap=0)
+        sync = hetrain.Prague(model, None, group_size=2, sync_every=1, outer_optimizer=optimizer or "none", preduce_overlap=0)
     else:
-        sync = hetrain.DPSGD(model, None, topology=topology, sync_every=1, outer_optimizer=optimizer)
+        sync = hetrain.DPSGD(model, None, topology=topology, sync_every=1, outer_optimizer=optimizer or "none")
     for _ in range(exchanges):
         if topology == "prague":
             time.sleep(0.005)  # a step's compute: workers that sprint find no partner and form no group
@@ -42,16 +43,25 @@ def gossip_only(ctx, topology: str, exchanges: int, outer: bool):
 
 
 def auto_gossip(ctx, topology: str, exchanges: int):
-    """``local_work="auto"`` with a fixed number of local steps per rank (AUTO_STEPS)."""
-    import hetrain.runtime.protocol as protocol_module
-
-    steps = AUTO_STEPS.get(ctx.rank, 8)
-    protocol_module.steps_per_exchange = lambda sync_every, own, fastest: steps  # a fixed speed per worker
+    """``local_work="auto"`` with a fixed step time per rank (STEP_S): the runtime's own sizing gives the
+    steps of AUTO_STEPS, and every worker's speed board holds every step time before the first exchange."""
     model = start_model(ctx.rank)
     if topology == "prague":  # random groups of two, each a P-Reduce weighted by steps
         sync = hetrain.Prague(model, None, group_size=2, sync_every=8, local_work="auto", preduce_overlap=0)
     else:
         sync = hetrain.DPSGD(model, None, topology=topology, sync_every=8, local_work="auto")
+    step_s = STEP_S.get(ctx.rank, 1.0)
+    sync._step_timer.step_s = step_s
+    sync._step_timer.add = lambda seconds: None  # a fixed speed per worker, whatever the steps take here
+    sync._speeds.publish(step_s)
+    keys = [str(r) for r in range(ctx.world_size)]
+    deadline = time.monotonic() + 30
+    while not sync._speeds.store.check(keys):  # the same board on every worker from the first exchange
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"worker {ctx.rank} waited 30 s for every step time on the speed board")
+        time.sleep(0.01)
+    steps = sync._next_local_steps()
+    assert steps == AUTO_STEPS.get(ctx.rank, 8), steps
     sync._steps_this_exchange = steps  # the first exchange too (it would take sync_every: nothing measured)
     start = model.w.detach().clone()
     for _ in range(exchanges * steps):

@@ -137,6 +137,22 @@ def no_steps_weighting() -> None:
     _patch_steps_weights(lambda weights, steps, most_steps: (1.0 - sum(weights), list(weights)))
 
 
+def no_circulation_weighting() -> None:
+    """Hop's and D-PSGD's mixing on a directed graph ignores the local steps (the graph's own weights)."""
+    from hetrain.comm import local_work
+    from hetrain.runtime import hop
+
+    local_work.weights_by_circulation = hop.weights_by_circulation = \
+        lambda weights, own_steps, slowest_steps: (1.0 - sum(weights), list(weights))
+
+
+def circulation_by_own_steps() -> None:
+    """The directed graph's rows scaled with this worker's own steps as the slowest (each worker's own view)."""
+    from hetrain.runtime.protocol import SyncProtocol
+
+    SyncProtocol._slowest_steps = lambda self: self.steps_this_exchange if self._speeds is not None else None
+
+
 def preduce_unweighted() -> None:
     """Prague's and AD-PSGD's P-Reduce ignores the local steps (``weight=None``)."""
     from hetrain.runtime.prague import GroupProtocol
@@ -204,9 +220,24 @@ def decoders_scaled() -> None:
     """Every lossy codec's decoder returns a hundredth of what was sent."""
     from hetrain.compression import codecs
 
-    for cls in (codecs.BFloat16, codecs.Int8, codecs.TopK, codecs.PowerSGD):
+    for cls in (codecs.BFloat16, codecs.Int8, codecs.Int4, codecs.TopK, codecs.PowerSGD):
         decode = cls.decode
         cls.decode = lambda self, payload, decode=decode: decode(self, payload) * 0.01
+
+
+def int4_one_value_per_byte() -> None:
+    """Int4's decoder reads only the low half of each byte (every odd value comes back as the even one)."""
+    from hetrain.compression import codecs
+
+    def decode(self, payload):
+        blocks = -(-self.numel // codecs.INT8_BLOCK)
+        scale = payload[: 4 * blocks].view(torch.float32)
+        low = payload[4 * blocks:] & 0x0F
+        q = torch.stack([low, low], dim=1).reshape(-1)[: self.numel].to(torch.float32) - 8.0
+        q = torch.nn.functional.pad(q, (0, blocks * codecs.INT8_BLOCK - self.numel)).view(blocks, codecs.INT8_BLOCK)
+        return (q * scale[:, None]).reshape(-1)[: self.numel]
+
+    codecs.Int4.decode = decode
 
 
 def stale_replicas_across_edges() -> None:
@@ -416,10 +447,12 @@ MUTANTS = {"no-comm": no_comm, "replacements-admitted-together": replacements_ad
            "iteration-from-logic": iteration_from_logic, "outer-step-on-own-anchor": outer_step_on_own_anchor,
            "anchors-kept-local": anchors_kept_local, "anchor-at-build": anchor_at_build,
            "rows-by-steps": rows_by_steps, "no-steps-weighting": no_steps_weighting,
-           "preduce-unweighted": preduce_unweighted, "ps-final-from-server": ps_final_from_server,
+           "preduce-unweighted": preduce_unweighted,
+           "no-circulation-weighting": no_circulation_weighting, "circulation-by-own-steps": circulation_by_own_steps, "ps-final-from-server": ps_final_from_server,
            "outer-step-without-exchange": outer_step_without_exchange,
            "fingerprint-without-comm": fingerprint_without_comm, "free-collectives": free_collectives,
            "topk-random-indices": topk_random_indices, "decoders-scaled": decoders_scaled,
+           "int4-one-value-per-byte": int4_one_value_per_byte,
            "stale-replicas-across-edges": stale_replicas_across_edges, "free-gg-requests": free_gg_requests,
            "no-shared-start": no_shared_start, "plan-shards-frozen": plan_shards_frozen,
            "plan-bias-on-every-rank": plan_bias_on_every_rank, "plan-flat-reductions": plan_flat_reductions}

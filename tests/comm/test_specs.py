@@ -52,6 +52,8 @@ def test_compressed_sizes():
     assert CompressionSpec.parse("none").payload_nbytes(n) == 4 * n
     assert CompressionSpec.parse("bf16").payload_nbytes(n) == 2 * n
     assert CompressionSpec.parse("int8").payload_nbytes(n) == n + 4 * math.ceil(n / 256)
+    assert CompressionSpec.parse("int4").payload_nbytes(n) == 2405 + 4 * math.ceil(n / 256)
+    assert CompressionSpec.parse("int4").payload_nbytes(n + 1) == 2406 + 4 * math.ceil(n / 256)
     assert CompressionSpec.parse("topk:0.01").payload_nbytes(n) == 8 * 49
     shapes = [(64, 64), (64,), (10, 64), (10,)]  # the digits MLP
     low = CompressionSpec.parse("powersgd:2")
@@ -59,12 +61,13 @@ def test_compressed_sizes():
     assert CompressionSpec.parse("powersgd:9").payload_nbytes(4810, shapes) == 4 * ((64 + 64) * 9 + 64 + 640 + 10)
     assert CompressionSpec.parse("topk:0.01").default_gossip_step(n) == pytest.approx(8 * 49 / (4 * n))
     assert CompressionSpec.parse("int8").default_gossip_step(n) == 1.0
+    assert CompressionSpec.parse("int4").default_gossip_step(n) == 1.0
     assert str(CompressionSpec.parse(" TopK:0.05 ")) == "topk:0.05"
 
 
 @pytest.mark.parametrize("text, message", [
     ("zip", "unknown compression"), ("topk", "malformed"), ("topk:1.5", "in \\(0, 1\\)"),
-    ("powersgd:0", "rank must be >= 1"), ("int8:3", "takes no argument"),
+    ("powersgd:0", "rank must be >= 1"), ("int8:3", "takes no argument"), ("int4:2", "takes no argument"),
 ])
 def test_a_malformed_compression_is_refused(text, message):
     with pytest.raises(UsageError, match=message):
@@ -97,6 +100,33 @@ def test_steps_weighted_mixing_keeps_the_steps_weighted_mean_on_symmetric_graphs
         mixing[i, i] = own
     assert np.allclose(mixing.sum(1), 1) and (mixing >= 0).all()
     assert np.allclose(steps @ mixing, steps)  # sum_i s_i x_i is kept: the steps-weighted mean
+
+
+@pytest.mark.parametrize("workers", [6, 8, 16])
+def test_circulation_weights_keep_the_steps_weighted_mean_on_the_directed_exponential_graph(workers):
+    """The exponential graph is directed (i sends to i + 1, i + 2, i + 4, ...), so detailed balance
+    cannot hold; scaling each row by s_min / s_i keeps sum_i s_i x_i all the same, and the chain still
+    mixes (its second eigenvalue below 1). Scaling by the sender's steps, as on symmetric graphs, does not."""
+    import numpy as np
+
+    from hetrain.comm.local_work import weights_by_circulation
+    from hetrain.topology import make_topology
+
+    topology = make_topology("exponential", workers)
+    assert not topology.is_symmetric and topology.is_doubly_stochastic
+    steps = np.array([2, 8, 8, 5, 8, 1, 8, 8] * 2, dtype=float)[:workers]
+    mixing, by_sender = np.zeros((workers, workers)), np.zeros((workers, workers))
+    for i, (weights, _) in enumerate(topology.mixing_weights):
+        own, scaled = weights_by_circulation(list(weights.values()), int(steps[i]), int(steps.min()))
+        mixing[i, list(weights)], mixing[i, i] = scaled, own
+        own, scaled = weights_by_steps(list(weights.values()), [steps[j] for j in weights], 8)
+        by_sender[i, list(weights)], by_sender[i, i] = scaled, own
+    assert np.allclose(mixing.sum(1), 1) and (mixing >= 0).all()
+    assert np.allclose(steps @ mixing, steps)  # sum_i s_i x_i is kept: the steps-weighted mean
+    assert sorted(abs(np.linalg.eigvals(mixing)))[-2] < 0.99
+    assert not np.allclose(steps @ by_sender, steps)
+    for weights, own in topology.mixing_weights:  # equal steps: the graph's own weights
+        assert weights_by_circulation(list(weights.values()), 8, 8) == (pytest.approx(own), list(weights.values()))
 
 
 @pytest.mark.parametrize("changes, message", [

@@ -8,7 +8,7 @@ from hetrain.compression.error_feedback import ErrorFeedback
 from hetrain.compression.gossip_codec import PublicCopy, ReplicaSet, choco_mix
 
 SHAPES = [(64, 64), (64,), (10, 64), (10,)]  # the digits MLP: 4,810 values
-SPECS = ["none", "bf16", "int8", "topk:0.01", "powersgd:2"]
+SPECS = ["none", "bf16", "int8", "int4", "topk:0.01", "powersgd:2"]
 
 
 @pytest.mark.parametrize("spec", SPECS)
@@ -21,7 +21,7 @@ def test_payload_size_and_determinism(spec):
     decoded = b.decode(payload)
     assert decoded.shape == (4810,) and torch.equal(decoded, a.decode(payload))
     error = float((decoded - x).norm() / x.norm())
-    assert error < {"none": 1e-7, "bf16": 5e-3, "int8": 2e-2, "topk:0.01": 1.0, "powersgd:2": 1.0}[spec]
+    assert error < {"none": 1e-7, "bf16": 5e-3, "int8": 2e-2, "int4": 0.2, "topk:0.01": 1.0, "powersgd:2": 1.0}[spec]
 
 
 def test_topk_keeps_exactly_the_largest_values_and_nothing_else():
@@ -48,7 +48,7 @@ def test_powersgd_reconstructs_a_low_rank_model_and_sends_vectors_whole():
     assert torch.equal(decoded[4096:4160], x[4096:4160])  # a bias goes uncompressed
 
 
-@pytest.mark.parametrize("spec", ["int8", "bf16"])
+@pytest.mark.parametrize("spec", ["int8", "int4", "bf16"])
 def test_quantizers_decode_to_the_values_not_a_scaled_copy(spec):
     x = torch.randn(4810, generator=torch.Generator().manual_seed(5))
     codec = make_codec(spec, 4810, SHAPES)
@@ -102,3 +102,14 @@ def test_a_delta_before_any_keyframe_is_an_error():
     replicas = ReplicaSet(make_codec("int8", 10), lambda: torch.empty(10))
     with pytest.raises(RuntimeError, match="before any keyframe"):
         replicas.delta(3, torch.zeros(make_codec("int8", 10).payload_nbytes, dtype=torch.uint8))
+
+
+def test_int4_holds_its_grid_exactly_in_half_a_byte_per_value():
+    """Values on the block's grid (multiples of absmax / 7) come back exactly, odd counts included, and
+    the payload is half a byte per value plus a float32 scale per block of 256."""
+    grid = torch.arange(-7, 8, dtype=torch.float32) * 0.25  # absmax 1.75: the scale is 0.25
+    x = torch.cat([grid, grid.flip(0), grid[:3]])  # 33 values: an odd count, one block
+    codec = make_codec("int4", x.numel())
+    payload = codec.encode(x)
+    assert payload.numel() == 4 + 17
+    assert torch.equal(codec.decode(payload), x)

@@ -101,9 +101,9 @@ def test_one_exchange_of_pseudo_gradients(protocol, workers):
 
 # ----- compression ---------------------------------------------------------------------------------------
 def _gossip(ctx, protocol, steps):
-    """Averaging only (no gradients), with int8 and then with top-10% messages."""
+    """Averaging only (no gradients), with int8, int4 and top-10% messages."""
     results = {}
-    for compression in ("int8", "topk:0.1"):
+    for compression in ("int8", "int4", "topk:0.1"):
         model = Quadratic(ctx.rank, size=61)  # int8 of 61 values is 65 bytes: the gathered weight is unaligned
         with torch.no_grad():
             model.w.add_(10.0 * ctx.rank)
@@ -121,7 +121,7 @@ def _gossip(ctx, protocol, steps):
 @pytest.mark.parametrize("protocol", ["dpsgd", "hop", "prague", "adpsgd"])
 def test_compressed_gossip_reaches_consensus_and_keeps_the_mean(protocol):
     by_worker = run_local(_gossip, 4, (protocol, 60), timeout_s=30)
-    for compression in ("int8", "topk:0.1"):
+    for compression in ("int8", "int4", "topk:0.1"):
         results = [worker[compression] for worker in by_worker]
         starts = torch.stack([torch.from_numpy(s) for s, _, _ in results])
         models = torch.stack([torch.from_numpy(b) for _, b, _ in results])

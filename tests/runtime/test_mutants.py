@@ -83,6 +83,8 @@ COMM_MUTANTS = {
     "no-steps-weighting": [f"{OC}::test_auto_local_work_gossip_converges_to_the_steps_weighted_mean[ring]",
                            f"{OC}::test_auto_local_work_gossip_converges_to_the_steps_weighted_mean[torus]"],
     "preduce-unweighted": [f"{OC}::test_auto_local_work_gossip_converges_to_the_steps_weighted_mean[prague]"],
+    "no-circulation-weighting": [f"{OC}::test_auto_local_work_gossip_converges_to_the_steps_weighted_mean[exponential]"],
+    "circulation-by-own-steps": [f"{OC}::test_auto_local_work_gossip_converges_to_the_steps_weighted_mean[exponential]"],
     "ps-final-from-server": [f"{OC}::test_every_protocol_ends_with_the_last_outer_step_and_the_steps_after_it[ps]"],
     "outer-step-without-exchange": [f"{OC}::test_an_adpsgd_sync_that_averages_nothing_takes_no_outer_step"],
     "fingerprint-without-comm": [
@@ -94,6 +96,7 @@ COMM_MUTANTS = {
         "tests/runtime/test_comm_protocols.py::test_neighbours_that_start_from_one_model_skip_the_first_keyframe"],
     "stale-replicas-across-edges": ["tests/runtime/test_compressed_membership.py"],
     "topk-random-indices": ["tests/compression/test_codecs.py::test_topk_keeps_exactly_the_largest_values_and_nothing_else"],
+    "int4-one-value-per-byte": ["tests/compression/test_codecs.py::test_int4_holds_its_grid_exactly_in_half_a_byte_per_value"],
     "plan-shards-frozen": [f"{PT}::test_a_planned_cnn_learns_digits_and_every_checked_step_equals_the_whole_model"],
     "plan-bias-on-every-rank": [f"{PT}::test_every_split_type_unequal_ratios_and_a_residual_join_train_exactly"],
     "plan-flat-reductions": [

@@ -97,10 +97,11 @@ def test_on_the_complete_graph_every_worker_follows_diloco(protocol):
 
 
 # ----- local_work="auto": consensus goes to the steps-weighted mean -----------------------------------
-@pytest.mark.parametrize("topology", ["ring", "torus", "prague"])
+@pytest.mark.parametrize("topology", ["ring", "torus", "exponential", "prague"])
 def test_auto_local_work_gossip_converges_to_the_steps_weighted_mean(topology):
     """Before issue 36 each row was rescaled by steps: ring of 8, consensus -0.4475 where the
-    steps-weighted mean was -0.3807 and the plain mean -0.2006."""
+    steps-weighted mean was -0.3807 and the plain mean -0.2006. The exponential graph is directed:
+    its weights go by one circulation (``weights_by_circulation``), the steps read from the speed board."""
     results = run_local(auto_gossip, 8, (topology, 150), timeout_s=60)
     starts = torch.stack([torch.from_numpy(s) for s, _, _ in results])
     models = torch.stack([torch.from_numpy(m) for _, m, _ in results])
