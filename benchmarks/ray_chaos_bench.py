@@ -61,8 +61,13 @@ def strike(at_s: float, began: float, rng: random.Random, log: dict, done: threa
         return
     pid = rng.choice(pids)
     try:
+        with open(f"/proc/{pid}/comm") as handle:  # hetrain-wR once the actor runs its worker
+            name = handle.read().strip()
+    except OSError:
+        name = "?"
+    try:
         os.kill(pid, signal.SIGKILL)
-        log["kill"] = f"pid {pid} at {time.monotonic() - began:.2f} s"
+        log["kill"] = f"{name} (pid {pid}) at {time.monotonic() - began:.2f} s"
     except ProcessLookupError:
         log["kill"] = f"pid {pid} gone"
 

@@ -21,6 +21,7 @@ import datetime
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -108,7 +109,7 @@ def worker_main(spec: WorkerSpec, channels: JobChannels) -> None:
     os.environ.update(spec.env)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.update(LOCAL_RANK=str(spec.rank), LOCAL_WORLD_SIZE=str(spec.world_size))  # one node, as torchrun
-    _name_process(spec.name)
+    name_process(spec.name)
     die_with_parent(spec.launcher_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher handles Ctrl-C and asks us to stop
     rank = spec.rank
@@ -176,13 +177,21 @@ def last_line(text: str) -> str:
     return lines[-1].strip() if lines else "unknown error"
 
 
-def _name_process(name: str) -> None:
-    """Show the worker as ``hetrain-w3`` in ps/top (forked workers would otherwise all read like their server)."""
+def name_process(name: str) -> None:
+    """Show the worker as ``hetrain-w3`` in ps/top (forked workers would otherwise all read like their server;
+    a Ray actor like Ray's worker process). The name is a thread's: a Ray actor runs its tasks on a thread
+    of its own, so the process's main thread, which ps and /proc/PID/comm show, is named through /proc."""
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL(None).prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
         except (OSError, AttributeError):
             pass
+        if threading.current_thread() is not threading.main_thread():
+            try:
+                with open(f"/proc/{os.getpid()}/comm", "w") as handle:
+                    handle.write(name[:15])
+            except OSError:
+                pass
 
 
 def exit_without_teardown(code: int) -> None:

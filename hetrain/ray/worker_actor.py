@@ -48,11 +48,13 @@ class WorkerActor:
 def run_worker(spec, store_address: tuple[str, int], fn, args: tuple) -> tuple:
     """The body of ``WorkerActor.run``: returns (kind, value, detail) as a local worker's result message."""
     from hetrain.jobs.heartbeat import start_heartbeat
+    from hetrain.jobs.worker_process import name_process
     from hetrain.ray.channels import WorkerChannels
     from hetrain.ray.driver_store import connect
 
     host, port = store_address
     rank = spec.rank
+    name_process(spec.name)  # hetrain-wR (hetrain-wR.I for a replacement) in ps and /proc, as local workers
 
     def driver_lost(error) -> None:
         print(f"hetrain: worker {rank} lost the job's driver (its store at {host}:{port} stopped answering: "

@@ -117,14 +117,18 @@ class SendWindow:
                 if not self._queue:
                     return
                 works, _ = self._queue[0]
+            began = time.monotonic()
             try:
                 for work in works:
                     work.wait(timeout)
             except Exception as exc:  # a timeout or a lost peer: the poster raises it
                 detail = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+                waited = time.monotonic() - began
+                what = (f"did not complete within {self.timeout_s:.0f} s" if waited >= 0.9 * self.timeout_s
+                        else f"failed after {waited:.1f} s")  # gloo gives up at once on a closed connection
                 with self._cond:
-                    self._error = (f"{self.owner}: a send to worker {self.peer} did not complete within "
-                                   f"{self.timeout_s:.0f} s (did worker {self.peer} exit?): {detail}")
+                    self._error = (f"{self.owner}: a send to worker {self.peer} {what} "
+                                   f"(did worker {self.peer} exit?): {detail}")
                     self._queue.clear()
                     self._cond.notify_all()
                 return

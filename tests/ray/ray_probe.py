@@ -43,4 +43,13 @@ def hook_form_hop(ctx, steps: int):
             if done % 10 == 0:
                 ctx.report({"iteration": done, "computed": done})
     return {"weights": torch.nn.utils.parameters_to_vector(model.parameters()).detach().tolist(),
-            "node": where(), "steps": done}
+            "node": where(), "steps": done, "name": process_name()}
+
+
+def process_name() -> str | None:
+    """This process's name as ps and /proc show it (Linux; None elsewhere)."""
+    try:
+        with open("/proc/self/comm") as handle:
+            return handle.read().strip()
+    except OSError:
+        return None

@@ -45,6 +45,8 @@ def test_a_users_own_loop_survives_a_killed_actor(joined):
     assert kill.killed and results[1] is None
     assert [d["rank"] for d in results.deaths] == [1]
     survivors = [results[0], results[2]]
+    if survivors[0]["name"] is not None:  # named as local workers are, not as Ray's worker process
+        assert [r["name"] for r in survivors] == ["hetrain-w0", "hetrain-w2"]
     assert max(r["steps"] for r in survivors) >= 3000 and min(r["steps"] for r in survivors) > 30, \
         [r["steps"] for r in survivors]  # trained on past the death (Hop stops on the job's iteration)
     # each pulled towards its own target (0, 2): only the final average makes their weights one
