@@ -13,7 +13,8 @@ line ``ray::WorkerActor...``; a replacement's too) and SIGKILLs one of them at r
 any actor exists, or after the job ended, finds none and is counted as such.
 
 A run *survived* when the call returns a record (no error) in which the averaged model reaches 0.9
-test accuracy. Writes OUT/ray_chaos.json and prints one line per run.
+test accuracy. Writes OUT/ray_chaos.json, each run's record and log under OUT/MODE-I/, and prints one
+line per run.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def strike(at_s: float, began: float, rng: random.Random, log: dict, done: threa
         log["kill"] = f"pid {pid} gone"
 
 
-def one_run(address: str, mode: str, args, rng: random.Random) -> dict:
+def one_run(address: str, mode: str, args, rng: random.Random, out_dir: Path | None = None) -> dict:
     from hetrain.ray.training import run_training_ray
 
     config = job_config(args, 4, args.budget, mode)
@@ -83,7 +84,7 @@ def one_run(address: str, mode: str, args, rng: random.Random) -> dict:
     thread = threading.Thread(target=strike, args=(at_s, began, rng, log, done), daemon=True)
     thread.start()
     try:
-        metrics = run_training_ray(config, None, address, {"CPU": 1}, progress=False)
+        metrics = run_training_ray(config, str(out_dir) if out_dir else None, address, {"CPU": 1}, progress=False)
         log.update(survived=metrics["final_accuracy_avg_model"] >= 0.9, lost=metrics["workers_lost"],
                    joined=metrics["workers_joined"], accuracy=round(metrics["final_accuracy_avg_model"], 4))
     except Exception as error:  # noqa: BLE001 - a failed job is what this counts
@@ -115,8 +116,8 @@ def main(argv=None) -> int:
     try:
         ray.init(address=cluster.address, _node_ip_address="127.0.0.1")
         for mode in args.modes.split(","):
-            for _ in range(args.runs):
-                rows.append(one_run(cluster.address, mode, args, rng))
+            for index in range(args.runs):
+                rows.append(one_run(cluster.address, mode, args, rng, out / f"{mode}-{index}"))
                 print(json.dumps(rows[-1]), flush=True)
     finally:
         ray.shutdown()

@@ -100,8 +100,9 @@ class LauncherMembership(Membership):
 
     def __init__(self, dead_flags, incarnation_counts, rank: int, incarnation: int,
                  report: Callable[[object], None], wait_frozen: Callable[[float], bool],
-                 finished_flags=None, stop_flags=None):
+                 finished_flags=None, stop_flags=None, ready_flags=None):
         self._dead = dead_flags
+        self._ready = ready_flags
         self._finished = finished_flags
         self._stops = stop_flags
         self._incarnations = incarnation_counts
@@ -129,6 +130,11 @@ class LauncherMembership(Membership):
 
     def announce_settled(self) -> None:
         self._report({"settled": self.incarnation})
+
+    def note_ready(self) -> None:
+        """Mark this rank ready, as the start barrier does (a loop without the barrier: at its first step)."""
+        if self._ready is not None:
+            self._ready[self.rank] = 1
 
     def record_finish(self, update_stops, token_stops) -> None:
         """Before sending its STOPs: say whom they go to, then that this worker has finished."""

@@ -51,6 +51,7 @@ from typing import Any
 
 from hetrain.errors import WorkerError
 from hetrain.faults import Fault
+from hetrain.jobs import start_gate
 from hetrain.jobs.deaths import DeathRecords, Replacements
 from hetrain.jobs.failure_report import failure_error, write_log
 from hetrain.jobs.fault_injection import FaultSchedule
@@ -357,10 +358,19 @@ class LocalJob:
         if awaited != incarnation or self.channels.incarnations[rank] != incarnation or self.channels.closing.is_set():
             self.replacements.forget(rank)  # a replacement that has since died, or came too late
             return
-        if self.replacements.admitting():  # one at a time (docs/decisions.md, "Replacements admitted one at a time")
+        if not self._may_admit():
             self.replacements.deferred.append((rank, incarnation))
             return
         self._admit(rank, incarnation)
+
+    def _may_admit(self) -> bool:
+        """Whether a ready replacement may join now: one at a time (docs/decisions.md, "Replacements
+        admitted one at a time"), and only once the start gate is open, i.e. every original is ready (its
+        protocol built: at the start barrier or its first step) or dead. A survivor that built its protocol
+        after a replacement was admitted took it for an original: it waited for its handshake and never sent
+        it a model (a kill during start-up on Ray, 2 of 6; docs/decisions.md, "A replacement admitted
+        during start-up")."""
+        return not self.replacements.admitting() and start_gate.admits_replacements(self.channels.go)
 
     def _admit(self, rank: int, incarnation: int) -> None:
         if self.on_join is not None:  # first (e.g. the Group Generator re-admits it), then the others see it
@@ -373,7 +383,7 @@ class LocalJob:
         neighbours admitted together each waited for the other's model, which neither had (Hop: "worker
         0 (a replacement) waited 60 s for a model from its in-neighbours [1, 5]", three ranks of a ring
         lost with one node)."""
-        while self.replacements.deferred and not self.replacements.admitting() and not self.channels.closing.is_set():
+        while self.replacements.deferred and self._may_admit() and not self.channels.closing.is_set():
             rank, incarnation = self.replacements.deferred.pop(0)
             if (self.replacements.joining.get(rank, {}).get("incarnation") == incarnation
                     and self.channels.incarnations[rank] == incarnation and self.workers.alive(rank)):

@@ -41,3 +41,10 @@ def open_if_ready(ready_flags, dead_flags, go) -> bool:
         go.set()
         return True
     return False
+
+
+def admits_replacements(go) -> bool:
+    """Launcher side, ``respawn``: whether a ready replacement may join, i.e. the job has started (the go
+    is given: every original ready or dead). Before it, an original still building its protocol would take
+    the replacement for an original: it would wait for its handshake and never send it a model."""
+    return go.is_set()

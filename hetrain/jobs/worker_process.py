@@ -156,7 +156,7 @@ def join_job(spec: WorkerSpec, rank: int, store, channels, report, imported: flo
     device = select_gpu(rank) if spec.device == "cuda" else torch.device("cpu")
     membership = None if spec.on_failure == "abort" else LauncherMembership(
         channels.dead, channels.incarnations, rank, spec.incarnation, report, channels.closing.wait,
-        channels.finished, channels.stops)
+        channels.finished, channels.stops, channels.ready)
     ctx = WorkerContext(rank, spec.world_size, device, spec.timeout_s, report=report,
                         start_gate=StartGate(channels.ready, channels.go, channels.dead, rank),
                         hold_phases=frozenset(spec.hold_phases),

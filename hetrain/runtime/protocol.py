@@ -142,6 +142,12 @@ class SyncProtocol:
         self.joining = self.incarnation > 0  # a replacement joining a running job
         if self.joining:  # the deaths so far (a rank dead now comes back as a rejoin)
             self.dead = set(self.dead_workers()) - {self.job.rank}
+        elif self._membership is not None:
+            # an original knows the job as it started, every rank at process 0: a rank replaced before this
+            # worker built its protocol (a death during start-up) is a join at its first look, owed a model.
+            # Taken as an original, it was waited on for tokens while it waited for a model (Ray, start-up
+            # kills: "worker 1 waited 60 s for a token from worker(s) [0]", docs/decisions.md)
+            self.incarnations = [0] * self.job.world_size
         self.comm = (comm or comm_carrier.CommSettings()).validate(self.job.world_size)
         self._outer = _outer_step(model, self.comm)
         gossip = self._outer is not None and self.outer_gossips_anchors
@@ -214,6 +220,8 @@ class SyncProtocol:
         if self._finished:
             raise RuntimeError(f"{self.name}: step() after finish()")
         synchronize(self.job.device)  # on a GPU: the step's kernels count as compute, not as the wait after
+        if self.stats.iterations == 0:
+            self.membership.note_ready()  # built: replacements may join now (no start barrier in some loops)
         if self._outer is not None:
             self._outer.pending_capture = False  # the anchor is the model the first step started from
         now = time.perf_counter()

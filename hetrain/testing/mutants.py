@@ -240,6 +240,20 @@ def int4_one_value_per_byte() -> None:
     codecs.Int4.decode = decode
 
 
+def admitted_before_start() -> None:
+    """The launcher admits a ready replacement while originals are still building their protocols."""
+    from hetrain.jobs import start_gate
+
+    start_gate.admits_replacements = lambda go: True
+
+
+def ready_only_at_the_barrier() -> None:
+    """A protocol's first step does not mark its worker ready (only ``ctx.start_barrier()`` does)."""
+    from hetrain.jobs.context import LauncherMembership
+
+    LauncherMembership.note_ready = lambda self: None
+
+
 def stale_replicas_across_edges() -> None:
     """Hop keeps counting a receiver as holding its public copy through a gap in their edge."""
     from hetrain.runtime.hop import Hop
@@ -453,6 +467,7 @@ MUTANTS = {"no-comm": no_comm, "replacements-admitted-together": replacements_ad
            "fingerprint-without-comm": fingerprint_without_comm, "free-collectives": free_collectives,
            "topk-random-indices": topk_random_indices, "decoders-scaled": decoders_scaled,
            "int4-one-value-per-byte": int4_one_value_per_byte,
+           "admitted-before-start": admitted_before_start, "ready-only-at-the-barrier": ready_only_at_the_barrier,
            "stale-replicas-across-edges": stale_replicas_across_edges, "free-gg-requests": free_gg_requests,
            "no-shared-start": no_shared_start, "plan-shards-frozen": plan_shards_frozen,
            "plan-bias-on-every-rank": plan_bias_on_every_rank, "plan-flat-reductions": plan_flat_reductions}

@@ -49,6 +49,10 @@ class Membership:
     def announce_joined(self, timeout_s: float) -> None:
         """A replacement: tell whoever admits it that this process is ready (nothing to tell here)."""
 
+    def note_ready(self) -> None:
+        """This worker's protocol is built and stepping (its first step): a launcher that admits
+        replacements waits for every original to be ready or dead first. A no-op here."""
+
     def announce_settled(self) -> None:
         """A replacement: tell whoever admits it that this process now holds the job's model (nothing
         to tell here). Until then it has nothing to bring to the final average."""

@@ -16,9 +16,11 @@ import pytest
 
 from hetrain.config import RunConfig
 from hetrain.errors import WorkerError
+from hetrain.jobs.context import LauncherMembership
 from hetrain.jobs.deaths import Replacements
 from hetrain.jobs.local_job import LocalJob
 from hetrain.jobs.run import run_training
+from hetrain.jobs.start_gate import open_if_ready
 from hetrain.runtime import consensus
 from hetrain.transport.membership import Membership
 
@@ -71,7 +73,9 @@ def test_a_replacement_that_settled_is_left_alone_and_a_second_close_changes_not
 def _launcher(n=6):
     """A LocalJob's membership bookkeeping alone (no processes): what its join and close rules use."""
     job = LocalJob.__new__(LocalJob)
-    job.channels = SimpleNamespace(closing=threading.Event(), dead=[0] * n, incarnations=[0] * n)
+    job.channels = SimpleNamespace(closing=threading.Event(), dead=[0] * n, incarnations=[0] * n,
+                                   ready=[1] * n, go=threading.Event())
+    job.channels.go.set()  # the job has started: every original ready
     job.replacements, job.workers, job.on_join, job.on_death = Replacements(), _Processes(n), None, None
     job.progress = {}
     return job
@@ -99,6 +103,33 @@ def test_replacements_are_admitted_one_at_a_time_each_once_the_one_before_holds_
     job._admit_deferred()
     assert job.channels.dead == [0] * 6
     assert [j["rank"] for j in job.replacements.joined] == [0, 1, 5]
+
+
+def test_no_replacement_joins_before_every_original_is_ready():
+    """A kill during start-up on Ray: the replacement was admitted while a slow original was still
+    building its protocol, which took it for an original, waited for its handshake and sent it no model
+    ("worker 1 (a replacement) waited 60 s for a model from its in-neighbours [0, 2]")."""
+    job = _launcher(4)
+    job.channels.go.clear()
+    job.channels.ready = [1, 0, 0, 1]  # 1 died before it was ready; 2 is still building its protocol
+    _ready(job, 1)
+    assert job.channels.dead == [0, 1, 0, 0] and job.replacements.deferred == [(1, 1)]
+    job._admit_deferred()
+    assert job.channels.dead[1] == 1  # still waiting: the gate is shut
+    job.channels.ready[2] = 1
+    open_if_ready(job.channels.ready, job.channels.dead, job.channels.go)  # the launcher's watch loop
+    job._admit_deferred()
+    assert job.channels.dead == [0, 0, 0, 0] and [j["rank"] for j in job.replacements.joined] == [1]
+
+
+def test_a_protocols_first_step_marks_its_worker_ready_as_the_start_barrier_does():
+    """A loop without ``ctx.start_barrier()`` (the barrier is optional in a user's own loop) still
+    opens the way for replacements once its protocol has stepped."""
+    ready = [0, 0]
+    membership = LauncherMembership([0, 0], [0, 0], 1, 0, lambda message: None, lambda timeout: True,
+                                    ready_flags=ready)
+    membership.note_ready()
+    assert ready == [0, 1]
 
 
 def test_a_replacement_waiting_its_turn_is_stopped_when_the_job_ends():

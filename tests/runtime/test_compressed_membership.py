@@ -59,6 +59,7 @@ def test_replicas_equal_their_senders_copies_after_a_death_a_replacement_and_a_s
     results = run_local(_recorded, 4, (time.time() + 12.0,), on_failure="respawn", kills=[(2.5, 2)],
                         faults=[Fault(2, "phase", phase=SECOND_DEATH)], timeout_s=20)
     assert len(results) == 4
+    assert all(result is not None for result in results), "a rank ended without a live worker (not replaced)"
     assert {rank: incarnation for rank, incarnation, _, _ in results}[2] == 2  # killed twice, replaced twice
     by_sender = {}  # (rank, incarnation) -> iteration -> [(dsts, checksum)]: a resend repeats an iteration
     for rank, incarnation, sent, _ in results:

@@ -96,6 +96,9 @@ COMM_MUTANTS = {
         "tests/runtime/test_comm_protocols.py::test_neighbours_that_start_from_one_model_skip_the_first_keyframe"],
     "stale-replicas-across-edges": ["tests/runtime/test_compressed_membership.py"],
     "topk-random-indices": ["tests/compression/test_codecs.py::test_topk_keeps_exactly_the_largest_values_and_nothing_else"],
+    "admitted-before-start": [
+        "tests/jobs/test_replacement_at_the_end.py::test_no_replacement_joins_before_every_original_is_ready"],
+    "ready-only-at-the-barrier": ["tests/runtime/test_compressed_membership.py"],
     "int4-one-value-per-byte": ["tests/compression/test_codecs.py::test_int4_holds_its_grid_exactly_in_half_a_byte_per_value"],
     "plan-shards-frozen": [f"{PT}::test_a_planned_cnn_learns_digits_and_every_checked_step_equals_the_whole_model"],
     "plan-bias-on-every-rank": [f"{PT}::test_every_split_type_unequal_ratios_and_a_residual_join_train_exactly"],
