@@ -60,24 +60,35 @@ class BFloat16(Codec):
         return payload.view(torch.bfloat16).to(_F32)
 
 
+def _quantize_blocks(x: torch.Tensor, numel: int, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scales, integers): ``x`` in blocks of INT8_BLOCK, each as integers in [-levels, levels] times its
+    block's scale (largest magnitude / levels), rounded to nearest; the integers as float32, ``numel`` long."""
+    x = x.reshape(-1).to(_F32)
+    blocks = math.ceil(numel / INT8_BLOCK)
+    padded = torch.nn.functional.pad(x, (0, blocks * INT8_BLOCK - numel)).view(blocks, INT8_BLOCK)
+    scale = padded.abs().amax(dim=1) / float(levels)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return scale, torch.round(padded / scale[:, None]).clamp_(-levels, levels).reshape(-1)[:numel]
+
+
+def _dequantize_blocks(scale: torch.Tensor, q: torch.Tensor, numel: int) -> torch.Tensor:
+    """The inverse of :func:`_quantize_blocks`: ``q`` (float32 integers) times its block's scale."""
+    blocks = scale.numel()
+    q = torch.nn.functional.pad(q, (0, blocks * INT8_BLOCK - numel)).view(blocks, INT8_BLOCK)
+    return (q * scale[:, None]).reshape(-1)[:numel]
+
+
 class Int8(Codec):
     """Blocks of INT8_BLOCK values, each int8 times its own scale (absmax / 127), rounded to nearest."""
 
     def encode(self, x):
-        x = x.reshape(-1).to(_F32)
-        blocks = math.ceil(self.numel / INT8_BLOCK)
-        padded = torch.nn.functional.pad(x, (0, blocks * INT8_BLOCK - self.numel)).view(blocks, INT8_BLOCK)
-        scale = padded.abs().amax(dim=1) / 127.0
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-        q = torch.round(padded / scale[:, None]).clamp_(-127, 127).to(torch.int8).reshape(-1)[: self.numel]
-        return _as_bytes(scale, q)
+        scale, q = _quantize_blocks(x, self.numel, 127)
+        return _as_bytes(scale, q.to(torch.int8))
 
     def decode(self, payload):
         blocks = math.ceil(self.numel / INT8_BLOCK)
-        scale = payload[: 4 * blocks].view(_F32)
         q = payload[4 * blocks:].view(torch.int8).to(_F32)
-        q = torch.nn.functional.pad(q, (0, blocks * INT8_BLOCK - self.numel)).view(blocks, INT8_BLOCK)
-        return (q * scale[:, None]).reshape(-1)[: self.numel]
+        return _dequantize_blocks(payload[: 4 * blocks].view(_F32), q, self.numel)
 
 
 class Int4(Codec):
@@ -85,12 +96,8 @@ class Int4(Codec):
     rounded to nearest; two per byte (the even value in the low half). The scales come first."""
 
     def encode(self, x):
-        x = x.reshape(-1).to(_F32)
-        blocks = math.ceil(self.numel / INT8_BLOCK)
-        padded = torch.nn.functional.pad(x, (0, blocks * INT8_BLOCK - self.numel)).view(blocks, INT8_BLOCK)
-        scale = padded.abs().amax(dim=1) / 7.0
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-        q = (torch.round(padded / scale[:, None]).clamp_(-7, 7) + 8).to(torch.uint8).reshape(-1)[: self.numel]
+        scale, q = _quantize_blocks(x, self.numel, 7)
+        q = (q + 8).to(torch.uint8)
         if q.numel() % 2:
             q = torch.nn.functional.pad(q, (0, 1), value=8)
         pairs = q.view(-1, 2)
@@ -98,11 +105,9 @@ class Int4(Codec):
 
     def decode(self, payload):
         blocks = math.ceil(self.numel / INT8_BLOCK)
-        scale = payload[: 4 * blocks].view(_F32)
         packed = payload[4 * blocks:]
         q = torch.stack([packed & 0x0F, packed >> 4], dim=1).reshape(-1)[: self.numel].to(_F32) - 8.0
-        q = torch.nn.functional.pad(q, (0, blocks * INT8_BLOCK - self.numel)).view(blocks, INT8_BLOCK)
-        return (q * scale[:, None]).reshape(-1)[: self.numel]
+        return _dequantize_blocks(payload[: 4 * blocks].view(_F32), q, self.numel)
 
 
 class TopK(Codec):

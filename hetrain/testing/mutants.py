@@ -231,11 +231,9 @@ def int4_one_value_per_byte() -> None:
 
     def decode(self, payload):
         blocks = -(-self.numel // codecs.INT8_BLOCK)
-        scale = payload[: 4 * blocks].view(torch.float32)
         low = payload[4 * blocks:] & 0x0F
         q = torch.stack([low, low], dim=1).reshape(-1)[: self.numel].to(torch.float32) - 8.0
-        q = torch.nn.functional.pad(q, (0, blocks * codecs.INT8_BLOCK - self.numel)).view(blocks, codecs.INT8_BLOCK)
-        return (q * scale[:, None]).reshape(-1)[: self.numel]
+        return codecs._dequantize_blocks(payload[: 4 * blocks].view(torch.float32), q, self.numel)
 
     codecs.Int4.decode = decode
 
