@@ -366,10 +366,9 @@ class LocalJob:
     def _may_admit(self) -> bool:
         """Whether a ready replacement may join now: one at a time (docs/decisions.md, "Replacements
         admitted one at a time"), and only once the start gate is open, i.e. every original is ready (its
-        protocol built: at the start barrier or its first step) or dead. A survivor that built its protocol
-        after a replacement was admitted took it for an original: it waited for its handshake and never sent
-        it a model (a kill during start-up on Ray, 2 of 6; docs/decisions.md, "A replacement admitted
-        during start-up")."""
+        protocol built: at the start barrier or its first step) or dead. An original still in its handshake
+        would wait for the replacement's, which a replacement never sends (docs/decisions.md, "A
+        replacement admitted during start-up")."""
         return not self.replacements.admitting() and start_gate.admits_replacements(self.channels.go)
 
     def _admit(self, rank: int, incarnation: int) -> None:
