@@ -22,6 +22,7 @@ from hetrain.protocols.options import OptionError
 
 WORKLOADS = ("mlp", "cnn", "synthetic", "lm")
 OPTIMIZERS = ("sgd", "adamw")
+DATA_SPLITS = ("shard", "whole")  # what each worker samples from (hetrain.data.make_sampler)
 # What a workload uses when the run does not say: optimizer, its learning rate, seconds between
 # model snapshots (accuracy/loss over time), and for lm the validation loss time_to_target_s aims at.
 WORKLOAD_DEFAULTS = {
@@ -47,6 +48,7 @@ class RunConfig:
     workload: str = "mlp"  # mlp | cnn on digits, synthetic (model size = model_params), lm (byte-level GPT)
     model_params: int = 1_000_000  # synthetic workload only
     batch_size: int = 32
+    data_split: str = "shard"  # shard: each worker its rank::world slice; whole: every worker the whole set (data.py)
     optimizer: str | None = None  # None: the workload's (sgd; adamw for lm)
     lr: float | None = None  # None: the optimizer's default (sgd 0.1, adamw 1e-3)
     momentum: float = 0.9  # sgd only
@@ -149,6 +151,8 @@ class RunConfig:
             value = getattr(self, name)
             if value is not None and value < minimum:
                 raise OptionError(f"{{{name}}} must be at least {minimum}, got {value}")
+        if self.data_split not in DATA_SPLITS:
+            raise OptionError(f"unknown {{data_split}} {self.data_split!r}; choose one of {', '.join(DATA_SPLITS)}")
         if self.compute_ms is not None and self.compute_ms < 0:
             raise OptionError(f"{{compute_ms}} must be >= 0, got {self.compute_ms}")
         for name in ("time_budget_s", "lr", "target_loss", "eval_interval_s", "timeout_s", "checkpoint_every_s"):

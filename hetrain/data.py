@@ -6,7 +6,10 @@
   parameters -- to set the communication volume to realistic sizes;
 * ``lm``: a byte-level GPT on Python's documentation text (:mod:`hetrain.lm`).
 
-Each worker trains on its own shard of the training set with its own seed.
+Each worker trains on its own shard of the training set with its own seed, or (``split="whole"``)
+on the whole set with its own seed: with a worker that is always slow, its shard is sampled a
+fraction as often as the others' and the job under-fits it (docs/decisions.md, "The straggler's
+shard"); drawing from the whole set leaves no part of the data behind.
 One loss for all (cross-entropy over the last dimension of the logits) and one
 evaluation, :func:`evaluate`: (accuracy, loss) on the test/validation set.
 """
@@ -95,13 +98,16 @@ def build_model(workload: str, model_params: int = 1_000_000, seed: int = 0) -> 
     return nn.Sequential(nn.Linear(SYNTHETIC_FEATURES, hidden), nn.ReLU(), nn.Linear(hidden, NUM_CLASSES))
 
 
-def make_sampler(workload: str, data: Dataset, rank: int, world_size: int, batch_size: int, seed: int):
-    """Worker ``rank``'s endless batches: ``sampler.next() -> (x, y)``."""
+def make_sampler(workload: str, data: Dataset, rank: int, world_size: int, batch_size: int, seed: int,
+                 split: str = "shard"):
+    """Worker ``rank``'s endless batches: ``sampler.next() -> (x, y)``; ``split``: ``shard`` (its own slice)
+    or ``whole`` (the whole training set; the seed is still the worker's own)."""
+    shards = world_size if split == "shard" else 1
     if workload == "lm":
         from hetrain.lm import TextSampler
 
-        return TextSampler(data.x_train, rank, world_size, batch_size, seed)
-    return ShardSampler(data, rank, world_size, batch_size, seed)
+        return TextSampler(data.x_train, rank, world_size, batch_size, seed, shards=shards)
+    return ShardSampler(data, rank, world_size, batch_size, seed, shards=shards)
 
 
 def loss_fn(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -116,11 +122,14 @@ def make_optimizer(name: str, params, lr: float, momentum: float) -> torch.optim
 
 
 class ShardSampler:
-    """Endless shuffled mini-batches from worker ``rank``'s shard (rank::world of the training set)."""
+    """Endless shuffled mini-batches from worker ``rank``'s shard (rank::shards of the training set; by default
+    one shard per worker, ``shards=1``: the whole set)."""
 
-    def __init__(self, data: Dataset, rank: int, world_size: int, batch_size: int, seed: int):
-        self.x = data.x_train[rank::world_size]
-        self.y = data.y_train[rank::world_size]
+    def __init__(self, data: Dataset, rank: int, world_size: int, batch_size: int, seed: int,
+                 shards: int | None = None):
+        shards = world_size if shards is None else shards
+        self.x = data.x_train[rank % shards::shards]
+        self.y = data.y_train[rank % shards::shards]
         self.batch_size = min(batch_size, len(self.x))
         self.gen = torch.Generator().manual_seed(seed * 1_000_003 + rank)
         self._order = torch.empty(0, dtype=torch.long)

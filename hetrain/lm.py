@@ -109,9 +109,10 @@ class TextSampler:
     """Endless random windows (x: bytes t..t+T-1, y: bytes t+1..t+T) from worker ``rank``'s shard."""
 
     def __init__(self, train: torch.Tensor, rank: int, world_size: int, batch_size: int, seed: int,
-                 context: int = CONTEXT):
-        shard = len(train) // world_size
-        self.tokens = train[rank * shard : (rank + 1) * shard]
+                 context: int = CONTEXT, shards: int | None = None):
+        shards = world_size if shards is None else shards  # 1: every worker the whole text
+        shard = len(train) // shards
+        self.tokens = train[(rank % shards) * shard : (rank % shards + 1) * shard]
         self.context = context
         self.batch_size = batch_size
         self.gen = torch.Generator().manual_seed(seed * 1_000_003 + rank)

@@ -37,6 +37,7 @@ def _bad(capsys, tmp_path, *args):
     (["--slowdown", "9:5x", "--workers", "4"], "names worker 9"),
     (["--protocol", "dpsgd", "--topology", "hypercube", "--workers", "6"], "power-of-two"),
     (["--compute-ms", "-5"], "--compute-ms must be >= 0"),
+    (["--data-split", "halves"], "--data-split: invalid choice"),
     (["--protocol", "prague", "--workers", "4", "--group-size", "5"], "--group-size must be between 1"),
     (["--iterations", "x"], "invalid int value"),
 ])

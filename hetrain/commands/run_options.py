@@ -13,7 +13,7 @@ import argparse
 import warnings
 
 from hetrain.comm.settings import comm_fields, flag_of
-from hetrain.config import OPTIMIZERS, WORKLOADS, RunConfig
+from hetrain.config import DATA_SPLITS, OPTIMIZERS, WORKLOADS, RunConfig
 from hetrain.errors import UsageError
 from hetrain.registry import PROTOCOL_NAMES, all_option_fields, get_spec, protocols_using
 
@@ -46,6 +46,10 @@ def add_run_options(parser: argparse.ArgumentParser, defaults: RunConfig) -> Non
     g.add_argument("--model-params", type=int, default=defaults.model_params,
                    help="parameters of the synthetic model (communication volume)")
     g.add_argument("--batch-size", type=int, default=defaults.batch_size)
+    g.add_argument("--data-split", choices=DATA_SPLITS, default=defaults.data_split,
+                   help="shard (default): each worker samples its own slice of the training set; whole: every "
+                        "worker samples the whole set with its own seed, so a worker that is always slow "
+                        "leaves no slice under-trained (the simulator's math always samples the whole set)")
     g.add_argument("--optimizer", choices=OPTIMIZERS, default=defaults.optimizer,
                    help="default: sgd (momentum 0.9), adamw for lm")
     g.add_argument("--lr", type=float, default=defaults.lr, help="default: 0.1 for sgd, 0.001 for adamw")
@@ -150,7 +154,8 @@ def config_from_args(args: argparse.Namespace, **overrides) -> RunConfig:
     values = protocol_values(args)
     fields = dict(
         protocol=protocol, num_workers=args.workers, workload=args.workload,
-        model_params=args.model_params, batch_size=args.batch_size, optimizer=args.optimizer, lr=args.lr,
+        model_params=args.model_params, batch_size=args.batch_size, data_split=args.data_split,
+        optimizer=args.optimizer, lr=args.lr,
         momentum=args.momentum, target_loss=args.target_loss,
         seed=args.seed, slowdown=args.slowdown, compute_ms=args.compute_ms, iterations=args.iterations,
         time_budget_s=args.time_budget_s, target_accuracy=args.target_accuracy,

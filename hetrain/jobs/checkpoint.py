@@ -34,7 +34,8 @@ from hetrain.protocols.options import OptionError
 
 FORMAT = 1
 MANIFEST = "manifest.json"
-FINGERPRINT_FIELDS = ("protocol", "num_workers", "workload", "model_params", "batch_size", "momentum", "seed")
+FINGERPRINT_FIELDS = ("protocol", "num_workers", "workload", "model_params", "batch_size", "data_split", "momentum",
+                      "seed")
 def comm_fingerprint(comm) -> dict:
     """The communication settings a checkpoint's protocol state depends on (outer anchor and momentum, local-step
     position, compression replicas): those :class:`~hetrain.comm.settings.CommSettings` marks ``state`` (the
@@ -86,6 +87,7 @@ def prepare(directory: str, config, resume: bool) -> bool:
     expected = json.loads(json.dumps(fingerprint(config)))  # the same JSON round trip as the saved one
     for name, default in comm_fingerprint(comm_carrier.CommSettings()).items():  # a manifest written before they were
         saved.setdefault(name, default)  # recorded: the defaults
+    saved.setdefault("data_split", "shard")  # likewise
     differing = sorted(k for k in set(saved) | set(expected) if saved.get(k) != expected.get(k))
     if differing:
         flags = comm_carrier.state_settings()

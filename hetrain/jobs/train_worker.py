@@ -71,7 +71,8 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
     clock = PhaseClock(ctx.phases)
     data = data if data is not None else load_dataset(config.workload, config.seed)
     model = build_model(config.workload, config.model_params, config.seed).to(ctx.device)
-    sampler = make_sampler(config.workload, data, ctx.rank, ctx.world_size, config.batch_size, config.seed)
+    sampler = make_sampler(config.workload, data, ctx.rank, ctx.world_size, config.batch_size, config.seed,
+                           config.data_split)
     slowdown = parse_slowdown(config.slowdown, config.seed).check_workers(ctx.world_size)
     math_s = measure_math_s(model, sampler, ctx.device)
     base_s = config.compute_ms / 1000.0 if config.compute_ms else math_s  # 0 or None: real compute

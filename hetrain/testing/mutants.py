@@ -252,6 +252,14 @@ def ready_only_at_the_barrier() -> None:
     LauncherMembership.note_ready = lambda self: None
 
 
+def data_split_ignored() -> None:
+    """``--data-split whole`` samples each worker's shard all the same."""
+    from hetrain import data
+
+    make = data.make_sampler
+    data.make_sampler = lambda *args, split="shard", **kwargs: make(*args, **kwargs)
+
+
 def stale_replicas_across_edges() -> None:
     """Hop keeps counting a receiver as holding its public copy through a gap in their edge."""
     from hetrain.runtime.hop import Hop
@@ -465,7 +473,7 @@ MUTANTS = {"no-comm": no_comm, "replacements-admitted-together": replacements_ad
            "fingerprint-without-comm": fingerprint_without_comm, "free-collectives": free_collectives,
            "topk-random-indices": topk_random_indices, "decoders-scaled": decoders_scaled,
            "int4-one-value-per-byte": int4_one_value_per_byte,
-           "admitted-before-start": admitted_before_start, "ready-only-at-the-barrier": ready_only_at_the_barrier,
+           "admitted-before-start": admitted_before_start, "data-split-ignored": data_split_ignored, "ready-only-at-the-barrier": ready_only_at_the_barrier,
            "stale-replicas-across-edges": stale_replicas_across_edges, "free-gg-requests": free_gg_requests,
            "no-shared-start": no_shared_start, "plan-shards-frozen": plan_shards_frozen,
            "plan-bias-on-every-rank": plan_bias_on_every_rank, "plan-flat-reductions": plan_flat_reductions}
