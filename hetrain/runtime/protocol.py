@@ -292,11 +292,8 @@ class SyncProtocol:
         worker's speed board reads them (None: nothing measured yet)."""
         if self._speeds is None:
             return None
-        own = self._step_timer.step_s
-        fastest, slowest = self._speeds.fastest(own, exclude=self.dead), self._speeds.slowest(own, exclude=self.dead)
-        if not fastest or not slowest:
-            return None
-        return steps_per_exchange(self.sync_every, slowest, fastest)
+        times = self._speeds.times(self._step_timer.step_s, exclude=self.dead)
+        return steps_per_exchange(self.sync_every, max(times), min(times)) if times else None
 
     def _pay_vote(self, nbytes: int) -> None:
         """A small all-reduce over the whole group (a stop vote) pays the emulated links: its ring's bytes

@@ -31,8 +31,9 @@ class SpeedBoard:
         if self.store is not None and step_s:
             self.store.set(str(self.rank), repr(float(step_s)))
 
-    def fastest(self, own_step_s: float | None, exclude=()) -> float | None:
-        """The smallest step time known among the workers not in ``exclude`` (this one's included)."""
+    def times(self, own_step_s: float | None, exclude=()) -> list[float]:
+        """The step times known of the workers not in ``exclude``, this one's (``own_step_s``) included;
+        the store is read at most every ``REFRESH_S``."""
         now = time.monotonic()
         if self.store is not None and now - self._read_at >= REFRESH_S:
             self._read_at = now
@@ -40,15 +41,11 @@ class SpeedBoard:
         times = [t for r, t in self._known.items() if r not in exclude and r != self.rank]
         if own_step_s:
             times.append(own_step_s)
-        return min(times) if times else None
+        return times
 
-    def slowest(self, own_step_s: float | None, exclude=()) -> float | None:
-        """The largest step time known among the workers not in ``exclude`` (this one's included)."""
-        self.fastest(own_step_s, exclude)  # the same refresh
-        times = [t for r, t in self._known.items() if r not in exclude and r != self.rank]
-        if own_step_s:
-            times.append(own_step_s)
-        return max(times) if times else None
+    def fastest(self, own_step_s: float | None, exclude=()) -> float | None:
+        """The smallest step time known among the workers not in ``exclude`` (this one's included)."""
+        return min(self.times(own_step_s, exclude), default=None)
 
     def _refresh(self) -> None:
         if not self._all_written:
