@@ -22,7 +22,7 @@ from hetrain.protocols.options import OptionError
 
 WORKLOADS = ("mlp", "cnn", "synthetic", "lm")
 OPTIMIZERS = ("sgd", "adamw")
-DATA_SPLITS = ("shard", "whole")  # what each worker samples from (hetrain.data.make_sampler)
+DATA_SPLITS = ("balanced", "shard", "whole")  # what each worker samples from (hetrain.data.make_sampler)
 # What a workload uses when the run does not say: optimizer, its learning rate, seconds between
 # model snapshots (accuracy/loss over time), and for lm the validation loss time_to_target_s aims at.
 WORKLOAD_DEFAULTS = {
@@ -48,7 +48,8 @@ class RunConfig:
     workload: str = "mlp"  # mlp | cnn on digits, synthetic (model size = model_params), lm (byte-level GPT)
     model_params: int = 1_000_000  # synthetic workload only
     batch_size: int = 32
-    data_split: str = "shard"  # shard: each worker its rank::world slice; whole: every worker the whole set (data.py)
+    data_split: str = "balanced"  # shard: each worker its rank::world slice; balanced: and the slow workers'
+    # slices while it is fast (shard_balance.py); whole: every worker the whole set (data.py)
     optimizer: str | None = None  # None: the workload's (sgd; adamw for lm)
     lr: float | None = None  # None: the optimizer's default (sgd 0.1, adamw 1e-3)
     momentum: float = 0.9  # sgd only

@@ -100,14 +100,29 @@ def build_model(workload: str, model_params: int = 1_000_000, seed: int = 0) -> 
 
 def make_sampler(workload: str, data: Dataset, rank: int, world_size: int, batch_size: int, seed: int,
                  split: str = "shard"):
-    """Worker ``rank``'s endless batches: ``sampler.next() -> (x, y)``; ``split``: ``shard`` (its own slice)
-    or ``whole`` (the whole training set; the seed is still the worker's own)."""
-    shards = world_size if split == "shard" else 1
+    """Worker ``rank``'s endless batches: ``sampler.next() -> (x, y)``; ``split``: ``shard`` (its own slice),
+    ``whole`` (the whole training set; the seed is still the worker's own) or ``balanced`` (its own slice, and
+    the slices of workers slower than the fair rate while it is faster: :mod:`hetrain.shard_balance`; the
+    rates come through ``sampler.set_rates``)."""
+    shards = 1 if split == "whole" else world_size
     if workload == "lm":
         from hetrain.lm import TextSampler
 
-        return TextSampler(data.x_train, rank, world_size, batch_size, seed, shards=shards)
-    return ShardSampler(data, rank, world_size, batch_size, seed, shards=shards)
+        build = lambda shard: TextSampler(data.x_train, shard, world_size, batch_size, seed, shards=shards)  # noqa: E731
+    else:
+        build = lambda shard: ShardSampler(data, shard, world_size, batch_size, seed, shards=shards)  # noqa: E731
+
+    def of_shard(shard: int, generator_seed: int | None = None):
+        sampler = build(shard)
+        if generator_seed is not None:  # a shard drawn by another worker than its owner: that worker's own order
+            sampler.gen.manual_seed(generator_seed)
+        return sampler
+
+    if split == "balanced" and world_size > 1:
+        from hetrain.shard_balance import BalancedSampler
+
+        return BalancedSampler(of_shard, rank, world_size, seed)
+    return of_shard(rank)
 
 
 def loss_fn(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -1,15 +1,20 @@
-"""What each worker samples: its own shard (the default) or the whole training set (``--data-split whole``)."""
+"""What each worker samples: its own shard and the slow workers' (``balanced``, the default), its own shard alone, or
+the whole training set (``--data-split whole``)."""
 
 import json
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from hetrain import data as data_plane
 from hetrain.config import RunConfig
 from hetrain.data import load_dataset
 from hetrain.jobs import checkpoint
+from hetrain.jobs.rate_board import RateBoard
+from hetrain.jobs.run import run_training
 from hetrain.protocols.options import OptionError
+from hetrain.shard_balance import shard_mix
 
 
 def _rows_seen(sampler, data, draws=200):
@@ -21,7 +26,7 @@ def _rows_seen(sampler, data, draws=200):
 def test_a_shard_is_its_slice_and_the_whole_split_reaches_every_sample_with_each_workers_own_seed():
     data = load_dataset("mlp")
     n = len(data.x_train)
-    shard = _rows_seen(data_plane.make_sampler("mlp", data, 1, 4, 32, 0), data)
+    shard = _rows_seen(data_plane.make_sampler("mlp", data, 1, 4, 32, 0, split="shard"), data)
     assert shard == set(range(1, n, 4))  # worker 1 of 4: rows 1, 5, 9, ... and no other
     whole = [data_plane.make_sampler("mlp", data, rank, 4, 32, 0, split="whole") for rank in (0, 1)]
     assert _rows_seen(whole[1], data) == set(range(n))  # the whole set, the other workers' rows too
@@ -31,7 +36,7 @@ def test_a_shard_is_its_slice_and_the_whole_split_reaches_every_sample_with_each
 
 def test_the_lm_text_is_split_the_same_way():
     data = load_dataset("lm")
-    shard = data_plane.make_sampler("lm", data, 1, 4, 2, 0)
+    shard = data_plane.make_sampler("lm", data, 1, 4, 2, 0, split="shard")
     whole = data_plane.make_sampler("lm", data, 1, 4, 2, 0, split="whole")
     assert len(shard.tokens) == len(data.x_train) // 4 and len(whole.tokens) == len(data.x_train)
 
@@ -42,3 +47,77 @@ def test_a_checkpoint_resumes_only_with_the_split_it_was_written_with(tmp_path):
     again = RunConfig(num_workers=2, iterations=2, checkpoint_dir=str(tmp_path), resume=True, data_split="shard")
     with pytest.raises(OptionError, match="data_split was 'whole', now 'shard'"):
         checkpoint.prepare(str(tmp_path), again, resume=True)
+
+
+# --data-split balanced (the default): hetrain.shard_balance, hetrain.jobs.rate_board
+
+def _shard_rates(rates):
+    """Batches per second each shard gets when every worker follows its mix."""
+    got = [0.0] * len(rates)
+    for rank, rate in enumerate(rates):
+        for shard, p in shard_mix(rates, rank).items():
+            got[shard] += rate * p
+    return got
+
+
+@pytest.mark.parametrize("rates", [[4, 20, 20, 20, 20, 20, 20, 20], [0, 10, 10, 10], [3, 14, 30, 5, 12, 1]])
+def test_every_shard_is_sampled_at_the_fair_rate_when_the_workers_differ_in_speed(rates):
+    fair = sum(rates) / len(rates)
+    for rank in range(len(rates)):
+        assert sum(shard_mix(rates, rank).values()) == pytest.approx(1.0)
+        if rates[rank] <= fair:
+            assert shard_mix(rates, rank) == {rank: 1.0}  # a worker at or below the fair rate keeps to its shard
+    got = _shard_rates(rates)
+    assert got == pytest.approx([fair] * len(rates))  # each shard: its owner's share and the gifts, fair in all
+    assert sum(got) == pytest.approx(sum(rates))  # nothing drawn twice, nothing lost
+
+
+def test_at_nearly_equal_speeds_each_worker_keeps_to_its_shard_exactly_as_shard_does():
+    rates = [19.5, 20.0, 20.4, 21.0]  # jitter within the dead band
+    assert all(shard_mix(rates, rank) == {rank: 1.0} for rank in range(4))
+    data = load_dataset("mlp")
+    balanced = data_plane.make_sampler("mlp", data, 2, 4, 32, 0, split="balanced")
+    balanced.set_rates(rates)
+    shard = data_plane.make_sampler("mlp", data, 2, 4, 32, 0, split="shard")
+    for _ in range(20):
+        assert torch.equal(balanced.next()[0], shard.next()[0])
+
+
+def test_a_fast_worker_draws_the_slow_workers_shard_in_the_share_the_mix_gives():
+    data = load_dataset("mlp")
+    n = len(data.x_train)
+    fast = data_plane.make_sampler("mlp", data, 1, 4, 8, 0, split="balanced")
+    fast.set_rates([5.0, 20.0, 20.0, 20.0])  # fair 16.25: shard 0 is 11.25 short, each fast worker gives 3.75
+    assert fast.mix.get(0, 0.0) == pytest.approx(3.75 / 20.0)
+    seen = _rows_seen(fast, data, draws=400)
+    assert seen <= set(range(0, n, 4)) | set(range(1, n, 4))  # its own rows and the slow worker's, nothing else
+    assert fast.drawn[0] / sum(fast.drawn) == pytest.approx(3.75 / 20.0, abs=0.05)
+    state = fast.state_dict()
+    again = data_plane.make_sampler("mlp", data, 1, 4, 8, 0, split="balanced")
+    again.set_rates([5.0, 20.0, 20.0, 20.0])
+    again.load_state_dict(state)
+    assert all(torch.equal(fast.next()[0], again.next()[0]) for _ in range(30))  # a resume continues the stream
+
+
+def test_the_rate_board_reads_each_workers_batches_per_second_on_the_readers_clock():
+    store = dist.HashStore()
+    now = [0.0]
+    boards = [RateBoard(store, rank, 2, refresh_s=0.5, window_s=2.0, clock=lambda: now[0]) for rank in range(2)]
+    seen = None
+    for tick in range(9):  # worker 0 computes 2 batches per tick of 0.5 s, worker 1 ten
+        now[0] = tick * 0.5
+        boards[1].note(10 * tick)
+        seen = boards[0].note(2 * tick) or seen
+    assert seen == pytest.approx([4.0, 20.0])
+
+
+def test_a_straggler_s_shard_is_trained_by_the_fast_workers_in_a_real_run(tmp_path):
+    config = RunConfig(protocol="hop", num_workers=4, slowdown="0:4x", compute_ms=20, time_budget_s=4.0,
+                       data_split="balanced", eval_interval_s=10.0)
+    workers = sorted(run_training(config, str(tmp_path), progress=False)["workers"], key=lambda w: w["rank"])
+    by_shard = [w["batches_by_shard"] for w in workers]
+    assert by_shard[0][1:] == [0, 0, 0]  # the straggler keeps to its own shard
+    for rank in (1, 2, 3):
+        others = [count for shard, count in enumerate(by_shard[rank]) if shard not in (0, rank)]
+        assert by_shard[rank][0] > 0 and others == [0, 0]  # the fast ones give to shard 0 only
+    assert sum(row[0] for row in by_shard) > 1.3 * by_shard[0][0]

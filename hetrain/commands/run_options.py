@@ -47,9 +47,11 @@ def add_run_options(parser: argparse.ArgumentParser, defaults: RunConfig) -> Non
                    help="parameters of the synthetic model (communication volume)")
     g.add_argument("--batch-size", type=int, default=defaults.batch_size)
     g.add_argument("--data-split", choices=DATA_SPLITS, default=defaults.data_split,
-                   help="shard (default): each worker samples its own slice of the training set; whole: every "
-                        "worker samples the whole set with its own seed, so a worker that is always slow "
-                        "leaves no slice under-trained (the simulator's math always samples the whole set)")
+                   help="balanced (default): each worker samples its own slice of the training set, and a "
+                        "worker faster than the mean also samples the slices of workers slower than it, so "
+                        "every slice is trained at the same rate; shard: each worker its own slice only; "
+                        "whole: every worker the whole set with its own seed (the simulator's math always "
+                        "samples the whole set)")
     g.add_argument("--optimizer", choices=OPTIMIZERS, default=defaults.optimizer,
                    help="default: sgd (momentum 0.9), adamw for lm")
     g.add_argument("--lr", type=float, default=defaults.lr, help="default: 0.1 for sgd, 0.001 for adamw")

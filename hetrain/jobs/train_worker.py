@@ -24,6 +24,7 @@ from hetrain.jobs.context import WorkerContext
 from hetrain.jobs.emulation import ComputeEmulator
 from hetrain.jobs.meter import WindowMeter, peak_rss_mb, tcp_connections
 from hetrain.jobs.phases import PhaseClock
+from hetrain.jobs.rate_board import RateBoard
 from hetrain.jobs.snapshots import SnapshotKeeper
 from hetrain.loggers.protocol_logger import worker_figures
 from hetrain.slowdown import parse_slowdown
@@ -101,6 +102,7 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
     host_copy = lambda: state.gather_model().cpu()  # noqa: E731 (snapshots wait on the host, not the GPU)
     meter = WindowMeter()
     emulator = ComputeEmulator(math_s)
+    rates = RateBoard(protocol.job.store, ctx.rank, ctx.world_size) if hasattr(sampler, "set_rates") else None
     stop_requested = ctx.stop_requested or (lambda: False)
 
     clock.lap("setup_s")
@@ -127,6 +129,8 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
             ctx.enter_phase("checkpoint")
             _save(config, ctx.rank, model, optimizer, sampler, protocol)
             checkpoints.mark()
+        if rates is not None and (known := rates.note(computed)) is not None:
+            sampler.set_rates(known)  # --data-split balanced: the shards in deficit (hetrain.shard_balance)
         emulator.sleep(base_s * slowdown.factor(ctx.rank, computed))
         began = time.perf_counter()
         x, y = sampler.next()
@@ -168,6 +172,8 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
                   tcp_connections_training=connections_training, tcp_connections_end=tcp_connections(),
                   throughput_series=meter.finish(loop_s), checkpoints_saved=checkpoints.saved if checkpoints else 0,
                   incarnation=ctx.incarnation, started_t_s=ctx.clock_offset_s)
+    if hasattr(sampler, "drawn"):  # --data-split balanced: batches taken from each shard
+        worker["batches_by_shard"] = list(sampler.drawn)
     if ctx.device.type == "cuda":  # what this worker's tensors held on its GPU at most (scripts/gpu-check)
         worker["gpu_peak_mb"] = round(torch.cuda.max_memory_allocated(ctx.device) / 2**20, 1)
     # numpy, not tensors: tensors sent through a multiprocessing queue need the sender alive

@@ -260,6 +260,13 @@ def data_split_ignored() -> None:
     data.make_sampler = lambda *args, split="shard", **kwargs: make(*args, **kwargs)
 
 
+def balance_ignored() -> None:
+    """``--data-split balanced`` never hears the rates: every worker keeps to its own shard."""
+    from hetrain.shard_balance import BalancedSampler
+
+    BalancedSampler.set_rates = lambda self, rates: None
+
+
 def stale_replicas_across_edges() -> None:
     """Hop keeps counting a receiver as holding its public copy through a gap in their edge."""
     from hetrain.runtime.hop import Hop
@@ -473,7 +480,7 @@ MUTANTS = {"no-comm": no_comm, "replacements-admitted-together": replacements_ad
            "fingerprint-without-comm": fingerprint_without_comm, "free-collectives": free_collectives,
            "topk-random-indices": topk_random_indices, "decoders-scaled": decoders_scaled,
            "int4-one-value-per-byte": int4_one_value_per_byte,
-           "admitted-before-start": admitted_before_start, "data-split-ignored": data_split_ignored, "ready-only-at-the-barrier": ready_only_at_the_barrier,
+           "admitted-before-start": admitted_before_start, "data-split-ignored": data_split_ignored, "balance-ignored": balance_ignored, "ready-only-at-the-barrier": ready_only_at_the_barrier,
            "stale-replicas-across-edges": stale_replicas_across_edges, "free-gg-requests": free_gg_requests,
            "no-shared-start": no_shared_start, "plan-shards-frozen": plan_shards_frozen,
            "plan-bias-on-every-rank": plan_bias_on_every_rank, "plan-flat-reductions": plan_flat_reductions}
