@@ -19,6 +19,10 @@ its speed-up, whatever the link.
 decentralized protocol with ``--outer-optimizer nesterov`` and with ``none`` (issue 36). Goal:
 nesterov reaches 95% no later than none, by the averaged model and by the worst worker's own model.
 
+``outer-complete``: the control of ``outer``: D-PSGD on the complete graph (every worker averages with
+all, so each exchange is DiLoCo's outer step on the averaged pseudo-gradient, as the outer-step test
+checks to 1e-12; here with int8 and ``local_work="auto"`` as in ``outer``), nesterov and none.
+
 ``consensus``: no gradients, the runtime's own D-PSGD (issue 36): with outer Nesterov (lr 0.7,
 momentum 0.9), the spread after 60 exchanges over its start on exponential and torus graphs of 8
 and 16 workers (goal <= 1e-9, plain gossip's rate); with ``local_work="auto"`` and unequal steps,
@@ -142,8 +146,8 @@ def goals(bench: str, rows: list[dict], runs: dict) -> list[str]:
                          f"{'met' if sooner and sooner >= 3 else 'MISSED'}), bytes/sample {_f(fewer, '.1f')}x fewer "
                          f"(goal 20x: {'met' if fewer and fewer >= 20 else 'MISSED'})"
                          + ("" if plain["time_to_target_s"] else " (plain never reached 95%: a lower bound)"))
-    if bench == "outer":
-        for protocol in DECENTRALIZED:
+    if bench in ("outer", "outer-complete"):
+        for protocol in (DECENTRALIZED if bench == "outer" else ("dpsgd-complete",)):
             nesterov, none = by.get(f"{protocol}-nesterov"), by.get(f"{protocol}-none")
             if not nesterov or not none:
                 continue
@@ -200,6 +204,10 @@ def plan(bench: str) -> list[tuple[str, dict]]:
     if bench == "outer":
         return [(f"{p}-{outer}", dict(DIGITS, protocol=p, sync_every=8, compression="int8", local_work="auto",
                                       outer_optimizer=outer)) for p in DECENTRALIZED for outer in ("nesterov", "none")]
+    if bench == "outer-complete":  # the same on the complete graph: DiLoCo's own outer step, the control
+        return [(f"dpsgd-complete-{outer}", dict(DIGITS, protocol="dpsgd", options={"topology": "complete"}, sync_every=8,
+                                                 compression="int8", local_work="auto", outer_optimizer=outer))
+                for outer in ("nesterov", "none")]
     if bench == "table":
         return [(f"{p}-h{h}-{c.replace(':', '')}", dict(DIGITS, protocol=p, sync_every=h, compression=c))
                 for p in ("hop", "prague") for h in (1, 4, 16, 64) for c in ("none", "int8", "topk:0.01")]
@@ -212,7 +220,8 @@ def plan(bench: str) -> list[tuple[str, dict]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("bench", choices=("digits", "digits-auto", "outer", "table", "lm", "consensus"))
+    parser.add_argument("bench", choices=("digits", "digits-auto", "outer", "outer-complete", "table", "lm",
+                                                   "consensus"))
     parser.add_argument("--out", default="runs/comm")
     parser.add_argument("--budget", type=float, default=None, help="seconds per run (default 120; lm 300)")
     parser.add_argument("--only", default=None, help="comma-separated run names to run (default: all)")

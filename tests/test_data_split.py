@@ -111,6 +111,23 @@ def test_the_rate_board_reads_each_workers_batches_per_second_on_the_readers_clo
     assert seen == pytest.approx([4.0, 20.0])
 
 
+def test_a_few_batches_give_no_rate_at_all():
+    """Steps of seconds (the LM): a count of 3 against 2 would read as a worker 1.5x faster; no rate until the
+    fastest has counted enough, so lockstep workers never give their batches away."""
+    store = dist.HashStore()
+    now = [0.0]
+    boards = [RateBoard(store, rank, 2, refresh_s=0.5, window_s=2.0, clock=lambda: now[0]) for rank in range(2)]
+    for tick in range(40):  # 20 s; worker 0 one batch every 2 ticks, worker 1 one every 3
+        now[0] = tick * 0.5
+        boards[1].note(tick // 3)
+        assert boards[0].note(tick // 2) is None
+    for tick in range(40, 60):
+        now[0] = tick * 0.5
+        boards[1].note(tick // 3)
+        rates = boards[0].note(tick // 2)
+    assert rates == pytest.approx([1.0, 2 / 3], rel=0.1)  # once 20 batches are counted: over 20 s or more
+
+
 def test_a_straggler_s_shard_is_trained_by_the_fast_workers_in_a_real_run(tmp_path):
     config = RunConfig(protocol="hop", num_workers=4, slowdown="0:4x", compute_ms=20, time_budget_s=4.0,
                        data_split="balanced", eval_interval_s=10.0)

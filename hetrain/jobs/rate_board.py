@@ -2,11 +2,14 @@
 
 Every ``REFRESH_S`` a worker writes how many batches it has computed under its
 rank and reads everyone's count (one ``multi_get`` once all have written). A
-worker's rate is the growth of its count over the last ``WINDOW_S`` of the
-reader's own clock, so no two machines' clocks are compared; a worker that
-died, or waits in its protocol, stops counting and reads as slow. A replacement
-starts its count again from 0: its rate reads 0 until the window has passed the
-restart. The store is the control plane every job has (torchrun's, the local
+worker's rate is the growth of its count over a window of the reader's own
+clock, so no two machines' clocks are compared: the newest window of at least
+``WINDOW_S`` in which the fastest worker computed at least ``MIN_BATCHES``
+batches (a count of a few batches is too coarse a rate: with steps of seconds,
+one batch more or less reads as a worker twice as fast). Until there is one,
+no rates. A worker that died, or waits in its protocol, stops counting and
+reads as slow. A replacement starts its count again from 0: its rate reads 0
+until the window has passed the restart. The store is the control plane every job has (torchrun's, the local
 launcher's, Ray's); a few bytes per worker every half second.
 """
 
@@ -18,21 +21,24 @@ from collections import deque
 import torch.distributed as dist
 
 REFRESH_S = 0.5
-WINDOW_S = 4.0  # a worker 5x slower than 50 ms steps counts 16 batches in it
+WINDOW_S = 2.0  # at least; longer where the fastest worker has not yet counted:
+MIN_BATCHES = 20  # so a rate is good to about 5% for the fastest (the dead band is 10%)
+HISTORY = 1024  # counts kept (8.5 min at REFRESH_S): a job slower than MIN_BATCHES in that gets no rates
 
 
 class RateBoard:
     def __init__(self, store, rank: int, world_size: int, refresh_s: float = REFRESH_S,
-                 window_s: float = WINDOW_S, clock=time.monotonic):
+                 window_s: float = WINDOW_S, min_batches: int = MIN_BATCHES, clock=time.monotonic):
         self.store = dist.PrefixStore("rate/", store) if store is not None else None
         self.rank = rank
         self._keys = [str(r) for r in range(world_size)]
         self._all_written = False
         self.refresh_s = refresh_s
         self.window_s = window_s
+        self.min_batches = min_batches
         self.clock = clock
         self._at = None
-        self._history: deque[tuple[float, list[int]]] = deque()
+        self._history: deque[tuple[float, list[int]]] = deque(maxlen=HISTORY)
 
     def note(self, computed: int) -> list[float] | None:
         """Publish this worker's count; every ``refresh_s``, the rates of all workers once a window is
@@ -50,10 +56,8 @@ class RateBoard:
                 return None
         counts = [int(v) for v in self.store.multi_get(self._keys)]
         self._history.append((now, counts))
-        while len(self._history) > 2 and now - self._history[1][0] >= self.window_s:
-            self._history.popleft()
-        began, before = self._history[0]
-        if now - began < 2 * self.refresh_s:  # a first estimate after two refreshes, then over the window
-            return None
-        span = now - began
-        return [max(0, c - b) / span for c, b in zip(counts, before)]
+        for began, before in reversed(self._history):  # the newest window long enough and counted enough
+            growth = [max(0, c - b) for c, b in zip(counts, before)]
+            if now - began >= self.window_s and max(growth) >= self.min_batches:
+                return [g / (now - began) for g in growth]
+        return None

@@ -267,6 +267,19 @@ def balance_ignored() -> None:
     BalancedSampler.set_rates = lambda self, rates: None
 
 
+def rates_from_a_few_batches() -> None:
+    """The rate board reads a rate from any count, however coarse (one batch more reads as twice the speed)."""
+    from hetrain.jobs.rate_board import RateBoard
+
+    init = RateBoard.__init__
+
+    def coarse(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.min_batches = 1
+
+    RateBoard.__init__ = coarse
+
+
 def stale_replicas_across_edges() -> None:
     """Hop keeps counting a receiver as holding its public copy through a gap in their edge."""
     from hetrain.runtime.hop import Hop
@@ -480,7 +493,7 @@ MUTANTS = {"no-comm": no_comm, "replacements-admitted-together": replacements_ad
            "fingerprint-without-comm": fingerprint_without_comm, "free-collectives": free_collectives,
            "topk-random-indices": topk_random_indices, "decoders-scaled": decoders_scaled,
            "int4-one-value-per-byte": int4_one_value_per_byte,
-           "admitted-before-start": admitted_before_start, "data-split-ignored": data_split_ignored, "balance-ignored": balance_ignored, "ready-only-at-the-barrier": ready_only_at_the_barrier,
+           "admitted-before-start": admitted_before_start, "data-split-ignored": data_split_ignored, "balance-ignored": balance_ignored, "rates-from-a-few-batches": rates_from_a_few_batches, "ready-only-at-the-barrier": ready_only_at_the_barrier,
            "stale-replicas-across-edges": stale_replicas_across_edges, "free-gg-requests": free_gg_requests,
            "no-shared-start": no_shared_start, "plan-shards-frozen": plan_shards_frozen,
            "plan-bias-on-every-rank": plan_bias_on_every_rank, "plan-flat-reductions": plan_flat_reductions}

@@ -105,6 +105,7 @@ COMM_MUTANTS = {
     "balance-ignored": [
         "tests/test_data_split.py::test_a_fast_worker_draws_the_slow_workers_shard_in_the_share_the_mix_gives",
         "tests/test_data_split.py::test_a_straggler_s_shard_is_trained_by_the_fast_workers_in_a_real_run"],
+    "rates-from-a-few-batches": ["tests/test_data_split.py::test_a_few_batches_give_no_rate_at_all"],
     "int4-one-value-per-byte": ["tests/compression/test_codecs.py::test_int4_holds_its_grid_exactly_in_half_a_byte_per_value"],
     "plan-shards-frozen": [f"{PT}::test_a_planned_cnn_learns_digits_and_every_checked_step_equals_the_whole_model"],
     "plan-bias-on-every-rank": [f"{PT}::test_every_split_type_unequal_ratios_and_a_residual_join_train_exactly"],
