@@ -21,7 +21,7 @@ from collections import deque
 import torch.distributed as dist
 
 REFRESH_S = 0.5
-WINDOW_S = 2.0  # at least; longer where the fastest worker has not yet counted:
+WINDOW_S = 2.0  # at least; longer until the fastest worker has counted
 MIN_BATCHES = 20  # so a rate is good to about 5% for the fastest (the dead band is 10%)
 HISTORY = 1024  # counts kept (8.5 min at REFRESH_S): a job slower than MIN_BATCHES in that gets no rates
 
