@@ -138,3 +138,13 @@ def test_a_straggler_s_shard_is_trained_by_the_fast_workers_in_a_real_run(tmp_pa
         others = [count for shard, count in enumerate(by_shard[rank]) if shard not in (0, rank)]
         assert by_shard[rank][0] > 0 and others == [0, 0]  # the fast ones give to shard 0 only
     assert sum(row[0] for row in by_shard) > 1.3 * by_shard[0][0]
+
+
+def test_the_rate_board_keeps_only_the_counts_its_window_needs():
+    store = dist.HashStore()
+    now = [0.0]
+    board = RateBoard(store, 0, 1, refresh_s=0.5, window_s=2.0, clock=lambda: now[0])
+    for tick in range(200):  # 100 s at 20 batches per second
+        now[0] = tick * 0.5
+        board.note(10 * tick)
+    assert len(board._history) <= 6  # the 2 s window and the newest count, not 100 s of counts

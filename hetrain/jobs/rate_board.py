@@ -23,7 +23,8 @@ import torch.distributed as dist
 REFRESH_S = 0.5
 WINDOW_S = 2.0  # at least; longer until the fastest worker has counted
 MIN_BATCHES = 20  # so a rate is good to about 5% for the fastest (the dead band is 10%)
-HISTORY = 1024  # counts kept (8.5 min at REFRESH_S): a job slower than MIN_BATCHES in that gets no rates
+HISTORY = 1024  # counts kept at most (8.5 min at REFRESH_S; once a window is found, only from its start on):
+# a job slower than MIN_BATCHES in that gets no rates
 
 
 class RateBoard:
@@ -56,8 +57,11 @@ class RateBoard:
                 return None
         counts = [int(v) for v in self.store.multi_get(self._keys)]
         self._history.append((now, counts))
-        for began, before in reversed(self._history):  # the newest window long enough and counted enough
+        for index in range(len(self._history) - 1, -1, -1):  # the newest window long enough and counted enough
+            began, before = self._history[index]
             growth = [max(0, c - b) for c, b in zip(counts, before)]
             if now - began >= self.window_s and max(growth) >= self.min_batches:
+                for _ in range(index):  # older starts are never needed again: counts only grow
+                    self._history.popleft()
                 return [g / (now - began) for g in growth]
         return None
