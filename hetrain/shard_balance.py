@@ -88,11 +88,6 @@ class BalancedSampler:
         self.drawn[shard] += 1
         return self._sampler(shard).next()
 
-    def __getattr__(self, name):  # the own shard's attributes (x, y, tokens, batch_size)
-        if name == "samplers":
-            raise AttributeError(name)
-        return getattr(self.samplers[self.rank], name)
-
     def state_dict(self) -> dict:
         return {"balanced": True, "chooser": self.chooser.get_state(), "drawn": list(self.drawn),
                 "samplers": {j: s.state_dict() for j, s in self.samplers.items()}}
