@@ -190,10 +190,71 @@ class PowerSGD(Codec):
         return out
 
 
+class ScaledSign(Codec):
+    """One bit a value: blocks of INT8_BLOCK values, each its sign times the block's mean magnitude
+    (scaled sign, as in EF-SignSGD: Karimireddy et al., ICML'19; what it drops goes out with later
+    messages, see :mod:`hetrain.compression.gossip_codec`). The scales first, then eight signs a byte.
+    Not a ``--compress`` choice: the code of the outer momentum that travels beside a compressed model."""
+
+    def __init__(self, spec, numel, shapes=None):
+        self.spec, self.numel, self.shapes = spec, numel, shapes
+        self.blocks = math.ceil(numel / INT8_BLOCK)
+        self.payload_nbytes = 4 * self.blocks + math.ceil(numel / 8)
+
+    def encode(self, x):
+        x = x.reshape(-1).to(_F32)
+        padded = torch.nn.functional.pad(x, (0, self.blocks * INT8_BLOCK - self.numel)).view(self.blocks, INT8_BLOCK)
+        counts = torch.full((self.blocks,), float(INT8_BLOCK), device=x.device)
+        counts[-1] = self.numel - (self.blocks - 1) * INT8_BLOCK
+        scale = padded.abs().sum(dim=1) / counts
+        bits = (padded.reshape(-1)[: 8 * math.ceil(self.numel / 8)] >= 0).to(torch.uint8).view(-1, 8)
+        return _as_bytes(scale, (bits << torch.arange(8, dtype=torch.uint8, device=x.device)).sum(1, dtype=torch.uint8))
+
+    def decode(self, payload):
+        scale = payload[: 4 * self.blocks].clone().view(_F32)  # a slice of a larger payload may sit unaligned
+        bits = (payload[4 * self.blocks:, None] >> torch.arange(8, dtype=torch.uint8, device=payload.device)) & 1
+        signs = bits.reshape(-1)[: self.numel].to(_F32) * 2 - 1
+        return signs * scale.repeat_interleave(INT8_BLOCK)[: self.numel]
+
+
+class Split(Codec):
+    """The first ``head.numel`` values with ``head``, the rest with ``tail``: one payload, head's bytes first."""
+
+    def __init__(self, head: Codec, tail: Codec):
+        self.head, self.tail = head, tail
+        self.spec, self.shapes = head.spec, head.shapes
+        self.numel = head.numel + tail.numel
+        self.payload_nbytes = head.payload_nbytes + tail.payload_nbytes
+
+    def encode(self, x):
+        x = x.reshape(-1)
+        return torch.cat([self.head.encode(x[: self.head.numel]), self.tail.encode(x[self.head.numel:])])
+
+    def decode(self, payload):
+        cut = self.head.payload_nbytes
+        return torch.cat([self.head.decode(payload[:cut]), self.tail.decode(payload[cut:])])
+
+
 _CODECS = {"none": Identity, "bf16": BFloat16, "int8": Int8, "int4": Int4, "topk": TopK, "powersgd": PowerSGD}
 
 
-def make_codec(spec: str | CompressionSpec, numel: int, shapes: list[tuple] | None = None) -> Codec:
-    """The codec of ``spec`` for flat buffers of ``numel`` values (``shapes``: their tensors, for powersgd)."""
+def make_codec(spec: str | CompressionSpec, numel: int, shapes: list[tuple] | None = None,
+               head: int | None = None) -> Codec:
+    """The codec of ``spec`` for flat buffers of ``numel`` values (``shapes``: their tensors, for powersgd).
+
+    ``head``: where a buffer's first ``head`` values are a model and the rest its outer momentum (Hop and
+    D-PSGD with an outer SGD with momentum), the model goes with ``spec`` and the momentum one bit a value
+    (:class:`ScaledSign`); ``head`` = ``numel`` or None: all of it with ``spec``.
+    """
     spec = CompressionSpec.parse(spec)
-    return _CODECS[spec.kind](spec, numel, shapes)
+    if head is None or head >= numel:
+        return _CODECS[spec.kind](spec, numel, shapes)
+    head_shapes = None
+    if shapes is not None:  # the model's tensors: those that sum to ``head``
+        head_shapes, count = [], 0
+        for shape in shapes:
+            if count >= head:
+                break
+            head_shapes.append(shape)
+            count += math.prod(shape) if shape else 1
+    return Split(_CODECS[spec.kind](spec, head, head_shapes), ScaledSign(spec, numel - head))

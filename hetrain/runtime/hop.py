@@ -80,6 +80,7 @@ class Hop(SyncProtocol):
         print(sync.metrics()["updates_stale"])
     """
 
+    outer_mixes_momentum = True  # adapt then combine: the outer momentum travels beside the model
     name = "hop"
     options_class: type[HopOptions | DPSGDOptions] = HopOptions
 
@@ -107,8 +108,8 @@ class Hop(SyncProtocol):
         self._last_sent: tuple[int, torch.Tensor] | None = None  # continue mode: (iteration, model) last sent
         self._resend: tuple | None = None  # (new out-neighbours, iteration, model) owed after a repair
         self._neighbors_stopped = False
-        codec = make_codec(self.compression, self.state.numel, [tuple(t.shape) for t in self.state.tensors]) \
-            if self.compression.enabled else None
+        codec = make_codec(self.compression, self.state.numel, [tuple(t.shape) for t in self.state.tensors],
+                           head=self.state.model_numel) if self.compression.enabled else None
         self._public = PublicCopy(codec) if codec is not None else None  # what out-neighbours hold of this model
         self._replicas = ReplicaSet(codec, self.state.empty) if codec is not None else None  # of in-neighbours'
         self._model_bytes = self.state.numel * 4  # one model message as float32, for the compression ratio

@@ -15,11 +15,20 @@ each worker adapts with its own progress, the exchange combines. For SGD, with o
 without (Nesterov) momentum, the update is linear in the pseudo-gradients, so on
 the complete graph the average of the stepped anchors is DiLoCo's step on the
 averaged pseudo-gradient (every worker's anchor and momentum are the same there).
-Off the complete graph the momentum acts on each worker's progress alone, never
-on the workers' disagreement: with no progress the pseudo-gradient is zero, the
-momentum stays zero and the exchange is plain gossip (docs/decisions.md, "The
-outer step off the complete graph"). A message stays one model. Hop, D-PSGD and
-the parameter server work so.
+Off the complete graph the momentum acts on progress, never on the workers'
+disagreement: with no progress the pseudo-gradient is zero, the momentum stays
+zero and the exchange is plain gossip (docs/decisions.md, "The outer step off
+the complete graph"). Hop, D-PSGD and the parameter server work so.
+
+Hop and D-PSGD also mix the momentum buffers of an SGD outer optimizer as they
+mix the models (:meth:`mix_momentum`: the buffers travel in the flat state beside
+the model, one bit a value where the model is compressed), so each worker's next
+outer step starts from its neighbourhood's momentum as its next interval starts
+from its neighbourhood's model. On the complete graph the mixed buffer is DiLoCo's
+own (the mean of ``mu m + g_i`` is ``mu m + mean g``), so nothing changes there;
+on a ring each worker's unmixed momentum carried its own shard's direction and
+held its model 2x later to 95% than no outer optimizer (docs/decisions.md, "The
+outer momentum mixed beside the model").
 
 Prague's and AD-PSGD's groups change at every exchange, and a momentum of each
 worker's own progress there amplifies how unlike the workers' data are (measured:
@@ -60,6 +69,32 @@ class OuterStep:
         self.anchor = [p.detach().clone() for p in self.params]
         self.steps = 0
         self.pending_capture = True  # re-anchor at the first optimizer step (weights may be loaded before it)
+        self.momentum: list[torch.Tensor] = []  # see mix_momentum
+
+    def mix_momentum(self) -> list[torch.Tensor]:
+        """The momentum buffers, for the protocol to mix beside the models (adapt then combine: Hop,
+        D-PSGD; see the module docstring), where the optimizer is SGD with momentum and no dampening
+        (DiLoCo's): zeros until the first step, which is then torch's own first step (buf = g). Other
+        optimizers: none ([]), their state stays each worker's own."""
+        groups = self.optimizer.param_groups
+        if not isinstance(self.optimizer, torch.optim.SGD) or not all(
+                g.get("momentum", 0) > 0 and g.get("dampening", 0) == 0 for g in groups):
+            return []
+        self.momentum = [torch.zeros_like(p) for p in self.params]
+        self._bind_momentum()
+        return self.momentum
+
+    @torch.no_grad()
+    def _bind_momentum(self) -> None:
+        """The optimizer's momentum buffers are ours (the protocol's flat state mixes ours): a buffer it
+        holds that is not (its state loaded: ``load_state_dict`` builds new tensors) is copied into ours."""
+        for p, buffer in zip(self.params, self.momentum):
+            state = self.optimizer.state[p]
+            held = state.get("momentum_buffer")
+            if held is not buffer:
+                if held is not None:
+                    buffer.copy_(held)
+                state["momentum_buffer"] = buffer
 
     @torch.no_grad()
     def capture(self) -> None:
@@ -72,6 +107,7 @@ class OuterStep:
     def step(self) -> None:
         """Before an exchange: replace the model's parameters by the anchor stepped with this worker's
         pseudo-gradient ``anchor - model``."""
+        self._bind_momentum()
         saved = [p.grad for p in self.params]
         for p, anchor in zip(self.params, self.anchor):
             p.grad = anchor - p  # this worker's pseudo-gradient
@@ -87,6 +123,7 @@ class OuterStep:
         """After an exchange that averaged the anchors with the models (Prague, AD-PSGD: see the module
         docstring): the model holds the average, the anchor the anchors' average; replace the parameters
         by that anchor stepped with ``anchor - model``, the group's averaged pseudo-gradient."""
+        self._bind_momentum()
         saved = [p.grad for p in self.params]
         for p, anchor in zip(self.params, self.anchor):
             p.grad = anchor - p
@@ -117,4 +154,5 @@ class OuterStep:
                     anchor.copy_(saved)
             self.pending_capture = False
         self.optimizer.load_state_dict(state["optimizer"])
+        self._bind_momentum()
         self.steps = int(state.get("steps", 0))

@@ -114,6 +114,7 @@ class SyncProtocol:
 
     name = "base"
     outer_gossips_anchors = False  # True: the anchors are averaged beside the models (Prague, AD-PSGD)
+    outer_mixes_momentum = False  # True: the outer momentum is averaged beside the models (Hop, D-PSGD)
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *, options=None,
                  comm: CommSettings | None = None, process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -151,7 +152,10 @@ class SyncProtocol:
         self.comm = (comm or comm_carrier.CommSettings()).validate(self.job.world_size)
         self._outer = _outer_step(model, self.comm)
         gossip = self._outer is not None and self.outer_gossips_anchors
-        self.state = FlatState(model, extra=self._outer.anchor if gossip else [])  # anchors travel with the model
+        extra = self._outer.anchor if gossip else []  # anchors or momentum travel with the model
+        if self._outer is not None and self.outer_mixes_momentum:
+            extra = self._outer.mix_momentum()
+        self.state = FlatState(model, extra=extra)
         if gossip:
             self._outer.state = self.state
         self.stats = ProtocolStats()

@@ -69,3 +69,26 @@ def auto_gossip(ctx, topology: str, exchanges: int):
     before = model.w.detach().clone()
     sync.finish()
     return start.numpy(), before.numpy(), steps
+
+
+def momentum_after_progress(ctx, protocol: str, compression: str, exchanges: int):
+    """Outer Nesterov on a ring, ``sync_every=2``: 10 exchanges of progress toward each worker's own
+    target (its momentum then its own), then ``exchanges`` with none. Returns the outer momentum before
+    finish and the bytes of one update message."""
+    model = start_model(ctx.rank)
+    target = torch.full_like(model.w, 10.0 * (ctx.rank - 3.5))
+    inner = torch.optim.SGD(model.parameters(), lr=0.05)
+    outer = torch.optim.SGD(model.parameters(), **NESTEROV)
+    options = {"backup": 0, "staleness": 0, "skip_threshold": 0, "max_ig": 2} if protocol == "hop" else {}
+    cls = hetrain.Hop if protocol == "hop" else hetrain.DPSGD
+    sync = cls(model, inner, topology="ring", sync_every=2, outer_optimizer=outer, compression=compression, **options)
+    for step in range(2 * (10 + exchanges)):
+        if step == 20:
+            inner.param_groups[0]["lr"] = 0.0  # no progress from here on: only the exchanges move anything
+        inner.zero_grad()
+        ((model.w - target) ** 2).sum().backward()
+        inner.step()
+    momentum = outer.state[model.w]["momentum_buffer"].detach().clone()
+    nbytes = sync._public.codec.payload_nbytes if sync._public is not None else sync.state.nbytes
+    sync.finish()
+    return momentum.numpy(), nbytes

@@ -275,6 +275,21 @@ def no_dead_band() -> None:
     shard_balance.shard_mix = lambda rates, rank, dead_band=0.0: mix(rates, rank, 0.0)
 
 
+def momentum_unmixed() -> None:
+    """Hop and D-PSGD keep each worker's outer momentum its own (the models alone are mixed)."""
+    from hetrain.runtime.hop import Hop
+
+    Hop.outer_mixes_momentum = False
+
+
+def momentum_in_the_model_s_code() -> None:
+    """The outer momentum beside a compressed model goes in the model's code, not one bit a value."""
+    from hetrain.runtime import hop
+
+    make = hop.make_codec
+    hop.make_codec = lambda spec, numel, shapes=None, head=None: make(spec, numel, shapes)
+
+
 def rates_from_a_few_batches() -> None:
     """The rate board reads a rate from any count, however coarse (one batch more reads as twice the speed)."""
     from hetrain.jobs.rate_board import RateBoard
@@ -501,7 +516,8 @@ MUTANTS = {"no-comm": no_comm, "replacements-admitted-together": replacements_ad
            "fingerprint-without-comm": fingerprint_without_comm, "free-collectives": free_collectives,
            "topk-random-indices": topk_random_indices, "decoders-scaled": decoders_scaled,
            "int4-one-value-per-byte": int4_one_value_per_byte,
-           "admitted-before-start": admitted_before_start, "data-split-ignored": data_split_ignored, "balance-ignored": balance_ignored, "rates-from-a-few-batches": rates_from_a_few_batches, "no-dead-band": no_dead_band, "ready-only-at-the-barrier": ready_only_at_the_barrier,
+           "admitted-before-start": admitted_before_start, "data-split-ignored": data_split_ignored, "balance-ignored": balance_ignored, "rates-from-a-few-batches": rates_from_a_few_batches, "no-dead-band": no_dead_band,
+           "momentum-unmixed": momentum_unmixed, "momentum-in-the-model-s-code": momentum_in_the_model_s_code, "ready-only-at-the-barrier": ready_only_at_the_barrier,
            "stale-replicas-across-edges": stale_replicas_across_edges, "free-gg-requests": free_gg_requests,
            "no-shared-start": no_shared_start, "plan-shards-frozen": plan_shards_frozen,
            "plan-bias-on-every-rank": plan_bias_on_every_rank, "plan-flat-reductions": plan_flat_reductions}

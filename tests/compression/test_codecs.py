@@ -113,3 +113,20 @@ def test_int4_holds_its_grid_exactly_in_half_a_byte_per_value():
     payload = codec.encode(x)
     assert payload.numel() == 4 + 17
     assert torch.equal(codec.decode(payload), x)
+
+
+def test_a_model_beside_its_momentum_goes_in_its_own_code_and_the_momentum_one_bit_a_value():
+    """``head``: the model's values in int8, the rest (the outer momentum) as its signs times each
+    256-block's mean magnitude, eight to a byte; an odd count, two blocks, the momentum's bytes at an
+    offset that is no multiple of 4."""
+    model = torch.randn(301, generator=torch.Generator().manual_seed(0))
+    momentum = torch.cat([torch.full((256,), 2.0) * torch.tensor([1.0, -1.0]).repeat(128),
+                          torch.tensor([0.5, -1.5, 1.0])])  # block means 2.0 and 1.0
+    codec = make_codec("int8", 560, [(30, 10), (1,), (259,)], head=301)
+    payload = codec.encode(torch.cat([model, momentum]))
+    assert payload.numel() == codec.payload_nbytes == (2 * 4 + 301) + (2 * 4 + 33)
+    decoded = codec.decode(payload)
+    assert float((decoded[:301] - model).abs().max()) <= float(model.abs().max()) / 127
+    expected = torch.cat([momentum[:256], torch.tensor([1.0, -1.0, 1.0])])
+    assert torch.equal(decoded[301:], expected)
+    assert codec.head.shapes == [(30, 10), (1,)]
