@@ -282,6 +282,17 @@ def momentum_unmixed() -> None:
     Hop.outer_mixes_momentum = False
 
 
+def momentum_unbound_after_load() -> None:
+    """A loaded outer optimizer's new momentum tensors stay apart from the buffers the protocol mixes."""
+    from hetrain.runtime.outer_step import OuterStep
+
+    def bind_where_empty(self) -> None:
+        for p, buffer in zip(self.params, self.momentum):
+            self.optimizer.state[p].setdefault("momentum_buffer", buffer)
+
+    OuterStep._bind_momentum = bind_where_empty
+
+
 def momentum_in_the_model_s_code() -> None:
     """The outer momentum beside a compressed model goes in the model's code, not one bit a value."""
     from hetrain.runtime import hop
@@ -517,7 +528,7 @@ MUTANTS = {"no-comm": no_comm, "replacements-admitted-together": replacements_ad
            "topk-random-indices": topk_random_indices, "decoders-scaled": decoders_scaled,
            "int4-one-value-per-byte": int4_one_value_per_byte,
            "admitted-before-start": admitted_before_start, "data-split-ignored": data_split_ignored, "balance-ignored": balance_ignored, "rates-from-a-few-batches": rates_from_a_few_batches, "no-dead-band": no_dead_band,
-           "momentum-unmixed": momentum_unmixed, "momentum-in-the-model-s-code": momentum_in_the_model_s_code, "ready-only-at-the-barrier": ready_only_at_the_barrier,
+           "momentum-unmixed": momentum_unmixed, "momentum-unbound-after-load": momentum_unbound_after_load, "momentum-in-the-model-s-code": momentum_in_the_model_s_code, "ready-only-at-the-barrier": ready_only_at_the_barrier,
            "stale-replicas-across-edges": stale_replicas_across_edges, "free-gg-requests": free_gg_requests,
            "no-shared-start": no_shared_start, "plan-shards-frozen": plan_shards_frozen,
            "plan-bias-on-every-rank": plan_bias_on_every_rank, "plan-flat-reductions": plan_flat_reductions}

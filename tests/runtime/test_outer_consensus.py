@@ -236,3 +236,25 @@ def test_the_outer_momentum_is_mixed_as_the_models_are(protocol, compression):
         assert nbytes == (4 + 8) + (4 + 1)
     else:
         assert nbytes == 2 * 8 * 8  # float64 model and momentum
+
+
+def test_a_loaded_outer_optimizer_keeps_its_momentum_in_the_buffers_the_protocol_mixes():
+    """``load_state_dict`` builds new momentum tensors (a resume, a user's own load): the next outer
+    step copies them into the buffers the flat state mixes, and steps those."""
+    from hetrain.runtime.outer_step import OuterStep
+
+    model = nn.Linear(2, 1, bias=False).double()
+    outer = torch.optim.SGD(model.parameters(), **NESTEROV)
+    step = OuterStep(model, outer)
+    mixed = step.mix_momentum()
+    saved = {"state": {0: {"momentum_buffer": torch.tensor([[1.0, -2.0]], dtype=torch.float64)}},
+             "param_groups": outer.state_dict()["param_groups"]}
+    outer.load_state_dict(saved)
+    assert outer.state[model.weight]["momentum_buffer"] is not mixed[0]
+    step.capture()
+    with torch.no_grad():
+        model.weight.sub_(torch.tensor([[0.5, 0.5]], dtype=torch.float64))  # progress: pseudo-gradient 0.5
+    step.step()
+    assert outer.state[model.weight]["momentum_buffer"] is mixed[0]
+    assert torch.equal(mixed[0], torch.tensor([[0.9 * 1.0 + 0.5, 0.9 * -2.0 + 0.5]], dtype=torch.float64))
+    assert OuterStep(model, torch.optim.Adam(model.parameters())).mix_momentum() == []  # Adam's stays its own
