@@ -148,3 +148,31 @@ def test_the_rate_board_keeps_only_the_counts_its_window_needs():
         now[0] = tick * 0.5
         board.note(10 * tick)
     assert len(board._history) <= 6  # the 2 s window and the newest count, not 100 s of counts
+
+
+_ATTEMPTS = """
+import datetime, os, torch.distributed as dist
+from hetrain.jobs.rate_board import RateBoard
+from hetrain.transport.job import init, job_store
+agent = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=10))  # outlives attempts
+os.environ.update(TORCHELASTIC_USE_AGENT_STORE="True", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(agent.port),
+                  RANK="0", WORLD_SIZE="1")
+for attempt in ("dead", "restarted"):
+    init("gloo", timeout_s=10)  # as a worker under torchrun joins its attempt
+    board = RateBoard(job_store(), 0, 1)
+    print(attempt, board.store.check(["0"]))
+    board.note(500 if attempt == "dead" else 0)
+    dist.destroy_process_group()
+"""
+
+
+def test_a_restarted_torchrun_attempt_reads_no_count_of_the_dead_one():
+    """Under torchrun's agent store (one store across ``--max-restarts``) each attempt's job store has
+    the attempt's own prefix (hetrain.transport.job): the dead attempt's count of 500 is not on the
+    restarted attempt's board."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _ATTEMPTS], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["dead", "False", "restarted", "False"]
