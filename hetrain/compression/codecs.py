@@ -204,7 +204,7 @@ class ScaledSign(Codec):
     def encode(self, x):
         x = x.reshape(-1).to(_F32)
         padded = torch.nn.functional.pad(x, (0, self.blocks * INT8_BLOCK - self.numel)).view(self.blocks, INT8_BLOCK)
-        counts = torch.full((self.blocks,), float(INT8_BLOCK), device=x.device)
+        counts = torch.full((self.blocks,), float(INT8_BLOCK), dtype=_F32, device=x.device)  # not the default dtype
         counts[-1] = self.numel - (self.blocks - 1) * INT8_BLOCK
         scale = padded.abs().sum(dim=1) / counts
         bits = (padded.reshape(-1)[: 8 * math.ceil(self.numel / 8)] >= 0).to(torch.uint8).view(-1, 8)

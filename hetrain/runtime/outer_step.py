@@ -77,7 +77,8 @@ class OuterStep:
         (DiLoCo's): zeros until the first step, which is then torch's own first step (buf = g). Other
         optimizers: none ([]), their state stays each worker's own."""
         groups = self.optimizer.param_groups
-        if not isinstance(self.optimizer, torch.optim.SGD) or not all(
+        wrapped = getattr(self.optimizer, "optimizer", self.optimizer)  # Accelerate's AcceleratedOptimizer
+        if not isinstance(wrapped, torch.optim.SGD) or not all(
                 g.get("momentum", 0) > 0 and g.get("dampening", 0) == 0 for g in groups):
             return []
         self.momentum = [torch.zeros_like(p) for p in self.params]
@@ -87,12 +88,15 @@ class OuterStep:
     @torch.no_grad()
     def _bind_momentum(self) -> None:
         """The optimizer's momentum buffers are ours (the protocol's flat state mixes ours): a buffer it
-        holds that is not (its state loaded: ``load_state_dict`` builds new tensors) is copied into ours."""
+        holds that is not (its state loaded: ``load_state_dict`` builds new tensors) is copied into ours;
+        none at all (a loaded state without momentum, or before the first step) is a zero momentum."""
         for p, buffer in zip(self.params, self.momentum):
             state = self.optimizer.state[p]
             held = state.get("momentum_buffer")
             if held is not buffer:
-                if held is not None:
+                if held is None:
+                    buffer.zero_()
+                else:
                     buffer.copy_(held)
                 state["momentum_buffer"] = buffer
 

@@ -130,3 +130,16 @@ def test_a_model_beside_its_momentum_goes_in_its_own_code_and_the_momentum_one_b
     expected = torch.cat([momentum[:256], torch.tensor([1.0, -1.0, 1.0])])
     assert torch.equal(decoded[301:], expected)
     assert codec.head.shapes == [(30, 10), (1,)]
+
+
+def test_the_momentum_s_code_keeps_its_size_under_a_float64_default_dtype():
+    """The payload's size is the receivers' buffer size: a float64 default dtype must not widen the scales
+    (it did: 362 bytes where the receiver expected 354, and gloo aborted)."""
+    codec = make_codec("int8", 600, head=300)
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        payload = codec.encode(torch.randn(600, dtype=torch.float64))
+    finally:
+        torch.set_default_dtype(saved)
+    assert payload.numel() == codec.payload_nbytes == (2 * 4 + 300) + (2 * 4 + 300 // 8 + 1)

@@ -257,4 +257,8 @@ def test_a_loaded_outer_optimizer_keeps_its_momentum_in_the_buffers_the_protocol
     step.step()
     assert outer.state[model.weight]["momentum_buffer"] is mixed[0]
     assert torch.equal(mixed[0], torch.tensor([[0.9 * 1.0 + 0.5, 0.9 * -2.0 + 0.5]], dtype=torch.float64))
+    outer.load_state_dict({"state": {}, "param_groups": saved["param_groups"]})  # a state without momentum
+    step.capture()
+    step.step()  # no progress: a zero momentum stays zero (the old one would have decayed to 0.9x)
+    assert float(mixed[0].abs().max()) == 0.0
     assert OuterStep(model, torch.optim.Adam(model.parameters())).mix_momentum() == []  # Adam's stays its own
