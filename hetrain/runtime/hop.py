@@ -112,7 +112,7 @@ class Hop(SyncProtocol):
                            head=self.state.model_numel) if self.compression.enabled else None
         self._public = PublicCopy(codec) if codec is not None else None  # what out-neighbours hold of this model
         self._replicas = ReplicaSet(codec, self.state.empty) if codec is not None else None  # of in-neighbours'
-        self._model_bytes = self.state.numel * 4  # one model message as float32, for the compression ratio
+        self._model_bytes = self.state.numel * 4  # one message (model, outer momentum) as float32: the compression ratio
         self.stats.extra.update(uncompressed_bytes=0, compressed_bytes=0)
         self.channels = self.transport.channels(self.state.numel, self.state.dtype, self._on_message,
                                                 self._on_channel_error, tolerate_lost_peers=self.tolerant,

@@ -152,8 +152,10 @@ class SyncProtocol:
         self.comm = (comm or comm_carrier.CommSettings()).validate(self.job.world_size)
         self._outer = _outer_step(model, self.comm)
         gossip = self._outer is not None and self.outer_gossips_anchors
-        extra = self._outer.anchor if gossip else []  # anchors or momentum travel with the model
-        if self._outer is not None and self.outer_mixes_momentum:
+        extra = []  # what travels with the model: the anchors (combine, then adapt) or the outer momentum
+        if gossip:
+            extra = self._outer.anchor
+        elif self._outer is not None and self.outer_mixes_momentum:
             extra = self._outer.mix_momentum()
         self.state = FlatState(model, extra=extra)
         if gossip:
