@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/chaos_bench.py --out runs/chaos                       # the sweep (hours)
     .venv/bin/python benchmarks/chaos_bench.py --out runs/chaos --runs 4 --stops 1 --budget 15   # quicker
+    .venv/bin/python benchmarks/chaos_bench.py --protocols hop --train-args "--sync-every 8 --compress int8"
 
 Each run is a `hetrain train` command, as a user would start it (8 workers, digits MLP, 50 ms of
 emulated compute, worker 0 five times slower, `--on-failure continue` or `respawn`). A thread
@@ -25,6 +26,7 @@ import argparse
 import json
 import os
 import random
+import shlex
 import signal
 import subprocess
 import sys
@@ -40,10 +42,11 @@ HANG_GRACE_S = 120.0
 STARTUP_ESTIMATE_S = 3.0
 
 
-def one_run(protocol: str, mode: str, sig: int, rank: int, at_s: float, budget_s: float, out: Path) -> dict:
+def one_run(protocol: str, mode: str, sig: int, rank: int, at_s: float, budget_s: float, out: Path,
+            train_args: tuple[str, ...] = ()) -> dict:
     command = [sys.executable, "-m", "hetrain", "train", "--protocol", protocol, "--workers", "8",
                "--compute-ms", "50", "--slowdown", "0:5x", "--time-budget", str(budget_s),
-               "--on-failure", mode, "--no-progress", "--out", str(out)]
+               "--on-failure", mode, "--no-progress", "--out", str(out), *train_args]
     if sig == signal.SIGSTOP:
         command += ["--heartbeat-timeout", "5"]
     sent: dict = {}
@@ -136,7 +139,10 @@ def main() -> int:
     parser.add_argument("--stops", type=int, default=5, help="SIGSTOP runs per protocol and mode")
     parser.add_argument("--budget", type=float, default=60.0, help="each run's --time-budget (s)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--train-args", default="", help="more `hetrain train` arguments for every run, as one "
+                        "string (e.g. \"--sync-every 8 --compress int8 --outer-optimizer nesterov\")")
     args = parser.parse_args()
+    train_args = tuple(shlex.split(args.train_args))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)
@@ -148,7 +154,8 @@ def main() -> int:
             for index, sig in enumerate([signal.SIGKILL] * args.runs + [signal.SIGSTOP] * args.stops):
                 rank = rng.randrange(1, 8)
                 at_s = rng.uniform(0.0, STARTUP_ESTIMATE_S + args.budget + 2.0)
-                row = one_run(protocol, mode, sig, rank, at_s, args.budget, out / f"{protocol}-{mode}-{index}")
+                row = one_run(protocol, mode, sig, rank, at_s, args.budget, out / f"{protocol}-{mode}-{index}",
+                              train_args)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     (out / "chaos.json").write_text(json.dumps(rows, indent=2) + "\n")
