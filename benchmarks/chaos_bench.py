@@ -142,7 +142,10 @@ def main() -> int:
     parser.add_argument("--train-args", default="", help="more `hetrain train` arguments for every run, as one "
                         "string (e.g. \"--sync-every 8 --compress int8 --outer-optimizer nesterov\")")
     args = parser.parse_args()
-    train_args = tuple(shlex.split(args.train_args))
+    try:
+        train_args = tuple(shlex.split(args.train_args))
+    except ValueError as exc:
+        parser.error(f"--train-args: {exc} (quote it as one shell string)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)

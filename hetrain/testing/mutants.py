@@ -293,6 +293,31 @@ def momentum_unbound_after_load() -> None:
     OuterStep._bind_momentum = bind_where_empty
 
 
+def sign_scaled_by_the_largest() -> None:
+    """The momentum's one-bit code scales each block by its largest magnitude, not its mean."""
+    import math
+
+    import torch
+
+    from hetrain.compression import codecs
+
+    def encode(self, x):
+        x = x.reshape(-1).to(torch.float32)
+        padded = torch.nn.functional.pad(x, (0, self.blocks * codecs.INT8_BLOCK - self.numel))
+        scale = padded.view(self.blocks, codecs.INT8_BLOCK).abs().amax(dim=1)
+        bits = (padded[: 8 * math.ceil(self.numel / 8)] >= 0).to(torch.uint8).view(-1, 8)
+        return codecs._as_bytes(scale, (bits << torch.arange(8, dtype=torch.uint8)).sum(1, dtype=torch.uint8))
+
+    codecs.ScaledSign.encode = encode
+
+
+def attempt_store_unprefixed() -> None:
+    """Under torchrun's agent store every attempt shares one key space (no attempt prefix)."""
+    from hetrain.transport import job
+
+    job._attempt_store = lambda timeout: None
+
+
 def momentum_in_the_model_s_code() -> None:
     """The outer momentum beside a compressed model goes in the model's code, not one bit a value."""
     from hetrain.runtime import hop
@@ -528,7 +553,8 @@ MUTANTS = {"no-comm": no_comm, "replacements-admitted-together": replacements_ad
            "topk-random-indices": topk_random_indices, "decoders-scaled": decoders_scaled,
            "int4-one-value-per-byte": int4_one_value_per_byte,
            "admitted-before-start": admitted_before_start, "data-split-ignored": data_split_ignored, "balance-ignored": balance_ignored, "rates-from-a-few-batches": rates_from_a_few_batches, "no-dead-band": no_dead_band,
-           "momentum-unmixed": momentum_unmixed, "momentum-unbound-after-load": momentum_unbound_after_load, "momentum-in-the-model-s-code": momentum_in_the_model_s_code, "ready-only-at-the-barrier": ready_only_at_the_barrier,
+           "momentum-unmixed": momentum_unmixed, "momentum-unbound-after-load": momentum_unbound_after_load, "momentum-in-the-model-s-code": momentum_in_the_model_s_code,
+           "sign-scaled-by-the-largest": sign_scaled_by_the_largest, "attempt-store-unprefixed": attempt_store_unprefixed, "ready-only-at-the-barrier": ready_only_at_the_barrier,
            "stale-replicas-across-edges": stale_replicas_across_edges, "free-gg-requests": free_gg_requests,
            "no-shared-start": no_shared_start, "plan-shards-frozen": plan_shards_frozen,
            "plan-bias-on-every-rank": plan_bias_on_every_rank, "plan-flat-reductions": plan_flat_reductions}
