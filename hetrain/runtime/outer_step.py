@@ -70,6 +70,7 @@ class OuterStep:
         self.steps = 0
         self.pending_capture = True  # re-anchor at the first optimizer step (weights may be loaded before it)
         self.momentum: list[torch.Tensor] = []  # see mix_momentum
+        self.load_hook = None  # mix_momentum's hook on the optimizer's load_state_dict (the protocol removes it)
 
     def mix_momentum(self) -> list[torch.Tensor]:
         """The momentum buffers, for the protocol to mix beside the models (adapt then combine: Hop,
@@ -83,13 +84,18 @@ class OuterStep:
             return []
         self.momentum = [torch.zeros_like(p) for p in self.params]
         self._bind_momentum()
+        # a load builds new tensors: bind them at once, so what an exchange or finish() mixes is the loaded state
+        register = getattr(wrapped, "register_load_state_dict_post_hook", None)  # torch >= 2.2 (else: at the step)
+        if register is not None:
+            self.load_hook = register(lambda optimizer: self._bind_momentum())
         return self.momentum
 
     @torch.no_grad()
     def _bind_momentum(self) -> None:
         """The optimizer's momentum buffers are ours (the protocol's flat state mixes ours): a buffer it
         holds that is not (its state loaded: ``load_state_dict`` builds new tensors) is copied into ours;
-        none at all (a loaded state without momentum, or before the first step) is a zero momentum."""
+        none at all (a loaded state without momentum, or before the first step) is a zero momentum. Run
+        after every load of the optimizer (a hook) and before every outer step."""
         for p, buffer in zip(self.params, self.momentum):
             state = self.optimizer.state[p]
             held = state.get("momentum_buffer")

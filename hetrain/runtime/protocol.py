@@ -169,6 +169,8 @@ class SyncProtocol:
             if optimizer is not None:
                 self._hooks.append(optimizer.register_step_pre_hook(self._before_optimizer_step))
             self._hooks.append(model.register_load_state_dict_post_hook(self._after_weights_loaded))
+            if self._outer.load_hook is not None:  # the mixed momentum bound at each load of the outer optimizer
+                self._hooks.append(self._outer.load_hook)
         self._finished = False
         self._released = False
         self._last_step_end = time.perf_counter()

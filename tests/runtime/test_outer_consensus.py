@@ -239,8 +239,9 @@ def test_the_outer_momentum_is_mixed_as_the_models_are(protocol, compression):
 
 
 def test_a_loaded_outer_optimizer_keeps_its_momentum_in_the_buffers_the_protocol_mixes():
-    """``load_state_dict`` builds new momentum tensors (a resume, a user's own load): the next outer
-    step copies them into the buffers the flat state mixes, and steps those."""
+    """``load_state_dict`` builds new momentum tensors (a resume, a user's own load): they are copied at
+    once into the buffers the flat state mixes (what an exchange or ``finish()`` averages next is the
+    loaded momentum), and the next outer step steps those."""
     from hetrain.runtime.outer_step import OuterStep
 
     model = nn.Linear(2, 1, bias=False).double()
@@ -250,7 +251,9 @@ def test_a_loaded_outer_optimizer_keeps_its_momentum_in_the_buffers_the_protocol
     saved = {"state": {0: {"momentum_buffer": torch.tensor([[1.0, -2.0]], dtype=torch.float64)}},
              "param_groups": outer.state_dict()["param_groups"]}
     outer.load_state_dict(saved)
-    assert outer.state[model.weight]["momentum_buffer"] is not mixed[0]
+    assert outer.state[model.weight]["momentum_buffer"] is mixed[0]
+    assert torch.equal(mixed[0], torch.tensor([[1.0, -2.0]], dtype=torch.float64))
+    outer.state[model.weight]["momentum_buffer"] = mixed[0].clone()  # state replaced some other way
     step.capture()
     with torch.no_grad():
         model.weight.sub_(torch.tensor([[0.5, 0.5]], dtype=torch.float64))  # progress: pseudo-gradient 0.5
