@@ -293,6 +293,23 @@ def momentum_unbound_after_load() -> None:
     OuterStep._bind_momentum = bind_where_empty
 
 
+def momentum_bound_only_at_the_step() -> None:
+    """No hook on the outer optimizer's load: a loaded momentum reaches the mixed buffers only at the next
+    outer step (an exchange or finish() before it mixes the old buffers)."""
+    from hetrain.runtime.outer_step import OuterStep
+
+    original = OuterStep.mix_momentum
+
+    def mix_without_the_hook(self):
+        buffers = original(self)
+        if self.load_hook is not None:
+            self.load_hook.remove()
+            self.load_hook = None
+        return buffers
+
+    OuterStep.mix_momentum = mix_without_the_hook
+
+
 def sign_scaled_by_the_largest() -> None:
     """The momentum's one-bit code scales each block by its largest magnitude, not its mean."""
     import math
@@ -553,7 +570,8 @@ MUTANTS = {"no-comm": no_comm, "replacements-admitted-together": replacements_ad
            "topk-random-indices": topk_random_indices, "decoders-scaled": decoders_scaled,
            "int4-one-value-per-byte": int4_one_value_per_byte,
            "admitted-before-start": admitted_before_start, "data-split-ignored": data_split_ignored, "balance-ignored": balance_ignored, "rates-from-a-few-batches": rates_from_a_few_batches, "no-dead-band": no_dead_band,
-           "momentum-unmixed": momentum_unmixed, "momentum-unbound-after-load": momentum_unbound_after_load, "momentum-in-the-model-s-code": momentum_in_the_model_s_code,
+           "momentum-unmixed": momentum_unmixed, "momentum-unbound-after-load": momentum_unbound_after_load,
+           "momentum-bound-only-at-the-step": momentum_bound_only_at_the_step, "momentum-in-the-model-s-code": momentum_in_the_model_s_code,
            "sign-scaled-by-the-largest": sign_scaled_by_the_largest, "attempt-store-unprefixed": attempt_store_unprefixed, "ready-only-at-the-barrier": ready_only_at_the_barrier,
            "stale-replicas-across-edges": stale_replicas_across_edges, "free-gg-requests": free_gg_requests,
            "no-shared-start": no_shared_start, "plan-shards-frozen": plan_shards_frozen,

@@ -110,6 +110,8 @@ COMM_MUTANTS = {
     "momentum-unmixed": [f"{OC}::test_the_outer_momentum_is_mixed_as_the_models_are"],
     "momentum-unbound-after-load": [
         f"{OC}::test_a_loaded_outer_optimizer_keeps_its_momentum_in_the_buffers_the_protocol_mixes"],
+    "momentum-bound-only-at-the-step": [
+        f"{OC}::test_a_loaded_outer_optimizer_keeps_its_momentum_in_the_buffers_the_protocol_mixes"],
     "sign-scaled-by-the-largest": ["tests/compression/test_codecs.py::"
                                    "test_a_model_beside_its_momentum_goes_in_its_own_code_and_the_momentum_one_bit_a_value"],
     "attempt-store-unprefixed": ["tests/test_data_split.py::test_a_restarted_torchrun_attempt_reads_no_count_of_the_dead_one"],
