@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/finish_death_bench.py --out runs/finish-deaths               # 50 runs each (~25 min)
     .venv/bin/python benchmarks/finish_death_bench.py --out runs/finish-deaths --runs 5      # quicker
+    .venv/bin/python benchmarks/finish_death_bench.py --runs 10 --budget 4 \
+        --train-args "--sync-every 8 --compress int8 --local-work auto --outer-optimizer nesterov"
 
 Each run is a `hetrain train` command as a user would start it: 4 workers, digits MLP, 20 ms of
 emulated compute, worker 0 three times slower (so the workers are at different iterations when
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -33,11 +36,11 @@ HANG_GRACE_S = 60.0
 MIN_ACCURACY = 0.8
 
 
-def one_run(protocol: str, rank: int, budget_s: float, out: Path) -> dict:
+def one_run(protocol: str, rank: int, budget_s: float, out: Path, train_args: tuple[str, ...] = ()) -> dict:
     command = [sys.executable, "-m", "hetrain", "train", "--protocol", protocol, "--workers", "4",
                "--compute-ms", "20", "--slowdown", "0:3x", "--time-budget", str(budget_s),
                "--on-failure", "continue", "--fail", f"{rank}@finish", "--timeout", "20",
-               "--no-progress", "--out", str(out)]
+               "--no-progress", "--out", str(out), *train_args]
     began = time.monotonic()
     proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -83,13 +86,16 @@ def main() -> int:
     parser.add_argument("--protocols", default=",".join(PROTOCOLS))
     parser.add_argument("--runs", type=int, default=50, help="runs per protocol")
     parser.add_argument("--budget", type=float, default=2.0, help="each run's --time-budget (s)")
+    parser.add_argument("--train-args", default="", help="more `hetrain train` arguments for every run, as one "
+                                                         "string (e.g. the communication settings)")
     args = parser.parse_args()
+    train_args = tuple(shlex.split(args.train_args))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for protocol in args.protocols.split(","):
         for index in range(args.runs):
-            row = one_run(protocol, 1 + index % 3, args.budget, out / f"{protocol}-{index}")
+            row = one_run(protocol, 1 + index % 3, args.budget, out / f"{protocol}-{index}", train_args)
             rows.append(row)
             print(json.dumps(row), flush=True)
             (out / "finish_deaths.json").write_text(json.dumps(rows, indent=2) + "\n")
