@@ -96,12 +96,15 @@ def test_torchrun_restarts_resume_after_a_death_at_any_moment(tmp_path, seed):
 
 def _failure_blamed_on(rank: int, output: str) -> bool:
     """Torchrun reported a failed attempt caused by ``rank``'s death: its own report of the SIGKILL, or a
-    survivor's. Torchrun names the earliest failure it saw, in whole seconds and then by local rank, so a
-    survivor that failed on the death within the same second is named instead (found 2026-12-05: "failed
-    (exitcode: 1) local_rank: 0" after rank 1 was killed); hetrain's own error then names the dead rank."""
+    survivor's. Torchrun names the earliest failure it recorded, in whole seconds and then by local rank,
+    so a survivor that failed on the death and was recorded in the same second is named instead (found
+    2026-12-05: "failed (exitcode: 1) local_rank: 0" after rank 1 was killed); that survivor's own error
+    must then name the dead rank."""
     if f"failed (exitcode: -9) local_rank: {rank}" in output:
         return True
-    survivors = [line for line in output.splitlines() if "hetrain: job failed: worker" in line]
-    return "failed (exitcode: 1)" in output and any(f"to worker {rank} failed" in line or f"from worker {rank}" in line
-                                                    or re.search(rf"worker\(s\) \[[\d, ]*\b{rank}\b", line)
-                                                    for line in survivors)
+    named = re.search(r"failed \(exitcode: 1\) local_rank: (\d+)", output)
+    if named is None:
+        return False
+    lines = [line for line in output.splitlines() if f"hetrain: job failed: worker {named.group(1)}:" in line]
+    return any(f"to worker {rank} failed" in line or f"from worker {rank}" in line
+               or re.search(rf"worker\(s\) \[[\d, ]*\b{rank}\b", line) for line in lines)
