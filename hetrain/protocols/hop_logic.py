@@ -25,6 +25,14 @@ neighbour that is always late (the straggler under backup workers) still has
 its work mixed in. Dropping them instead left the straggler's data out of the
 model, whose test loss then rose the longer it trained (docs/decisions.md,
 "Hop uses late updates"). Tokens bound how late an update can be: max_ig.
+
+An update older than the iteration it is averaged into (stale, or late) is a neighbour's model of
+iteration k' < k: averaged as it is, it pulls this worker back by the steps taken since k' (at equal
+speeds on a ring with backup 1 the average advanced about 3/4 of a step per iteration). So such a
+term carries ``reference = k'`` and the driver mixes the disagreement at k' instead of the old model:
+``own + weight * (update_k' - own_sent_k')``, with its own model as sent at k'
+(:mod:`hetrain.protocols.lag_compensation`; docs/decisions.md, "Hop mixes late updates as
+disagreement"). A term of this iteration, or a newer stand-in, is mixed as it is.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ class AverageTerm:
     iteration: int
     weight: float
     payload: object
+    reference: int | None = None  # mix payload - (own model sent at this iteration); None: the payload itself
 
 
 @dataclass
@@ -131,6 +140,12 @@ class HopWorker:
         """Worker ``rank`` of ``topology``, its weights from the graph's mixing matrix."""
         weights, own = topology.mixing_weights[rank]
         return cls(rank, dict(weights), own, topology.out_neighbors[rank], config)
+
+    @property
+    def sent_models_kept(self) -> int:
+        """How many of its own sent models a driver keeps for :attr:`AverageTerm.reference`: an update
+        used is at most ``staleness`` old in its window, or late by at most ``max_ig`` (tokens)."""
+        return self.config.staleness + (self.config.max_ig or 0) + 1
 
     # ----- arrivals ---------------------------------------------------------
     def receive_update(self, src: int, iteration: int, payload) -> None:
@@ -255,7 +270,7 @@ class HopWorker:
                     continue
                 index = len(self.queues[j]) - 1  # the one update kept of those too late for their window
             kk, payload = self.queues[j][index]
-            terms.append(AverageTerm(j, kk, self.in_weights[j], payload))
+            terms.append(AverageTerm(j, kk, self.in_weights[j], payload, kk if kk < k else None))
             if kk <= k:  # consume it and everything older; a newer stand-in stays for later
                 self.updates_dropped += index
                 for _ in range(index + 1):

@@ -30,6 +30,7 @@ from hetrain.compression.gossip_codec import PublicCopy, ReplicaSet, choco_mix
 from hetrain.errors import UsageError, WorkerError
 from hetrain.protocols.hop_config import DPSGDOptions, HopOptions
 from hetrain.protocols.hop_logic import AveragePlan, HopWorker
+from hetrain.protocols.lag_compensation import SentModels
 from hetrain.protocols.membership import neighbour_weights, repair
 from hetrain.protocols.options import options_or_settings
 from hetrain.runtime.consensus import average_state
@@ -102,6 +103,7 @@ class Hop(SyncProtocol):
         if self.joining:  # a replacement: the graph the survivors use now (every other death repaired)
             self.topology = repair(self.original_topology, self.dead)
         self.logic = HopWorker.for_rank(self.topology, rank, self.config)
+        self._sent = SentModels(self.logic.sent_models_kept)  # own models, to mix old updates as disagreement
         self._cond = threading.Condition()
         self._channel_errors: list[str] = []
         self._lost = LostPeers()  # continue mode: peers lost, not yet known dead
@@ -364,6 +366,8 @@ class Hop(SyncProtocol):
             mixed = torch.mul(own, self_weight, out=self.state.empty())
             for weight, term in zip(weights, plan.terms):
                 mixed.add_(term.payload.model, alpha=weight)
+                if (own_then := self._sent.reference(term)) is not None:  # an old update: its disagreement
+                    mixed.add_(own, alpha=weight).sub_(own_then, alpha=weight)
         self.state.scatter(mixed)
         if plan.tokens_to:
             self.channels.send("token", plan.tokens_to, TOKEN, plan.iteration, plan.token_count)
@@ -433,6 +437,7 @@ class Hop(SyncProtocol):
 
     def _send_model(self, iteration: int, model: torch.Tensor) -> None:
         self._send_update(self.logic.out_neighbors, iteration, model)
+        self._sent.record(iteration, model)
         if self.tolerant:
             self._last_sent = (iteration, model)
         if self._resend is not None:  # a repair while this worker was not waiting
@@ -476,7 +481,9 @@ class Hop(SyncProtocol):
             setattr(self.stats, name, counters[name])
         self.stats.extra["exchange_iteration"] = self.logic.iteration  # the logic's counter: one per exchange
         self.stats.extra.update({k: v for k, v in counters.items() if k not in _STATS_COUNTERS},
-                                sends_in_flight_max=self.channels.max_in_flight_seen())
+                                sends_in_flight_max=self.channels.max_in_flight_seen(),
+                                updates_lag_compensated=self._sent.compensated,
+                                updates_lag_uncompensated=self._sent.uncompensated)
         return super().metrics()
 
     def _extra_state(self) -> dict:

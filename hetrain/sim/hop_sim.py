@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from hetrain.protocols.hop_config import DPSGDOptions, HopOptions
 from hetrain.protocols.hop_logic import make_hop_workers
+from hetrain.protocols.lag_compensation import SentModels
 from hetrain.protocols.membership import neighbour_weights, repair
 from hetrain.sim.common import Recorder, SimSetup, SimulationError
 from hetrain.sim.network import TOKEN_BYTES
@@ -42,6 +43,7 @@ class HopSim:
         self.rec = Recorder(n, setup.timelines, setup.progress)
         self.neighbors = [sorted(set(topology.in_neighbors[i]) | set(topology.out_neighbors[i])) for i in range(n)]
         self.last_sent: list[tuple | None] = [None] * n  # (iteration, payload) of each worker's last model sent
+        self.sent = [SentModels(w.sent_models_kept) for w in self.workers]  # old updates mixed as disagreement
 
     # ----- the worker loop ----------------------------------------------------------
     def _begin(self, i: int) -> None:
@@ -85,6 +87,7 @@ class HopSim:
             for _ in range(steps):
                 math.local_step(i)
             payload = math.snapshot(i)
+            self.sent[i].record(k, payload)
         now, nbytes = engine.now, setup.message_bytes
         for m in w.out_neighbors:
             engine.at(net.send(now, i, m, nbytes), self._update_arrives, m, i, k, payload)
@@ -104,7 +107,7 @@ class HopSim:
         engine.log("complete", i, (plan.iteration, tuple((t.src, t.iteration) for t in plan.terms)))
         math = self.setup.math
         if math.enabled:
-            math.apply_average(i, plan)
+            math.apply_average(i, plan, self.sent[i])
             math.maybe_evaluate(engine.now, self.rec.done)
         self._send_tokens(i, plan.tokens_to, plan.token_count)
         self._begin(i)

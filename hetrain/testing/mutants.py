@@ -557,7 +557,15 @@ def replacements_admitted_together() -> None:
     Replacements.admitting = lambda self: False
 
 
-MUTANTS = {"no-comm": no_comm, "replacements-admitted-together": replacements_admitted_together, "unsettled-replacements-kept": unsettled_replacements_kept,
+def late_updates_as_models() -> None:
+    """Old (stale, late) updates mixed as the old models they are (Hop's average before it kept the steps
+    taken since: every one pulled its worker back)."""
+    from hetrain.protocols.lag_compensation import SentModels
+
+    SentModels.reference = lambda self, term: None
+
+
+MUTANTS = {"no-comm": no_comm, "late-updates-as-models": late_updates_as_models, "replacements-admitted-together": replacements_admitted_together, "unsettled-replacements-kept": unsettled_replacements_kept,
            "freeze-after-the-wait": freeze_after_the_wait, "first-sends-unwatched": first_sends_unwatched, "idle-edges-bounded": idle_edges_bounded, "finished-neighbours-sent-to": finished_neighbours_sent_to,
            "interim-edges-ignored": interim_edges_ignored, "link-ingress-own-rule": link_ingress_own_rule, "server-not-last": server_not_last,
            "iteration-from-logic": iteration_from_logic, "outer-step-on-own-anchor": outer_step_on_own_anchor,

@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from hetrain.errors import UsageError
 from hetrain.protocols.hop_config import HopConfig
-from hetrain.protocols.hop_logic import make_hop_workers
+from hetrain.protocols.hop_logic import AverageTerm, make_hop_workers
+from hetrain.protocols.lag_compensation import SentModels
 from hetrain.topology import make_topology
 
 
@@ -169,6 +170,33 @@ def test_an_always_late_neighbours_newest_update_is_used_at_its_full_weight():
     w.start()
     w.receive_update(1, 4, "a4")
     assert [t.payload for t in w.complete().terms] == ["a4"]  # b1 is not used twice
+
+def test_an_old_update_names_the_iteration_its_disagreement_is_measured_at():
+    """A stale or late term carries its own iteration as ``reference`` (mixed as update - own model sent
+    then); a term of this iteration, or a newer stand-in after a skip, carries none (mixed as it is)."""
+    topology = make_topology("ring", 3)
+    config = HopConfig(backup=1, staleness=1, max_ig=8, skip_threshold=2).validated_for(topology)
+    w = make_hop_workers(topology, config)[0]
+    sent = SentModels(w.sent_models_kept)
+    for k in range(4):
+        sent.record(k, f"own{k}")
+        w.start()
+        w.receive_update(1, k, f"a{k}")
+        if k == 3:
+            w.receive_update(2, 0, "b0")  # late (window 2..3)
+            w.receive_update(2, 2, "b2")  # stale by one
+        plan = w.complete()
+    assert {t.payload: t.reference for t in plan.terms} == {"a3": None, "b2": 2}
+    assert [sent.reference(t) for t in plan.terms] == [None, "own2"]
+    w.start()
+    w.receive_update(1, 6, "a6")  # worker 1 skipped past the window: its newer update stands in
+    w.receive_update(2, 4, "b4")
+    assert {t.payload: t.reference for t in w.complete().terms} == {"a6": None, "b4": None}
+    for k in range(4, 4 + w.sent_models_kept):
+        sent.record(k, f"own{k}")
+    late = AverageTerm(2, 3, 0.5, "b3", reference=3)
+    assert sent.reference(late) is None and (sent.compensated, sent.uncompensated) == (1, 1)  # own3 not kept
+
 
 def test_skip_jumps_to_neighbours_and_returns_owed_tokens():
     topology = make_topology("ring", 3)

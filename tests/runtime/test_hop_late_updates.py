@@ -1,0 +1,58 @@
+"""Hop mixes an old update as the disagreement it carries, not as an old model
+(:mod:`hetrain.protocols.lag_compensation`; docs/decisions.md, "Hop mixes late updates as disagreement").
+
+A constant gradient (loss ``-sum(w)``, SGD lr 1, no momentum) moves every model by exactly 1 a step, so
+a worker's model minus its own steps is what mixing made of the workers' different starts (0, 10, 20,
+30). Worker 0 is slower, so with backup 1 and staleness 1 its ring neighbours mix its updates late and
+stale. Mixed as the disagreement, the workers' starts are averaged and their steps kept; mixed as old
+models (Hop's average before), every old update pulls a worker back by its lag: the models end far below
+their steps plus the lowest start.
+"""
+
+import time
+
+import pytest
+import torch
+from torch import nn
+
+import hetrain
+from hetrain.jobs.local_job import run_local
+
+STEPS, SIZE = 80, 4
+
+
+class Progress(nn.Module):
+    def __init__(self, start: float):
+        super().__init__()
+        self.w = nn.Parameter(torch.full((SIZE,), start, dtype=torch.float64))
+
+
+def _constant_progress(ctx):
+    model = Progress(10.0 * ctx.rank)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    sync = hetrain.Hop(model, opt, topology="ring", backup=1, staleness=1, skip_threshold=0, max_ig=4)
+    for _ in range(STEPS):
+        opt.zero_grad()
+        (-model.w.sum()).backward()
+        opt.step()
+        if ctx.rank == 0:
+            time.sleep(0.02)  # the slow worker: its neighbours use its updates late
+    mixed_starts = (model.w.detach() - STEPS).tolist()  # the model less its own steps, before the final average
+    metrics = sync.metrics()
+    sync.finish()
+    return mixed_starts, metrics["updates_stale"], (metrics["updates_lag_compensated"],
+                                                    metrics["updates_lag_uncompensated"])
+
+
+@pytest.mark.timeout(90)
+def test_old_updates_are_mixed_as_disagreement_so_no_step_is_lost():
+    results = run_local(_constant_progress, 4, (), timeout_s=30)
+    old_terms = sum(old for _, old, _ in results)
+    assert old_terms >= 20, f"too few old updates used ({old_terms}) for the test to mean anything"
+    mixed = torch.tensor([m for m, _, _ in results])
+    # every model is its steps plus a mix of the starts (0..30): no step lost to an old update
+    assert mixed.min() >= -0.5 and mixed.max() <= 30.5, mixed[:, 0]
+    # and the starts were mixed (with no communication each worker keeps its own: spread 11.2 per coordinate)
+    assert float(mixed[:, 0].std(unbiased=False)) <= 4.0, mixed[:, 0]
+    # each old update was mixed as disagreement: the worker still held its own model of that iteration
+    assert all(counts == (old, 0) for _, old, counts in results), [r[1:] for r in results]
