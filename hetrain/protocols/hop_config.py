@@ -21,6 +21,7 @@ TOPOLOGY_HELP = ("dpsgd/hop graph: ring, double_ring, torus, hypercube, exponent
 HOP_DEFAULT_STALENESS = 1
 HOP_DEFAULT_MAX_IG = 8  # > a 5x straggler's lead: its neighbours are not throttled within one of its iterations
 HOP_DEFAULT_SKIP_THRESHOLD = 2
+LATE_UPDATES = ("model", "disagreement")  # docs/decisions.md, "Hop mixes late updates as disagreement"
 
 
 @dataclass(frozen=True)
@@ -34,12 +35,16 @@ class HopConfig:
         where the graph itself bounds the gap).
     skip_threshold: J -- a worker whose in-neighbours' updates are >= J iterations ahead
         jumps to their iteration (for deterministically slow workers); None disables it.
+    late_updates: how an update older than the iteration it is averaged into is mixed: "model" (as the
+        model it is, Hop's rule) or "disagreement" (as its difference from the worker's own model of
+        that iteration: :mod:`hetrain.protocols.lag_compensation`).
     """
 
     backup: int = 0
     staleness: int = 0
     max_ig: int | None = None
     skip_threshold: int | None = None
+    late_updates: str = "model"
 
     @property
     def uses_tokens(self) -> bool:
@@ -75,7 +80,9 @@ class HopConfig:
                     "when a worker finishes an iteration, tokens have kept its neighbours within max_ig - 2 "
                     "iterations of its next one, so it would never skip; raise {max_ig} or lower the threshold"
                 )
-        return HopConfig(self.backup, self.staleness, max_ig, self.skip_threshold)
+        if self.late_updates not in LATE_UPDATES:
+            raise OptionError(f"{{late_updates}} must be one of {', '.join(LATE_UPDATES)}, got {self.late_updates!r}")
+        return HopConfig(self.backup, self.staleness, max_ig, self.skip_threshold, self.late_updates)
 
 
 @dataclass(frozen=True)
@@ -92,6 +99,10 @@ class HopOptions(ProtocolOptions):
     max_ig: int | None = option(help="hop: tokens per edge, the largest iteration gap (default 8)")
     skip_threshold: int | None = option(help="hop: skip iterations when every in-neighbour is this far ahead "
                                              "(default 2; 0 switches skipping off)")
+    late_updates: str = option("model", type=str, choices=LATE_UPDATES,
+                               help="hop: mix an update older than the iteration as the model it is (default "
+                                    "model, Hop's rule) or as its difference from this worker's own model of "
+                                    "that iteration (disagreement: no step lost to it; docs/decisions.md)")
 
     def topology_for(self, num_workers: int) -> Topology:
         """The graph over ``num_workers`` (a given Topology as it is)."""
@@ -120,7 +131,8 @@ class HopOptions(ProtocolOptions):
         max_ig = self.max_ig if self.max_ig is not None else HOP_DEFAULT_MAX_IG
         skip_threshold = (self.skip_threshold if self.skip_threshold is not None
                           else min(HOP_DEFAULT_SKIP_THRESHOLD, max_ig - 2))
-        return HopConfig(backup, staleness, max_ig, skip_threshold or None).validated_for(topology)
+        return HopConfig(backup, staleness, max_ig, skip_threshold or None,
+                         self.late_updates).validated_for(topology)
 
     def validate(self, num_workers: int) -> HopOptions:
         self.resolve(num_workers)

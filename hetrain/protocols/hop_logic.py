@@ -29,7 +29,8 @@ model, whose test loss then rose the longer it trained (docs/decisions.md,
 An update older than the iteration it is averaged into (stale, or late) is a neighbour's model of
 iteration k' < k: averaged as it is, it pulls this worker back by the steps taken since k' (at equal
 speeds on a ring with backup 1 the average advanced about 3/4 of a step per iteration). So such a
-term carries ``reference = k'`` and the driver mixes the disagreement at k' instead of the old model:
+term can carry ``reference = k'`` (``late_updates="disagreement"``; the default, "model", is Hop's
+rule) and the driver then mixes the disagreement at k' instead of the old model:
 ``own + weight * (update_k' - own_sent_k')``, with its own model as sent at k'
 (:mod:`hetrain.protocols.lag_compensation`; docs/decisions.md, "Hop mixes late updates as
 disagreement"). A term of this iteration, or a newer stand-in, is mixed as it is.
@@ -145,7 +146,11 @@ class HopWorker:
     def sent_models_kept(self) -> int:
         """How many of its own sent models a driver keeps for :attr:`AverageTerm.reference`: an update
         used is at most ``staleness`` old in its window, or late by at most ``max_ig`` (tokens)."""
-        return self.config.staleness + (self.config.max_ig or 0) + 1
+        return self.config.staleness + (self.config.max_ig or 0) + 1 if self._as_disagreement else 1
+
+    @property
+    def _as_disagreement(self) -> bool:
+        return self.config.late_updates == "disagreement"
 
     # ----- arrivals ---------------------------------------------------------
     def receive_update(self, src: int, iteration: int, payload) -> None:
@@ -270,7 +275,8 @@ class HopWorker:
                     continue
                 index = len(self.queues[j]) - 1  # the one update kept of those too late for their window
             kk, payload = self.queues[j][index]
-            terms.append(AverageTerm(j, kk, self.in_weights[j], payload, kk if kk < k else None))
+            terms.append(AverageTerm(j, kk, self.in_weights[j], payload, kk if kk < k and self._as_disagreement
+                                     else None))
             if kk <= k:  # consume it and everything older; a newer stand-in stays for later
                 self.updates_dropped += index
                 for _ in range(index + 1):

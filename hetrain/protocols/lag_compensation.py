@@ -8,7 +8,8 @@ weights 1/3) the average advanced 3/4 of a step per iteration; measured, Hop's a
 1.25-1.5x the samples of D-PSGD's to the same accuracy (docs/decisions.md, "Hop mixes late updates
 as disagreement").
 
-The rule: a term of iteration k' < k is mixed as ``weight * (update_k' - own_k')``, where ``own_k'``
+The rule (``late_updates="disagreement"``, ``--late-updates disagreement``; Hop's own rule, "model", is the
+default: on digits the faster model overfits sooner, docs/decisions.md): a term of iteration k' < k is mixed as ``weight * (update_k' - own_k')``, where ``own_k'``
 is this worker's own model as it sent it at k'. The model becomes
 
     own_k + sum_j w_j * (x_j,k' - x_i,k')

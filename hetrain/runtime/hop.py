@@ -67,10 +67,12 @@ class Hop(SyncProtocol):
 
     Its settings are :class:`~hetrain.protocols.hop_config.HopOptions`' fields, by keyword
     or as ``options=``: ``topology`` (a graph's name or a :class:`~hetrain.topology.Topology`),
-    ``backup``, ``staleness``, ``max_ig``, ``skip_threshold``. Settings left as None take Hop's
-    defaults for the graph (backup 1 where every worker has 2+ in-neighbours, staleness 1,
+    ``backup``, ``staleness``, ``max_ig``, ``skip_threshold``, ``late_updates``. Settings left as None
+    take Hop's defaults for the graph (backup 1 where every worker has 2+ in-neighbours, staleness 1,
     max_ig 8, skip_threshold 2; ``skip_threshold=0`` switches skipping off); combinations that
-    can deadlock are refused with the reason.
+    can deadlock are refused with the reason. ``late_updates="disagreement"`` mixes a stale or late
+    update as its difference from this worker's own model of that iteration instead of as the old
+    model it is (:mod:`hetrain.protocols.lag_compensation`).
 
     Example::
 

@@ -175,7 +175,8 @@ def test_an_old_update_names_the_iteration_its_disagreement_is_measured_at():
     """A stale or late term carries its own iteration as ``reference`` (mixed as update - own model sent
     then); a term of this iteration, or a newer stand-in after a skip, carries none (mixed as it is)."""
     topology = make_topology("ring", 3)
-    config = HopConfig(backup=1, staleness=1, max_ig=8, skip_threshold=2).validated_for(topology)
+    config = HopConfig(backup=1, staleness=1, max_ig=8, skip_threshold=2,
+                       late_updates="disagreement").validated_for(topology)
     w = make_hop_workers(topology, config)[0]
     sent = SentModels(w.sent_models_kept)
     for k in range(4):
@@ -196,6 +197,15 @@ def test_an_old_update_names_the_iteration_its_disagreement_is_measured_at():
         sent.record(k, f"own{k}")
     late = AverageTerm(2, 3, 0.5, "b3", reference=3)
     assert sent.reference(late) is None and (sent.compensated, sent.uncompensated) == (1, 1)  # own3 not kept
+    hop = make_hop_workers(topology, HopConfig(backup=1, staleness=1, max_ig=8).validated_for(topology))[0]
+    hop.start()
+    hop.receive_update(1, 0, "a0")
+    hop.complete()
+    hop.start()
+    hop.receive_update(2, 0, "b0")
+    hop.receive_update(1, 1, "a1")
+    assert [t.reference for t in hop.complete().terms] == [None, None]  # Hop's rule, the default: as models
+    assert hop.sent_models_kept == 1
 
 
 def test_skip_jumps_to_neighbours_and_returns_owed_tokens():

@@ -1,12 +1,13 @@
-"""Hop mixes an old update as the disagreement it carries, not as an old model
-(:mod:`hetrain.protocols.lag_compensation`; docs/decisions.md, "Hop mixes late updates as disagreement").
+"""With ``late_updates="disagreement"`` Hop mixes an old update as the disagreement it carries, not as an
+old model (:mod:`hetrain.protocols.lag_compensation`; docs/decisions.md, "Hop mixes late updates as
+disagreement").
 
 A constant gradient (loss ``-sum(w)``, SGD lr 1, no momentum) moves every model by exactly 1 a step, so
 a worker's model minus its own steps is what mixing made of the workers' different starts (0, 10, 20,
 30). Worker 0 is slower, so with backup 1 and staleness 1 its ring neighbours mix its updates late and
 stale. Mixed as the disagreement, the workers' starts are averaged and their steps kept; mixed as old
-models (Hop's average before), every old update pulls a worker back by its lag: the models end far below
-their steps plus the lowest start.
+models (Hop's rule, the default ``"model"``), every old update pulls a worker back by its lag: the models
+end far below their steps plus the lowest start.
 """
 
 import time
@@ -27,10 +28,11 @@ class Progress(nn.Module):
         self.w = nn.Parameter(torch.full((SIZE,), start, dtype=torch.float64))
 
 
-def _constant_progress(ctx):
+def _constant_progress(ctx, late_updates):
     model = Progress(10.0 * ctx.rank)
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    sync = hetrain.Hop(model, opt, topology="ring", backup=1, staleness=1, skip_threshold=0, max_ig=4)
+    sync = hetrain.Hop(model, opt, topology="ring", backup=1, staleness=1, skip_threshold=0, max_ig=4,
+                       late_updates=late_updates)
     for _ in range(STEPS):
         opt.zero_grad()
         (-model.w.sum()).backward()
@@ -46,7 +48,7 @@ def _constant_progress(ctx):
 
 @pytest.mark.timeout(90)
 def test_old_updates_are_mixed_as_disagreement_so_no_step_is_lost():
-    results = run_local(_constant_progress, 4, (), timeout_s=30)
+    results = run_local(_constant_progress, 4, ("disagreement",), timeout_s=30)
     old_terms = sum(old for _, old, _ in results)
     assert old_terms >= 20, f"too few old updates used ({old_terms}) for the test to mean anything"
     mixed = torch.tensor([m for m, _, _ in results])
@@ -56,3 +58,12 @@ def test_old_updates_are_mixed_as_disagreement_so_no_step_is_lost():
     assert float(mixed[:, 0].std(unbiased=False)) <= 4.0, mixed[:, 0]
     # each old update was mixed as disagreement: the worker still held its own model of that iteration
     assert all(counts == (old, 0) for _, old, counts in results), [r[1:] for r in results]
+
+
+@pytest.mark.timeout(90)
+def test_by_default_old_updates_are_mixed_as_the_models_they_are():
+    """Hop's own rule stays the default: the same job loses steps to its old updates."""
+    results = run_local(_constant_progress, 4, ("model",), timeout_s=30)
+    mixed = torch.tensor([m for m, _, _ in results])
+    assert mixed.max() < -5.0, mixed[:, 0]  # measured -17 to -20: about 35 of 80 steps lost
+    assert all(counts == (0, 0) for _, _, counts in results)  # no own model was differenced against
