@@ -21,7 +21,7 @@ TOPOLOGY_HELP = ("dpsgd/hop graph: ring, double_ring, torus, hypercube, exponent
 HOP_DEFAULT_STALENESS = 1
 HOP_DEFAULT_MAX_IG = 8  # > a 5x straggler's lead: its neighbours are not throttled within one of its iterations
 HOP_DEFAULT_SKIP_THRESHOLD = 2
-LATE_UPDATES = ("model", "disagreement")  # docs/decisions.md, "Hop mixes late updates as disagreement"
+LATE_UPDATES = ("model", "progress")  # docs/decisions.md, "Hop keeps the steps an old update would undo"
 
 
 @dataclass(frozen=True)
@@ -36,8 +36,8 @@ class HopConfig:
     skip_threshold: J -- a worker whose in-neighbours' updates are >= J iterations ahead
         jumps to their iteration (for deterministically slow workers); None disables it.
     late_updates: how an update older than the iteration it is averaged into is mixed: "model" (as the
-        model it is, Hop's rule) or "disagreement" (as its difference from the worker's own model of
-        that iteration: :mod:`hetrain.protocols.lag_compensation`).
+        model it is, Hop's rule) or "progress" (averaged, and the worker's own steps since put back:
+        :mod:`hetrain.protocols.lag_compensation`).
     """
 
     backup: int = 0
@@ -100,9 +100,9 @@ class HopOptions(ProtocolOptions):
     skip_threshold: int | None = option(help="hop: skip iterations when every in-neighbour is this far ahead "
                                              "(default 2; 0 switches skipping off)")
     late_updates: str = option("model", type=str, choices=LATE_UPDATES,
-                               help="hop: mix an update older than the iteration as the model it is (default "
-                                    "model, Hop's rule) or as its difference from this worker's own model of "
-                                    "that iteration (disagreement: no step lost to it; docs/decisions.md)")
+                               help="hop: an update older than the iteration is averaged as the model it is "
+                                    "(default model, Hop's rule: it pulls the worker back by the steps taken "
+                                    "since) or with those steps put back (progress; docs/decisions.md)")
 
     def topology_for(self, num_workers: int) -> Topology:
         """The graph over ``num_workers`` (a given Topology as it is)."""

@@ -29,11 +29,10 @@ model, whose test loss then rose the longer it trained (docs/decisions.md,
 An update older than the iteration it is averaged into (stale, or late) is a neighbour's model of
 iteration k' < k: averaged as it is, it pulls this worker back by the steps taken since k' (at equal
 speeds on a ring with backup 1 the average advanced about 3/4 of a step per iteration). So such a
-term can carry ``reference = k'`` (``late_updates="disagreement"``; the default, "model", is Hop's
-rule) and the driver then mixes the disagreement at k' instead of the old model:
-``own + weight * (update_k' - own_sent_k')``, with its own model as sent at k'
-(:mod:`hetrain.protocols.lag_compensation`; docs/decisions.md, "Hop mixes late updates as
-disagreement"). A term of this iteration, or a newer stand-in, is mixed as it is.
+term can carry ``reference = k'`` (``late_updates="progress"``; the default, "model", is Hop's
+rule) and the driver then adds back ``weight * (P_k - P_k')``, the worker's own steps since k'
+(:mod:`hetrain.protocols.lag_compensation`; docs/decisions.md, "Hop keeps the steps an old update
+would undo"). A term of this iteration, or a newer stand-in, needs nothing.
 """
 
 from __future__ import annotations
@@ -50,7 +49,7 @@ class AverageTerm:
     iteration: int
     weight: float
     payload: object
-    reference: int | None = None  # mix payload - (own model sent at this iteration); None: the payload itself
+    reference: int | None = None  # add weight * (own progress now - at this iteration); None: nothing
 
 
 @dataclass
@@ -144,13 +143,13 @@ class HopWorker:
 
     @property
     def sent_models_kept(self) -> int:
-        """How many of its own sent models a driver keeps for :attr:`AverageTerm.reference`: an update
+        """How many iterations of its own progress a driver keeps for :attr:`AverageTerm.reference`: an update
         used is at most ``staleness`` old in its window, or late by at most ``max_ig`` (tokens)."""
-        return self.config.staleness + (self.config.max_ig or 0) + 1 if self._as_disagreement else 1
+        return self.config.staleness + (self.config.max_ig or 0) + 1 if self._keeps_progress else 1
 
     @property
-    def _as_disagreement(self) -> bool:
-        return self.config.late_updates == "disagreement"
+    def _keeps_progress(self) -> bool:
+        return self.config.late_updates == "progress"
 
     # ----- arrivals ---------------------------------------------------------
     def receive_update(self, src: int, iteration: int, payload) -> None:
@@ -275,7 +274,7 @@ class HopWorker:
                     continue
                 index = len(self.queues[j]) - 1  # the one update kept of those too late for their window
             kk, payload = self.queues[j][index]
-            terms.append(AverageTerm(j, kk, self.in_weights[j], payload, kk if kk < k and self._as_disagreement
+            terms.append(AverageTerm(j, kk, self.in_weights[j], payload, kk if kk < k and self._keeps_progress
                                      else None))
             if kk <= k:  # consume it and everything older; a newer stand-in stays for later
                 self.updates_dropped += index

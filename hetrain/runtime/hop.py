@@ -30,7 +30,7 @@ from hetrain.compression.gossip_codec import PublicCopy, ReplicaSet, choco_mix
 from hetrain.errors import UsageError, WorkerError
 from hetrain.protocols.hop_config import DPSGDOptions, HopOptions
 from hetrain.protocols.hop_logic import AveragePlan, HopWorker
-from hetrain.protocols.lag_compensation import SentModels
+from hetrain.protocols.lag_compensation import OwnProgress
 from hetrain.protocols.membership import neighbour_weights, repair
 from hetrain.protocols.options import options_or_settings
 from hetrain.runtime.consensus import average_state
@@ -70,7 +70,7 @@ class Hop(SyncProtocol):
     ``backup``, ``staleness``, ``max_ig``, ``skip_threshold``, ``late_updates``. Settings left as None
     take Hop's defaults for the graph (backup 1 where every worker has 2+ in-neighbours, staleness 1,
     max_ig 8, skip_threshold 2; ``skip_threshold=0`` switches skipping off); combinations that
-    can deadlock are refused with the reason. ``late_updates="disagreement"`` mixes a stale or late
+    can deadlock are refused with the reason. ``late_updates="progress"`` mixes a stale or late
     update as its difference from this worker's own model of that iteration instead of as the old
     model it is (:mod:`hetrain.protocols.lag_compensation`).
 
@@ -105,7 +105,7 @@ class Hop(SyncProtocol):
         if self.joining:  # a replacement: the graph the survivors use now (every other death repaired)
             self.topology = repair(self.original_topology, self.dead)
         self.logic = HopWorker.for_rank(self.topology, rank, self.config)
-        self._sent = SentModels(self.logic.sent_models_kept)  # own models, to mix old updates as disagreement
+        self._progress = OwnProgress(self.logic.sent_models_kept)  # to put back what old updates would undo
         self._cond = threading.Condition()
         self._channel_errors: list[str] = []
         self._lost = LostPeers()  # continue mode: peers lost, not yet known dead
@@ -368,9 +368,11 @@ class Hop(SyncProtocol):
             mixed = torch.mul(own, self_weight, out=self.state.empty())
             for weight, term in zip(weights, plan.terms):
                 mixed.add_(term.payload.model, alpha=weight)
-                if (own_then := self._sent.reference(term)) is not None:  # an old update: its disagreement
-                    mixed.add_(own, alpha=weight).sub_(own_then, alpha=weight)
+                if (lost := self._progress.lost_steps(term)) is not None:  # an old update: put its lag back
+                    mixed.add_(lost, alpha=weight)
         self.state.scatter(mixed)
+        if self.config.late_updates == "progress":
+            self._progress.mixed(mixed)  # the next send's own steps are measured from here
         if plan.tokens_to:
             self.channels.send("token", plan.tokens_to, TOKEN, plan.iteration, plan.token_count)
 
@@ -439,7 +441,8 @@ class Hop(SyncProtocol):
 
     def _send_model(self, iteration: int, model: torch.Tensor) -> None:
         self._send_update(self.logic.out_neighbors, iteration, model)
-        self._sent.record(iteration, model)
+        if self.config.late_updates == "progress":
+            self._progress.sent(iteration, model, self.state.empty)
         if self.tolerant:
             self._last_sent = (iteration, model)
         if self._resend is not None:  # a repair while this worker was not waiting
@@ -484,8 +487,8 @@ class Hop(SyncProtocol):
         self.stats.extra["exchange_iteration"] = self.logic.iteration  # the logic's counter: one per exchange
         self.stats.extra.update({k: v for k, v in counters.items() if k not in _STATS_COUNTERS},
                                 sends_in_flight_max=self.channels.max_in_flight_seen(),
-                                updates_lag_compensated=self._sent.compensated,
-                                updates_lag_uncompensated=self._sent.uncompensated)
+                                updates_lag_compensated=self._progress.compensated,
+                                updates_lag_uncompensated=self._progress.uncompensated)
         return super().metrics()
 
     def _extra_state(self) -> dict:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from hetrain.protocols.hop_config import DPSGDOptions, HopOptions
 from hetrain.protocols.hop_logic import make_hop_workers
-from hetrain.protocols.lag_compensation import SentModels
+from hetrain.protocols.lag_compensation import OwnProgress
 from hetrain.protocols.membership import neighbour_weights, repair
 from hetrain.sim.common import Recorder, SimSetup, SimulationError
 from hetrain.sim.network import TOKEN_BYTES
@@ -43,7 +43,7 @@ class HopSim:
         self.rec = Recorder(n, setup.timelines, setup.progress)
         self.neighbors = [sorted(set(topology.in_neighbors[i]) | set(topology.out_neighbors[i])) for i in range(n)]
         self.last_sent: list[tuple | None] = [None] * n  # (iteration, payload) of each worker's last model sent
-        self.sent = [SentModels(w.sent_models_kept) for w in self.workers]  # old updates mixed as disagreement
+        self.progress = [OwnProgress(w.sent_models_kept) for w in self.workers]  # put back what old updates undo
 
     # ----- the worker loop ----------------------------------------------------------
     def _begin(self, i: int) -> None:
@@ -61,7 +61,7 @@ class HopSim:
             average = w.apply_skip(plan)
             engine.log("skip", i, (plan.from_iteration, plan.to_iteration))
             if math.enabled:
-                math.apply_average(i, average)
+                math.apply_average(i, average, self.progress[i])
             self._send_tokens(i, average.tokens_to, average.token_count)
         if not w.can_start():
             self.state[i] = IDLE
@@ -87,7 +87,8 @@ class HopSim:
             for _ in range(steps):
                 math.local_step(i)
             payload = math.snapshot(i)
-            self.sent[i].record(k, payload)
+            if self.config.late_updates == "progress":
+                self.progress[i].sent(k, payload)
         now, nbytes = engine.now, setup.message_bytes
         for m in w.out_neighbors:
             engine.at(net.send(now, i, m, nbytes), self._update_arrives, m, i, k, payload)
@@ -107,7 +108,7 @@ class HopSim:
         engine.log("complete", i, (plan.iteration, tuple((t.src, t.iteration) for t in plan.terms)))
         math = self.setup.math
         if math.enabled:
-            math.apply_average(i, plan, self.sent[i])
+            math.apply_average(i, plan, self.progress[i])
             math.maybe_evaluate(engine.now, self.rec.done)
         self._send_tokens(i, plan.tokens_to, plan.token_count)
         self._begin(i)

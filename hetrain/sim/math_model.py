@@ -30,7 +30,7 @@ class NullMath:
     def snapshot(self, worker: int):
         return None
 
-    def apply_average(self, worker: int, plan, sent=None) -> None:
+    def apply_average(self, worker: int, plan, progress=None) -> None:
         pass
 
     def set_params(self, worker: int, params) -> None:
@@ -121,17 +121,18 @@ class DigitsMath:
     def snapshot(self, worker: int) -> np.ndarray:
         return self.params[worker].copy()
 
-    def apply_average(self, worker: int, plan, sent=None) -> None:
-        """Apply a Hop-style plan: self_weight * own + sum(term.weight * term.payload), an old term as
-        its disagreement when ``sent`` (:class:`~hetrain.protocols.lag_compensation.SentModels`) holds
-        this worker's model of the term's iteration."""
-        own = self.params[worker]
-        new = plan.self_weight * own
+    def apply_average(self, worker: int, plan, progress=None) -> None:
+        """Apply a Hop-style plan: self_weight * own + sum(term.weight * term.payload), and for an old term
+        the worker's own steps it lacks, when ``progress`` (:class:`~hetrain.protocols.lag_compensation.
+        OwnProgress`) holds them."""
+        new = plan.self_weight * self.params[worker]
         for term in plan.terms:
             new += np.float32(term.weight) * term.payload
-            if sent is not None and (own_then := sent.reference(term)) is not None:
-                new += np.float32(term.weight) * (own - own_then)
+            if progress is not None and (lost := progress.lost_steps(term)) is not None:
+                new += np.float32(term.weight) * lost
         self.params[worker] = new.astype(np.float32, copy=False)
+        if progress is not None:
+            progress.mixed(self.params[worker].copy())
 
     def set_params(self, worker: int, params: np.ndarray) -> None:
         self.params[worker] = params.copy()

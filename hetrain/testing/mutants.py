@@ -558,11 +558,11 @@ def replacements_admitted_together() -> None:
 
 
 def late_updates_as_models() -> None:
-    """Old (stale, late) updates mixed as the old models they are (Hop's average before it kept the steps
-    taken since: every one pulled its worker back)."""
-    from hetrain.protocols.lag_compensation import SentModels
+    """Old (stale, late) updates averaged as the old models they are, with ``late_updates="progress"`` asked
+    for (Hop's own rule: every one pulls its worker back by the steps taken since)."""
+    from hetrain.protocols.lag_compensation import OwnProgress
 
-    SentModels.reference = lambda self, term: None
+    OwnProgress.lost_steps = lambda self, term: None
 
 
 MUTANTS = {"no-comm": no_comm, "late-updates-as-models": late_updates_as_models, "replacements-admitted-together": replacements_admitted_together, "unsettled-replacements-kept": unsettled_replacements_kept,

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hetrain.errors import UsageError
 from hetrain.protocols.hop_config import HopConfig
 from hetrain.protocols.hop_logic import AverageTerm, make_hop_workers
-from hetrain.protocols.lag_compensation import SentModels
+from hetrain.protocols.lag_compensation import OwnProgress
 from hetrain.topology import make_topology
 
 
@@ -171,32 +171,35 @@ def test_an_always_late_neighbours_newest_update_is_used_at_its_full_weight():
     w.receive_update(1, 4, "a4")
     assert [t.payload for t in w.complete().terms] == ["a4"]  # b1 is not used twice
 
-def test_an_old_update_names_the_iteration_its_disagreement_is_measured_at():
-    """A stale or late term carries its own iteration as ``reference`` (mixed as update - own model sent
-    then); a term of this iteration, or a newer stand-in after a skip, carries none (mixed as it is)."""
+def test_an_old_update_names_the_iteration_whose_steps_it_lacks():
+    """With ``late_updates="progress"`` a stale or late term carries its own iteration as ``reference``, and
+    the worker's own steps since then are put back (P_k - P_k'); a term of this iteration, or a newer
+    stand-in after a skip, carries none. Hop's rule, the default, marks nothing."""
     topology = make_topology("ring", 3)
     config = HopConfig(backup=1, staleness=1, max_ig=8, skip_threshold=2,
-                       late_updates="disagreement").validated_for(topology)
+                       late_updates="progress").validated_for(topology)
     w = make_hop_workers(topology, config)[0]
-    sent = SentModels(w.sent_models_kept)
+    progress = OwnProgress(w.sent_models_kept)
     for k in range(4):
-        sent.record(k, f"own{k}")
+        progress.sent(k, 10.0 * k + 1 + k)  # mixed at 10 k, then k + 1 of its own steps (1, 2, 3, 4)
         w.start()
         w.receive_update(1, k, f"a{k}")
         if k == 3:
             w.receive_update(2, 0, "b0")  # late (window 2..3)
             w.receive_update(2, 2, "b2")  # stale by one
         plan = w.complete()
+        progress.mixed(10.0 * (k + 1))
     assert {t.payload: t.reference for t in plan.terms} == {"a3": None, "b2": 2}
-    assert [sent.reference(t) for t in plan.terms] == [None, "own2"]
+    assert [progress.lost_steps(t) for t in plan.terms] == [None, 4.0]  # the 4 steps of iteration 3
     w.start()
     w.receive_update(1, 6, "a6")  # worker 1 skipped past the window: its newer update stands in
     w.receive_update(2, 4, "b4")
     assert {t.payload: t.reference for t in w.complete().terms} == {"a6": None, "b4": None}
     for k in range(4, 4 + w.sent_models_kept):
-        sent.record(k, f"own{k}")
+        progress.sent(k, 10.0 * k + 1)
     late = AverageTerm(2, 3, 0.5, "b3", reference=3)
-    assert sent.reference(late) is None and (sent.compensated, sent.uncompensated) == (1, 1)  # own3 not kept
+    assert progress.lost_steps(late) is None  # P_3 no longer kept: mixed as it is, and counted
+    assert (progress.compensated, progress.uncompensated) == (1, 1)
     hop = make_hop_workers(topology, HopConfig(backup=1, staleness=1, max_ig=8).validated_for(topology))[0]
     hop.start()
     hop.receive_update(1, 0, "a0")

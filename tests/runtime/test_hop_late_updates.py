@@ -1,11 +1,11 @@
-"""With ``late_updates="disagreement"`` Hop mixes an old update as the disagreement it carries, not as an
-old model (:mod:`hetrain.protocols.lag_compensation`; docs/decisions.md, "Hop mixes late updates as
-disagreement").
+"""With ``late_updates="progress"`` Hop puts back the steps an old update would undo
+(:mod:`hetrain.protocols.lag_compensation`; docs/decisions.md, "Hop keeps the steps an old update would
+undo").
 
 A constant gradient (loss ``-sum(w)``, SGD lr 1, no momentum) moves every model by exactly 1 a step, so
 a worker's model minus its own steps is what mixing made of the workers' different starts (0, 10, 20,
 30). Worker 0 is slower, so with backup 1 and staleness 1 its ring neighbours mix its updates late and
-stale. Mixed as the disagreement, the workers' starts are averaged and their steps kept; mixed as old
+stale. With the steps put back, the workers' starts are averaged and their steps kept; averaged as old
 models (Hop's rule, the default ``"model"``), every old update pulls a worker back by its lag: the models
 end far below their steps plus the lowest start.
 """
@@ -47,8 +47,8 @@ def _constant_progress(ctx, late_updates):
 
 
 @pytest.mark.timeout(90)
-def test_old_updates_are_mixed_as_disagreement_so_no_step_is_lost():
-    results = run_local(_constant_progress, 4, ("disagreement",), timeout_s=30)
+def test_old_updates_are_mixed_keeps_progress_so_no_step_is_lost():
+    results = run_local(_constant_progress, 4, ("progress",), timeout_s=30)
     old_terms = sum(old for _, old, _ in results)
     assert old_terms >= 20, f"too few old updates used ({old_terms}) for the test to mean anything"
     mixed = torch.tensor([m for m, _, _ in results])
@@ -56,7 +56,7 @@ def test_old_updates_are_mixed_as_disagreement_so_no_step_is_lost():
     assert mixed.min() >= -0.5 and mixed.max() <= 30.5, mixed[:, 0]
     # and the starts were mixed (with no communication each worker keeps its own: spread 11.2 per coordinate)
     assert float(mixed[:, 0].std(unbiased=False)) <= 4.0, mixed[:, 0]
-    # each old update was mixed as disagreement: the worker still held its own model of that iteration
+    # each old update had its lost steps put back: the worker still held its progress of that iteration
     assert all(counts == (old, 0) for _, old, counts in results), [r[1:] for r in results]
 
 
