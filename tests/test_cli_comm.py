@@ -20,6 +20,7 @@ from hetrain.cli import main
     (["--protocol", "allreduce", "--sync-every", "4"], "allreduce (DDP) averages gradients at every step"),
     (["--protocol", "allreduce", "--compress", "int8"], "torch's own hooks"),
     (["--protocol", "prague", "--gg", "static", "--sync-every", "4", "--local-work", "auto"], "static schedule"),
+    (["--protocol", "hop", "--late-updates", "progress", "--compress", "int8"], "compressed gossip mixes public"),
 ])
 def test_bad_communication_settings_are_one_line_errors(capsys, tmp_path, args, message):
     out = tmp_path / "out"

@@ -138,6 +138,12 @@ class HopOptions(ProtocolOptions):
         self.resolve(num_workers)
         return self
 
+    def check_comm(self, comm) -> None:
+        if self.late_updates == "progress" and comm.compression.enabled:
+            raise OptionError("{late_updates} progress puts back the steps an old model would undo, and "
+                              "compressed gossip mixes public copies instead of models: use {late_updates} "
+                              "model with --compress, or no compression")
+
 
 @dataclass(frozen=True)
 class DPSGDOptions(ProtocolOptions):

@@ -10,8 +10,9 @@ steps an old update would undo").
 
 The rule: the average is Hop's (a convex combination of the models: the mixing is exactly Hop's),
 plus, for each term of iteration k' < k, ``weight * (P_k - P_k')``, where P is the worker's own
-progress: the sum of what its own optimizer steps (everything between one mix and the next send)
-moved its model. The steps the old model lacks are put back; nothing of the workers' disagreement is
+progress: the sum of what moved its flat state between one mix and the next send (its optimizer steps,
+an outer step, and whatever else travels in the flat state beside the model: the outer momentum,
+floating-point buffers such as BatchNorm's running statistics). The steps the old model lacks are put back; nothing of the workers' disagreement is
 mixed twice. (Mixing the disagreement at k' instead, ``weight * (x_j,k' - x_i,k')``, keeps the steps as
 well but is delayed feedback on the disagreement: with a renormalized weight of 1/2 and lags of a few
 iterations it diverged in the simulator, consensus distance 1e16.) The rule is ours, measured, not a
@@ -57,7 +58,7 @@ class OwnProgress:
         self._mixed = model
 
     def lost_steps(self, term):
-        """``P_now - P_k'`` for an old ``term`` (add ``term.weight`` of it to the average), or None."""
+        """``(P_now, P_k')`` for an old ``term`` (add ``term.weight * (P_now - P_k')`` to the average), or None."""
         if term.reference is None:
             return None
         then = self._by_iteration.get(term.reference)
@@ -65,9 +66,5 @@ class OwnProgress:
             self.uncompensated += 1
             return None
         self.compensated += 1
-        return self._total - then
-
-    def clear(self) -> None:
-        self._by_iteration.clear()
-        self._total = self._mixed = None
+        return self._total, then
 

@@ -70,9 +70,9 @@ class Hop(SyncProtocol):
     ``backup``, ``staleness``, ``max_ig``, ``skip_threshold``, ``late_updates``. Settings left as None
     take Hop's defaults for the graph (backup 1 where every worker has 2+ in-neighbours, staleness 1,
     max_ig 8, skip_threshold 2; ``skip_threshold=0`` switches skipping off); combinations that
-    can deadlock are refused with the reason. ``late_updates="progress"`` mixes a stale or late
-    update as its difference from this worker's own model of that iteration instead of as the old
-    model it is (:mod:`hetrain.protocols.lag_compensation`).
+    can deadlock are refused with the reason. ``late_updates="progress"`` averages a stale or late
+    update as Hop does and puts back the worker's own steps since its iteration, which the old model
+    would undo (:mod:`hetrain.protocols.lag_compensation`; not with compression).
 
     Example::
 
@@ -369,7 +369,8 @@ class Hop(SyncProtocol):
             for weight, term in zip(weights, plan.terms):
                 mixed.add_(term.payload.model, alpha=weight)
                 if (lost := self._progress.lost_steps(term)) is not None:  # an old update: put its lag back
-                    mixed.add_(lost, alpha=weight)
+                    now, then = lost
+                    mixed.add_(now, alpha=weight).sub_(then, alpha=weight)
         self.state.scatter(mixed)
         if self.config.late_updates == "progress":
             self._progress.mixed(mixed)  # the next send's own steps are measured from here

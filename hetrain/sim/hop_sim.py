@@ -43,7 +43,8 @@ class HopSim:
         self.rec = Recorder(n, setup.timelines, setup.progress)
         self.neighbors = [sorted(set(topology.in_neighbors[i]) | set(topology.out_neighbors[i])) for i in range(n)]
         self.last_sent: list[tuple | None] = [None] * n  # (iteration, payload) of each worker's last model sent
-        self.progress = [OwnProgress(w.sent_models_kept) for w in self.workers]  # put back what old updates undo
+        keeps_progress = self.config.late_updates == "progress"  # put back the steps old updates would undo
+        self.progress = [OwnProgress(w.sent_models_kept) if keeps_progress else None for w in self.workers]
 
     # ----- the worker loop ----------------------------------------------------------
     def _begin(self, i: int) -> None:
@@ -87,7 +88,7 @@ class HopSim:
             for _ in range(steps):
                 math.local_step(i)
             payload = math.snapshot(i)
-            if self.config.late_updates == "progress":
+            if self.progress[i] is not None:
                 self.progress[i].sent(k, payload)
         now, nbytes = engine.now, setup.message_bytes
         for m in w.out_neighbors:

@@ -129,7 +129,8 @@ class DigitsMath:
         for term in plan.terms:
             new += np.float32(term.weight) * term.payload
             if progress is not None and (lost := progress.lost_steps(term)) is not None:
-                new += np.float32(term.weight) * lost
+                now, then = lost
+                new += np.float32(term.weight) * (now - then)
         self.params[worker] = new.astype(np.float32, copy=False)
         if progress is not None:
             progress.mixed(self.params[worker].copy())

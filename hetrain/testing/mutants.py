@@ -565,7 +565,23 @@ def late_updates_as_models() -> None:
     OwnProgress.lost_steps = lambda self, term: None
 
 
-MUTANTS = {"no-comm": no_comm, "late-updates-as-models": late_updates_as_models, "replacements-admitted-together": replacements_admitted_together, "unsettled-replacements-kept": unsettled_replacements_kept,
+def progress_with_the_mixing() -> None:
+    """P measured from the last send instead of the last mix, so it holds the mixing's moves too: the
+    first rule, ``weight * (x_j,k' - x_i,k')``, which diverged in the simulator."""
+    from hetrain.protocols.lag_compensation import OwnProgress
+
+    sent = OwnProgress.sent
+
+    def sent_from_the_last_send(self, iteration, model, empty=None):
+        sent(self, iteration, model, empty)
+        self._mixed = model
+
+    OwnProgress.sent = sent_from_the_last_send
+    OwnProgress.mixed = lambda self, model: None
+
+
+MUTANTS = {"no-comm": no_comm, "late-updates-as-models": late_updates_as_models,
+           "progress-with-the-mixing": progress_with_the_mixing, "replacements-admitted-together": replacements_admitted_together, "unsettled-replacements-kept": unsettled_replacements_kept,
            "freeze-after-the-wait": freeze_after_the_wait, "first-sends-unwatched": first_sends_unwatched, "idle-edges-bounded": idle_edges_bounded, "finished-neighbours-sent-to": finished_neighbours_sent_to,
            "interim-edges-ignored": interim_edges_ignored, "link-ingress-own-rule": link_ingress_own_rule, "server-not-last": server_not_last,
            "iteration-from-logic": iteration_from_logic, "outer-step-on-own-anchor": outer_step_on_own_anchor,

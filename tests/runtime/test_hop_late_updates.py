@@ -40,30 +40,36 @@ def _constant_progress(ctx, late_updates):
         if ctx.rank == 0:
             time.sleep(0.02)  # the slow worker: its neighbours use its updates late
     mixed_starts = (model.w.detach() - STEPS).tolist()  # the model less its own steps, before the final average
+    progress = sync._progress._total  # P: its own steps since its first send, one a step (none with "model")
+    own_steps = progress.tolist() if progress is not None else None
     metrics = sync.metrics()
     sync.finish()
     return mixed_starts, metrics["updates_stale"], (metrics["updates_lag_compensated"],
-                                                    metrics["updates_lag_uncompensated"])
+                                                    metrics["updates_lag_uncompensated"]), own_steps
 
 
 @pytest.mark.timeout(90)
-def test_old_updates_are_mixed_keeps_progress_so_no_step_is_lost():
+def test_old_updates_have_their_lost_steps_put_back():
     results = run_local(_constant_progress, 4, ("progress",), timeout_s=30)
-    old_terms = sum(old for _, old, _ in results)
+    old_terms = sum(old for _, old, _, _ in results)
     assert old_terms >= 20, f"too few old updates used ({old_terms}) for the test to mean anything"
-    mixed = torch.tensor([m for m, _, _ in results])
+    mixed = torch.tensor([m for m, _, _, _ in results])
     # every model is its steps plus a mix of the starts (0..30): no step lost to an old update
     assert mixed.min() >= -0.5 and mixed.max() <= 30.5, mixed[:, 0]
     # and the starts were mixed (with no communication each worker keeps its own: spread 11.2 per coordinate)
     assert float(mixed[:, 0].std(unbiased=False)) <= 4.0, mixed[:, 0]
     # each old update had its lost steps put back: the worker still held its progress of that iteration
-    assert all(counts == (old, 0) for _, old, counts in results), [r[1:] for r in results]
+    assert all(counts == (old, 0) for _, old, counts, _ in results), [r[1:3] for r in results]
+    # P counts the worker's own steps only, not the mixing's moves (with them it is the dropped rule,
+    # the disagreement at k', which diverged in the simulator): STEPS - 1 since the first send
+    for _, _, _, own_steps in results:
+        assert own_steps == pytest.approx([STEPS - 1.0] * SIZE, abs=1e-9), own_steps
 
 
 @pytest.mark.timeout(90)
 def test_by_default_old_updates_are_mixed_as_the_models_they_are():
     """Hop's own rule stays the default: the same job loses steps to its old updates."""
     results = run_local(_constant_progress, 4, ("model",), timeout_s=30)
-    mixed = torch.tensor([m for m, _, _ in results])
+    mixed = torch.tensor([m for m, _, _, _ in results])
     assert mixed.max() < -5.0, mixed[:, 0]  # measured -17 to -20: about 35 of 80 steps lost
-    assert all(counts == (0, 0) for _, _, counts in results)  # no own model was differenced against
+    assert all(counts == (0, 0) and steps is None for _, _, counts, steps in results)  # no progress kept, none put back

@@ -108,8 +108,10 @@ COMM_MUTANTS = {
     "no-dead-band": [
         "tests/test_data_split.py::test_at_nearly_equal_speeds_each_worker_keeps_to_its_shard_exactly_as_shard_does"],
     "momentum-unmixed": [f"{OC}::test_the_outer_momentum_is_mixed_as_the_models_are"],
-    "late-updates-as-models": [  # issue 37: Hop's old updates mixed as disagreement
-        "tests/runtime/test_hop_late_updates.py::test_old_updates_are_mixed_keeps_progress_so_no_step_is_lost"],
+    "late-updates-as-models": [  # issue 37: Hop's old updates with their lost steps put back
+        "tests/runtime/test_hop_late_updates.py::test_old_updates_have_their_lost_steps_put_back"],
+    "progress-with-the-mixing": [  # the dropped rule: P measured from the last send, mixing included
+        "tests/runtime/test_hop_late_updates.py::test_old_updates_have_their_lost_steps_put_back"],
     "momentum-unbound-after-load": [
         f"{OC}::test_a_loaded_outer_optimizer_keeps_its_momentum_in_the_buffers_the_protocol_mixes"],
     "momentum-bound-only-at-the-step": [
