@@ -142,7 +142,7 @@ class HopWorker:
         return cls(rank, dict(weights), own, topology.out_neighbors[rank], config)
 
     @property
-    def sent_models_kept(self) -> int:
+    def progress_iterations_kept(self) -> int:
         """How many iterations of its own progress a driver keeps for :attr:`AverageTerm.reference`: an update
         used is at most ``staleness`` old in its window, or late by at most ``max_ig`` (tokens)."""
         return self.config.staleness + (self.config.max_ig or 0) + 1 if self._keeps_progress else 1

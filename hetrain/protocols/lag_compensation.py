@@ -12,8 +12,8 @@ The rule: the average is Hop's (a convex combination of the models: the mixing i
 plus, for each term of iteration k' < k, ``weight * (P_k - P_k')``, where P is the worker's own
 progress: the sum of what moved its flat state between one mix and the next send (its optimizer steps,
 an outer step, and whatever else travels in the flat state beside the model: the outer momentum,
-floating-point buffers such as BatchNorm's running statistics). The steps the old model lacks are put back; nothing of the workers' disagreement is
-mixed twice. (Mixing the disagreement at k' instead, ``weight * (x_j,k' - x_i,k')``, keeps the steps as
+floating-point buffers such as BatchNorm's running statistics). The steps the old model lacks are put
+back; nothing of the workers' disagreement is mixed twice. (Mixing the disagreement at k' instead, ``weight * (x_j,k' - x_i,k')``, keeps the steps as
 well but is delayed feedback on the disagreement: with a renormalized weight of 1/2 and lags of a few
 iterations it diverged in the simulator, consensus distance 1e16.) The rule is ours, measured, not a
 published algorithm with a proof.

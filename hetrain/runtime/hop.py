@@ -105,7 +105,7 @@ class Hop(SyncProtocol):
         if self.joining:  # a replacement: the graph the survivors use now (every other death repaired)
             self.topology = repair(self.original_topology, self.dead)
         self.logic = HopWorker.for_rank(self.topology, rank, self.config)
-        self._progress = OwnProgress(self.logic.sent_models_kept)  # to put back what old updates would undo
+        self._progress = OwnProgress(self.logic.progress_iterations_kept)  # to put back what old updates would undo
         self._cond = threading.Condition()
         self._channel_errors: list[str] = []
         self._lost = LostPeers()  # continue mode: peers lost, not yet known dead

@@ -44,7 +44,7 @@ class HopSim:
         self.neighbors = [sorted(set(topology.in_neighbors[i]) | set(topology.out_neighbors[i])) for i in range(n)]
         self.last_sent: list[tuple | None] = [None] * n  # (iteration, payload) of each worker's last model sent
         keeps_progress = self.config.late_updates == "progress"  # put back the steps old updates would undo
-        self.progress = [OwnProgress(w.sent_models_kept) if keeps_progress else None for w in self.workers]
+        self.progress = [OwnProgress(w.progress_iterations_kept) if keeps_progress else None for w in self.workers]
 
     # ----- the worker loop ----------------------------------------------------------
     def _begin(self, i: int) -> None:

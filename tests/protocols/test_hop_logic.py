@@ -179,7 +179,7 @@ def test_an_old_update_names_the_iteration_whose_steps_it_lacks():
     config = HopConfig(backup=1, staleness=1, max_ig=8, skip_threshold=2,
                        late_updates="progress").validated_for(topology)
     w = make_hop_workers(topology, config)[0]
-    progress = OwnProgress(w.sent_models_kept)
+    progress = OwnProgress(w.progress_iterations_kept)
     for k in range(4):
         progress.sent(k, 10.0 * k + 1 + k)  # mixed at 10 k, then k + 1 of its own steps (1, 2, 3, 4)
         w.start()
@@ -196,7 +196,7 @@ def test_an_old_update_names_the_iteration_whose_steps_it_lacks():
     w.receive_update(1, 6, "a6")  # worker 1 skipped past the window: its newer update stands in
     w.receive_update(2, 4, "b4")
     assert {t.payload: t.reference for t in w.complete().terms} == {"a6": None, "b4": None}
-    for k in range(4, 4 + w.sent_models_kept):
+    for k in range(4, 4 + w.progress_iterations_kept):
         progress.sent(k, 10.0 * k + 1)
     late = AverageTerm(2, 3, 0.5, "b3", reference=3)
     assert progress.lost_steps(late) is None  # P_3 no longer kept: mixed as it is, and counted
@@ -209,7 +209,7 @@ def test_an_old_update_names_the_iteration_whose_steps_it_lacks():
     hop.receive_update(2, 0, "b0")
     hop.receive_update(1, 1, "a1")
     assert [t.reference for t in hop.complete().terms] == [None, None]  # Hop's rule, the default: as models
-    assert hop.sent_models_kept == 1
+    assert hop.progress_iterations_kept == 1
 
 
 def test_skip_jumps_to_neighbours_and_returns_owed_tokens():
