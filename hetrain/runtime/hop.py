@@ -105,7 +105,8 @@ class Hop(SyncProtocol):
         if self.joining:  # a replacement: the graph the survivors use now (every other death repaired)
             self.topology = repair(self.original_topology, self.dead)
         self.logic = HopWorker.for_rank(self.topology, rank, self.config)
-        self._progress = OwnProgress(self.logic.progress_iterations_kept)  # to put back what old updates would undo
+        self._progress = (OwnProgress(self.logic.progress_iterations_kept)  # to put back what old updates undo
+                          if self.config.late_updates == "progress" else None)
         self._cond = threading.Condition()
         self._channel_errors: list[str] = []
         self._lost = LostPeers()  # continue mode: peers lost, not yet known dead
@@ -368,11 +369,11 @@ class Hop(SyncProtocol):
             mixed = torch.mul(own, self_weight, out=self.state.empty())
             for weight, term in zip(weights, plan.terms):
                 mixed.add_(term.payload.model, alpha=weight)
-                if (lost := self._progress.lost_steps(term)) is not None:  # an old update: put its lag back
+                if self._progress is not None and (lost := self._progress.lost_steps(term)) is not None:
                     now, then = lost
                     mixed.add_(now, alpha=weight).sub_(then, alpha=weight)
         self.state.scatter(mixed)
-        if self.config.late_updates == "progress":
+        if self._progress is not None:
             self._progress.mixed(mixed)  # the next send's own steps are measured from here
         if plan.tokens_to:
             self.channels.send("token", plan.tokens_to, TOKEN, plan.iteration, plan.token_count)
@@ -442,7 +443,7 @@ class Hop(SyncProtocol):
 
     def _send_model(self, iteration: int, model: torch.Tensor) -> None:
         self._send_update(self.logic.out_neighbors, iteration, model)
-        if self.config.late_updates == "progress":
+        if self._progress is not None:
             self._progress.sent(iteration, model, self.state.empty)
         if self.tolerant:
             self._last_sent = (iteration, model)
@@ -488,8 +489,8 @@ class Hop(SyncProtocol):
         self.stats.extra["exchange_iteration"] = self.logic.iteration  # the logic's counter: one per exchange
         self.stats.extra.update({k: v for k, v in counters.items() if k not in _STATS_COUNTERS},
                                 sends_in_flight_max=self.channels.max_in_flight_seen(),
-                                updates_lag_compensated=self._progress.compensated,
-                                updates_lag_uncompensated=self._progress.uncompensated)
+                                updates_lag_compensated=self._progress.compensated if self._progress else 0,
+                                updates_lag_uncompensated=self._progress.uncompensated if self._progress else 0)
         return super().metrics()
 
     def _extra_state(self) -> dict:

@@ -40,8 +40,8 @@ def _constant_progress(ctx, late_updates):
         if ctx.rank == 0:
             time.sleep(0.02)  # the slow worker: its neighbours use its updates late
     mixed_starts = (model.w.detach() - STEPS).tolist()  # the model less its own steps, before the final average
-    progress = sync._progress._total  # P: its own steps since its first send, one a step (none with "model")
-    own_steps = progress.tolist() if progress is not None else None
+    progress = sync._progress  # P: its own steps since its first send, one a step (none kept with "model")
+    own_steps = progress._total.tolist() if progress is not None else None
     metrics = sync.metrics()
     sync.finish()
     return mixed_starts, metrics["updates_stale"], (metrics["updates_lag_compensated"],
