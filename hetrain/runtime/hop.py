@@ -84,6 +84,7 @@ class Hop(SyncProtocol):
     """
 
     outer_mixes_momentum = True  # adapt then combine: the outer momentum travels beside the model
+    _progress: OwnProgress | None = None  # late_updates="progress": this worker's own steps, by iteration
     name = "hop"
     options_class: type[HopOptions | DPSGDOptions] = HopOptions
 
@@ -352,6 +353,10 @@ class Hop(SyncProtocol):
                 )
             self._cond.wait(timeout=min(remaining, tick))
         return True
+
+    def _weights_replaced(self) -> None:
+        if self._progress is not None:  # loaded weights are not this worker's steps: measure from them
+            self._progress.mixed(self.state.gather())
 
     def _apply(self, plan: AveragePlan, own: torch.Tensor) -> None:
         self_weight, weights = plan.self_weight, [term.weight for term in plan.terms]

@@ -162,13 +162,12 @@ class SyncProtocol:
             self._outer.state = self.state
         self.stats = ProtocolStats()
         self._setup_comm()
-        self._hooks = []
+        self._hooks = [model.register_load_state_dict_post_hook(self._after_weights_loaded)]
         if optimizer is not None:
             self._hooks.append(optimizer.register_step_post_hook(self._after_optimizer_step))
         if self._outer is not None:
             if optimizer is not None:
                 self._hooks.append(optimizer.register_step_pre_hook(self._before_optimizer_step))
-            self._hooks.append(model.register_load_state_dict_post_hook(self._after_weights_loaded))
             if self._outer.load_hook is not None:  # the mixed momentum bound at each load of the outer optimizer
                 self._hooks.append(self._outer.load_hook)
         self._finished = False
@@ -216,11 +215,13 @@ class SyncProtocol:
             self._last_exchange_end = self._last_step_end
 
     def reanchor(self) -> None:
-        """Take the model as it is now as the outer optimizer's anchor: call it after loading weights
-        into the model other than by ``model.load_state_dict`` (which re-anchors by itself), or
-        they count as progress (a pseudo-gradient) at the next exchange. A no-op without an outer optimizer."""
+        """Take the model as it is now as the outer optimizer's anchor (and as the point Hop's
+        ``late_updates="progress"`` measures its own steps from): call it after loading weights into
+        the model other than by ``model.load_state_dict`` (which re-anchors by itself), or they count
+        as progress (a pseudo-gradient, steps put back) at the next exchange. A no-op without either."""
         if self._outer is not None:
             self._outer.capture()
+        self._weights_replaced()
 
     def step(self) -> None:
         """Count a local step (called by the step post-hook when an optimizer was given); every
@@ -459,8 +460,13 @@ class SyncProtocol:
     def _after_weights_loaded(self, module, incompatible_keys) -> None:
         """``model.load_state_dict`` into the wrapped model: the loaded weights are the anchor
         (a protocol state loaded afterwards, as ``--resume`` does, brings the saved anchor back)."""
-        self._outer.capture()
-        self._outer.pending_capture = self.stats.iterations == 0 and self._local_steps == 0
+        if self._outer is not None:
+            self._outer.capture()
+            self._outer.pending_capture = self.stats.iterations == 0 and self._local_steps == 0
+        self._weights_replaced()
+
+    def _weights_replaced(self) -> None:
+        """Weights were loaded into the model from outside the protocol (Hop: not its own progress)."""
 
     def _sync(self) -> None:
         raise NotImplementedError

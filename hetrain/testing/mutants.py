@@ -580,8 +580,28 @@ def progress_with_the_mixing() -> None:
     OwnProgress.mixed = lambda self, model: None
 
 
+def loaded_weights_as_progress() -> None:
+    """Weights loaded into a Hop model (``model.load_state_dict``, or changed and ``sync.reanchor()``)
+    counted as the worker's own progress under ``late_updates="progress"``."""
+    from hetrain.runtime.hop import Hop
+
+    Hop._weights_replaced = lambda self: None
+
+
+def reanchor_outer_only() -> None:
+    """``sync.reanchor()`` re-anchors the outer optimizer only (Hop's progress still counts the change)."""
+    from hetrain.runtime.protocol import SyncProtocol
+
+    def reanchor(self):
+        if self._outer is not None:
+            self._outer.capture()
+
+    SyncProtocol.reanchor = reanchor
+
+
 MUTANTS = {"no-comm": no_comm, "late-updates-as-models": late_updates_as_models,
-           "progress-with-the-mixing": progress_with_the_mixing, "replacements-admitted-together": replacements_admitted_together, "unsettled-replacements-kept": unsettled_replacements_kept,
+           "progress-with-the-mixing": progress_with_the_mixing,
+           "loaded-weights-as-progress": loaded_weights_as_progress, "reanchor-outer-only": reanchor_outer_only, "replacements-admitted-together": replacements_admitted_together, "unsettled-replacements-kept": unsettled_replacements_kept,
            "freeze-after-the-wait": freeze_after_the_wait, "first-sends-unwatched": first_sends_unwatched, "idle-edges-bounded": idle_edges_bounded, "finished-neighbours-sent-to": finished_neighbours_sent_to,
            "interim-edges-ignored": interim_edges_ignored, "link-ingress-own-rule": link_ingress_own_rule, "server-not-last": server_not_last,
            "iteration-from-logic": iteration_from_logic, "outer-step-on-own-anchor": outer_step_on_own_anchor,

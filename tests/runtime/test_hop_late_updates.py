@@ -73,3 +73,30 @@ def test_by_default_old_updates_are_mixed_as_the_models_they_are():
     mixed = torch.tensor([m for m, _, _, _ in results])
     assert mixed.max() < -5.0, mixed[:, 0]  # measured -17 to -20: about 35 of 80 steps lost
     assert all(counts == (0, 0) and steps is None for _, _, counts, steps in results)  # no progress kept, none put back
+
+
+def _weights_loaded_midway(ctx):
+    model = Progress(10.0 * ctx.rank)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    sync = hetrain.Hop(model, opt, topology="ring", staleness=1, late_updates="progress")
+    for step in range(20):
+        opt.zero_grad()
+        (-model.w.sum()).backward()
+        opt.step()
+        if step == 6:  # weights from elsewhere (a checkpoint, another model): not this worker's steps
+            model.load_state_dict({"w": model.w.detach() + 1000.0})
+        if step == 13:  # changed in place, then said so
+            with torch.no_grad():
+                model.w.add_(-500.0)
+            sync.reanchor()
+    own_steps = sync._progress._total.tolist()
+    sync.finish()
+    return own_steps
+
+
+@pytest.mark.timeout(60)
+def test_weights_loaded_midway_are_not_counted_as_steps():
+    """P measures the worker's own steps only: weights loaded by ``model.load_state_dict`` or changed and
+    followed by ``sync.reanchor()`` would otherwise be put back at every later old update."""
+    for own_steps in run_local(_weights_loaded_midway, 2, timeout_s=30):
+        assert own_steps == pytest.approx([19.0] * SIZE, abs=1e-9), own_steps
