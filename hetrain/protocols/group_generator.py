@@ -57,7 +57,7 @@ class GroupGenerator:
     """
 
     def __init__(self, num_workers, group_size=2, mode="smart", *, seed=0, workers_per_node=None, cache_size=60,
-                 first_seq: int = 0, caches=None, absent: bool = False, overlapped: bool = False):
+                 first_seq: int = 0, caches=None, absent: bool = False):
         validate_gg(num_workers, group_size, mode, cache_size, workers_per_node)
         self.num_workers = num_workers
         self.group_size = group_size
@@ -66,7 +66,7 @@ class GroupGenerator:
         self.ledger = GroupLedger(num_workers, cache_size, first_seq=first_seq, caches=caches, absent=absent)
         self.requests = [0] * num_workers
         self.strategy = MODES[mode].create(self.ledger, self.rng, group_size, seed=seed,
-                                           workers_per_node=workers_per_node, overlapped=overlapped)
+                                           workers_per_node=workers_per_node)
 
     # -- requests ------------------------------------------------------------
     def request(self, worker: int, now_s: float = 0.0) -> list[Group]:

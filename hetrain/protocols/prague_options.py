@@ -87,8 +87,6 @@ def scheduler_for(num_workers: int, options: PragueOptions, seed: int = 0):
     options.validate(num_workers)
     if options.gg_shards > 1:
         return ShardedGroupGenerator(num_workers, options.group_size, options.gg, shards=options.gg_shards,
-                                     epoch_s=options.gg_epoch_s, seed=seed, cache_size=options.communicator_cache,
-                                     overlapped=bool(options.preduce_overlap))
+                                     epoch_s=options.gg_epoch_s, seed=seed, cache_size=options.communicator_cache)
     return GroupGenerator(num_workers, options.group_size, options.gg, seed=seed,
-                          workers_per_node=options.workers_per_node, cache_size=options.communicator_cache,
-                          overlapped=bool(options.preduce_overlap))
+                          workers_per_node=options.workers_per_node, cache_size=options.communicator_cache)

@@ -80,13 +80,12 @@ class ShardedGroupGenerator:
     """``shards`` Group Generators over a split of the workers redrawn every ``epoch_s`` seconds."""
 
     def __init__(self, num_workers: int, group_size: int = 2, mode: str = "smart", *, shards: int,
-                 epoch_s: float, seed: int = 0, cache_size: int = 60, overlapped: bool = False):
+                 epoch_s: float, seed: int = 0, cache_size: int = 60):
         validate_gg(num_workers, group_size, mode, cache_size)
         check_sharding(num_workers, group_size, mode, shards, epoch_s)
         self.num_workers, self.group_size, self.mode = num_workers, group_size, mode
         self.shards, self.epoch_s, self.seed = shards, epoch_s, seed
         self.cache_size = cache_size
-        self.overlapped = overlapped  # the P-Reduces run beside the next compute (smart's window)
         self.caches = [CommunicatorLRU(cache_size) for _ in range(num_workers)]
         self._live: dict[tuple[int, int], _Shard] = {}
         self._epoch_of: list[int | None] = [None] * num_workers  # the epoch each worker last asked in
@@ -201,7 +200,7 @@ class ShardedGroupGenerator:
                                  seed=(self.seed * 1_000_003 + epoch * self.shards + index) & 0xFFFFFFFF,
                                  cache_size=self.cache_size, first_seq=(epoch * self.shards + index) << _SEQ_BITS,
                                  caches=[_GlobalView(self.caches[w], members) for w in members],
-                                 absent=True, overlapped=self.overlapped)  # grouped only once arrived
+                                 absent=True)  # grouped only once arrived
             shard = self._live[key] = _Shard(key, members, gen)
         return shard
 

@@ -588,14 +588,6 @@ def loaded_weights_as_progress() -> None:
     Hop._weights_replaced = lambda self: None
 
 
-def smart_window_blocking() -> None:
-    """The smart Group Generator takes only partners due within 5% of the requester's compute time even when
-    the P-Reduce overlaps the next compute (a third of a fast worker's syncs ungrouped on the demo)."""
-    from hetrain.protocols.gg_modes import smart
-
-    smart.SMART_WINDOW_OVERLAPPED = smart.SMART_WINDOW
-
-
 def reanchor_outer_only() -> None:
     """``sync.reanchor()`` re-anchors the outer optimizer only (Hop's progress still counts the change)."""
     from hetrain.runtime.protocol import SyncProtocol
@@ -609,8 +601,7 @@ def reanchor_outer_only() -> None:
 
 MUTANTS = {"no-comm": no_comm, "late-updates-as-models": late_updates_as_models,
            "progress-with-the-mixing": progress_with_the_mixing,
-           "loaded-weights-as-progress": loaded_weights_as_progress, "reanchor-outer-only": reanchor_outer_only,
-           "smart-window-blocking": smart_window_blocking, "replacements-admitted-together": replacements_admitted_together, "unsettled-replacements-kept": unsettled_replacements_kept,
+           "loaded-weights-as-progress": loaded_weights_as_progress, "reanchor-outer-only": reanchor_outer_only, "replacements-admitted-together": replacements_admitted_together, "unsettled-replacements-kept": unsettled_replacements_kept,
            "freeze-after-the-wait": freeze_after_the_wait, "first-sends-unwatched": first_sends_unwatched, "idle-edges-bounded": idle_edges_bounded, "finished-neighbours-sent-to": finished_neighbours_sent_to,
            "interim-edges-ignored": interim_edges_ignored, "link-ingress-own-rule": link_ingress_own_rule, "server-not-last": server_not_last,
            "iteration-from-logic": iteration_from_logic, "outer-step-on-own-anchor": outer_step_on_own_anchor,

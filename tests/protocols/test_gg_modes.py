@@ -8,7 +8,7 @@ from hetrain.protocols.gg_modes import GG_MODES, MODES, GroupingMode
 from hetrain.protocols.gg_modes.buffer import BufferMode
 from hetrain.protocols.gg_modes.division import DivisionMode
 from hetrain.protocols.gg_modes.random_groups import RandomMode
-from hetrain.protocols.gg_modes.smart import SMART_WINDOW, SMART_WINDOW_OVERLAPPED, SmartMode
+from hetrain.protocols.gg_modes.smart import SMART_WINDOW, SmartMode
 from hetrain.protocols.gg_modes.static import StaticMode, static_schedule
 from hetrain.protocols.group_generator import GroupGenerator
 from hetrain.protocols.ledger import GroupLedger
@@ -112,23 +112,6 @@ def test_smart_learns_compute_times_and_groups_workers_due_within_the_window():
     # 0 asks again just after 0.2 s: 1 was due at 0.2 s, 2 is due at 0.202 s; a pair takes the soonest
     (group,) = mode.request(0, 2, 0.2 + SMART_WINDOW * 0.01)
     assert group.members == (0, 1) and mode.empty_requests == 6
-
-
-@pytest.mark.parametrize("overlapped", [False, True])
-def test_smart_waits_for_a_partner_due_well_ahead_only_when_the_wait_overlaps_the_next_compute(overlapped):
-    """A blocking P-Reduce would make the requester wait for a partner due later (5% of its compute at most);
-    an overlapped one waits beside its next compute, so partners due up to 90% of it ahead are taken; a
-    partner late by more than 5% is passed over either way (slower than measured)."""
-    def asks_at(t):
-        mode, _ = _mode(SmartMode, n=2, overlapped=overlapped)
-        mode.request(0, 0, 0.0)
-        mode.request(1, 0, 0.0)
-        assert mode.request(1, 1, 0.100) == []  # 1 computed 0.1 s: due again at 0.2 s
-        return [g.members for g in mode.request(0, 1, t)]
-
-    assert SMART_WINDOW * 0.15 < 0.05 < SMART_WINDOW_OVERLAPPED * 0.15
-    assert asks_at(0.15) == ([(0, 1)] if overlapped else [])  # 0 computed 0.15 s; 1 is due 0.05 s ahead
-    assert asks_at(0.26) == []  # 1 is 0.06 s late: more than 5% of 0's 0.26 s
 
 
 def test_smart_adopts_an_estimate_only_when_it_has_none():

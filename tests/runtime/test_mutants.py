@@ -114,8 +114,6 @@ COMM_MUTANTS = {
         "tests/runtime/test_hop_late_updates.py::test_old_updates_have_their_lost_steps_put_back"],
     "loaded-weights-as-progress": [  # weights loaded mid-run are not the worker's own steps
         "tests/runtime/test_hop_late_updates.py::test_weights_loaded_midway_are_not_counted_as_steps"],
-    "smart-window-blocking": ["tests/protocols/test_gg_modes.py::"
-                              "test_smart_waits_for_a_partner_due_well_ahead_only_when_the_wait_overlaps_the_next_compute[True]"],
     "reanchor-outer-only": ["tests/runtime/test_hop_late_updates.py::test_weights_loaded_midway_are_not_counted_as_steps"],
     "momentum-unbound-after-load": [
         f"{OC}::test_a_loaded_outer_optimizer_keeps_its_momentum_in_the_buffers_the_protocol_mixes"],

@@ -27,9 +27,8 @@ class GroupingMode:
 
     @classmethod
     def create(cls, ledger: GroupLedger, rng: random.Random, group_size: int, *, seed: int = 0,
-               workers_per_node: int | None = None, overlapped: bool = False) -> GroupingMode:
-        """The mode for a Group Generator; ``seed`` and ``workers_per_node`` matter to the static schedule only,
-        ``overlapped`` (the P-Reduces run beside the next compute) to ``smart`` only."""
+               workers_per_node: int | None = None) -> GroupingMode:
+        """The mode for a Group Generator; ``seed`` and ``workers_per_node`` matter to the static schedule only."""
         return cls(ledger, rng, group_size)
 
     @classmethod

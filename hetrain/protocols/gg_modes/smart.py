@@ -22,9 +22,6 @@ from hetrain.protocols.ledger import Group, GroupLedger
 
 EMA = 0.3  # weight of the newest compute time in the speed estimate
 SMART_WINDOW = 0.05  # partners must be due within this fraction of the requester's compute time
-# ... or, when the P-Reduce runs while the next step computes (Prague's preduce_overlap), due up to this
-# fraction ahead: waiting for them is hidden behind that compute (docs/prague.md, "`smart`, how it decides")
-SMART_WINDOW_OVERLAPPED = 0.9
 SMART_MIN_WINDOW_S = 0.002  # never narrower than this (GG round-trip jitter; very short iterations)
 SMART_PATIENCE = 3  # after this many empty requests in a row, wait up to one own compute time
 
@@ -40,9 +37,8 @@ class SmartMode(GroupingMode):
 
     name = "smart"
 
-    def __init__(self, ledger: GroupLedger, rng: random.Random, group_size: int, *, overlapped: bool = False):
+    def __init__(self, ledger: GroupLedger, rng: random.Random, group_size: int):
         super().__init__(ledger, rng, group_size)
-        self.ahead = SMART_WINDOW_OVERLAPPED if overlapped else SMART_WINDOW  # how far ahead a partner may be due
         n = ledger.num_workers
         self._now_s = 0.0
         self._compute_s: list[float | None] = [None] * n
@@ -52,11 +48,6 @@ class SmartMode(GroupingMode):
         self._last_group: list[tuple[int, ...]] = [()] * n  # prefer new partners (mixing)
         self._empty_streak = [0] * n
         ledger.on_close = self._group_closed
-
-    @classmethod
-    def create(cls, ledger: GroupLedger, rng: random.Random, group_size: int, *, seed: int = 0,
-               workers_per_node: int | None = None, overlapped: bool = False) -> SmartMode:
-        return cls(ledger, rng, group_size, overlapped=overlapped)
 
     # -- the interface ----------------------------------------------------------------
     def request(self, worker: int, step: int, now_s: float) -> list[Group]:
@@ -136,9 +127,7 @@ class SmartMode(GroupingMode):
         compute time after ``SMART_PATIENCE`` empty requests in a row), so the
         requester expects to wait at most that long for its partners (workers late
         by more than the window are passed over: they are slower than measured,
-        e.g. a random slowdown hit them). With overlapped P-Reduces the window
-        reaches ``SMART_WINDOW_OVERLAPPED`` of it ahead (the wait runs beside the
-        requester's next compute); how late a partner may be stays ``SMART_WINDOW``. A fast worker never
+        e.g. a random slowdown hit them). A fast worker never
         waits for a straggler in mid-iteration, and a straggler, when it asks, is
         grouped with the fast workers about to ask. The soonest are taken from a
         heap of due times kept up to date, not by scanning all workers.
@@ -148,9 +137,9 @@ class SmartMode(GroupingMode):
         own = self._compute_s[worker]
         if own is None:
             return []
-        patient = self._empty_streak[worker] >= SMART_PATIENCE
-        window = max(own if patient else SMART_WINDOW * own, SMART_MIN_WINDOW_S)  # how late
-        horizon = now_s + max(own if patient else self.ahead * own, SMART_MIN_WINDOW_S)  # how far ahead
+        window = own if self._empty_streak[worker] >= SMART_PATIENCE else SMART_WINDOW * own
+        window = max(window, SMART_MIN_WINDOW_S)
+        horizon = now_s + window
         heap, due_s, ledger = self._due_heap, self._due_s, self.ledger
         chosen: list[int] = []
         passed: list[tuple[float, int]] = []  # entries looked at and not taken: back on the heap after

@@ -112,7 +112,7 @@ class StaticMode(GroupingMode):
             raise whole_nodes_error(num_workers, workers_per_node)
 
     @classmethod
-    def create(cls, ledger, rng, group_size, *, seed=0, workers_per_node=None, overlapped=False) -> StaticMode:
+    def create(cls, ledger, rng, group_size, *, seed=0, workers_per_node=None) -> StaticMode:
         return cls(ledger, rng, group_size, seed=seed, workers_per_node=workers_per_node)
 
     def request(self, worker: int, step: int, now_s: float) -> list[Group]:
