@@ -135,6 +135,22 @@ class HopWorker:
         self.backup = min(self.config.backup, max(0, len(in_weights) - 1))
         return new_out
 
+    def replace_neighbour(self, peer: int) -> None:
+        """``peer`` died and its replacement joined before this worker adopted the death (the graph is then
+        the same, and :meth:`reconfigure` keeps the edge): forget what the dead process sent, as a death
+        and a join adopted apart would. Its queued updates are dropped (counted) and the edge's tokens
+        start afresh at ``max_ig``: the replacement's updates start at the iteration it adopts, maybe
+        below the dead process's, and a queue must stay in iteration order."""
+        if peer in self.queues:
+            queue = self.queues[peer]
+            self.updates_dropped += len(queue)
+            self.queued_updates -= len(queue)
+            queue.clear()
+            self.finished_senders.discard(peer)
+        if peer in self.tokens:
+            self.tokens[peer] = self.config.max_ig or 0
+            self.finished_token_sources.discard(peer)
+
     @classmethod
     def for_rank(cls, topology, rank: int, config: HopConfig) -> HopWorker:
         """Worker ``rank`` of ``topology``, its weights from the graph's mixing matrix."""

@@ -305,6 +305,8 @@ class Hop(SyncProtocol):
             for peer in new | back:  # the dead hold nothing; a replacement holds nothing yet
                 self._public.forget(peer)
                 self._replicas.forget(peer)
+        for peer in back:  # a death and its replacement seen in one look keep the edge: start it afresh
+            self.logic.replace_neighbour(peer)
         self.topology = repair(self.original_topology, self.dead)
         in_weights, self_weight, out_neighbors = neighbour_weights(self.topology, self.job.rank)
         self._forget_changed_edges(out_neighbors)
@@ -314,9 +316,11 @@ class Hop(SyncProtocol):
         # new out-neighbours may be waiting for the model already sent; a replacement that is an
         # out-neighbour still needs one (its predecessor got it), even where the edge never changed
         # (a death and its replacement's join seen in one look: the graph is the same before and after)
-        owed = sorted(set(new_out) | (back & set(out_neighbors)))
+        owed = set(new_out) | (back & set(out_neighbors))
+        if self._resend is not None:  # an earlier repair's, not sent yet: its targets still alive are owed too
+            owed |= set(self._resend[0]) & set(out_neighbors)
         if self._last_sent is not None and owed:
-            self._resend = (owed, *self._last_sent)
+            self._resend = (sorted(owed), *self._last_sent)
         self.stats.extra["graph_repairs"] = self.stats.extra.get("graph_repairs", 0) + 1
         self._note_finished_neighbours()  # new neighbours that have finished: owed nothing, never waited for
         if back:

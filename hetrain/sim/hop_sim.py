@@ -64,8 +64,12 @@ class HopSim:
             if math.enabled:
                 math.apply_average(i, average, self.progress[i])
             self._send_tokens(i, average.tokens_to, average.token_count)
+            # out-neighbours may be waiting for a skipped iteration's model: send this one (as the runtime does)
+            self._send_model(i, w.iteration - 1, math.snapshot(i) if math.enabled else None)
         if not w.can_start():
             self.state[i] = IDLE
+            if w.blocked_by_stopped_neighbors():  # a token source finished (a repair made it ours)
+                self._finish(i)
             return
         w.start()
         self.state[i] = COMPUTING
@@ -78,7 +82,7 @@ class HopSim:
         if self.state[i] == DEAD:
             return  # killed mid-computation: the work is lost
         setup = self.setup
-        engine, net, math = setup.engine, setup.network, setup.math
+        engine, math = setup.engine, setup.math
         w = self.workers[i]
         k = w.iteration
         self.rec.computed(i, self.compute_start[i], duration, k, steps)
@@ -88,14 +92,19 @@ class HopSim:
             for _ in range(steps):
                 math.local_step(i)
             payload = math.snapshot(i)
-            if self.progress[i] is not None:
-                self.progress[i].sent(k, payload)
-        now, nbytes = engine.now, setup.message_bytes
-        for m in w.out_neighbors:
-            engine.at(net.send(now, i, m, nbytes), self._update_arrives, m, i, k, payload)
-        self.last_sent[i] = (k, payload)
+        self._send_model(i, k, payload)
         self.state[i] = WAITING
         self._try_complete(i)
+
+    def _send_model(self, i: int, k: int, payload) -> None:
+        """Worker ``i``'s model of iteration ``k`` to its out-neighbours (the runtime's ``_send_model``)."""
+        engine, net = self.setup.engine, self.setup.network
+        now, nbytes = engine.now, self.setup.message_bytes
+        for m in self.workers[i].out_neighbors:
+            engine.at(net.send(now, i, m, nbytes), self._update_arrives, m, i, k, payload)
+        if self.progress[i] is not None and payload is not None:
+            self.progress[i].sent(k, payload)
+        self.last_sent[i] = (k, payload)
 
     def _try_complete(self, i: int) -> None:
         w = self.workers[i]
@@ -172,7 +181,16 @@ class HopSim:
                 continue
             in_weights, self_weight, out = neighbour_weights(self.topology, i)
             if in_weights != w.in_weights or out != w.out_neighbors:
+                new_in = set(in_weights) - set(w.in_weights)
                 new_out = w.reconfigure(in_weights, self_weight, out)
+                # new neighbours that finished before the repair made them ours never send us their STOP
+                # (the runtime's _note_finished_neighbours)
+                for j in new_in:
+                    if self.state[j] == DONE:
+                        w.sender_finished(j)
+                for j in new_out:
+                    if self.state[j] == DONE:
+                        w.token_source_finished(j)
                 self.neighbors[i] = sorted(set(in_weights) | set(out))
                 if self.last_sent[i] is not None:  # new out-neighbours may wait for the model already sent
                     k, payload = self.last_sent[i]

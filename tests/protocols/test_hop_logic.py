@@ -255,3 +255,30 @@ def test_usable_count_agrees_with_looking_for_each_neighbours_usable_update(iter
         for k in arrivals:
             w.receive_update(src, k, None)
     assert w.usable_count() == sum(w._usable(j) is not None for j in w.in_weights)
+
+
+def test_a_neighbour_replaced_between_two_looks_starts_afresh():
+    """A death and its replacement adopted in one look keep the graph as it was: what the dead process
+    sent must go (the replacement's updates start at the iteration it adopted, maybe lower, and a queue
+    must stay in iteration order), and the edge's tokens start at max_ig, as a death and a join adopted
+    apart would give."""
+    from hetrain.protocols.hop_config import HopOptions
+    from hetrain.protocols.hop_logic import HopWorker
+
+    topology = make_topology("ring", 4)
+    config = HopOptions().config_for(topology)
+    worker = HopWorker.for_rank(topology, 0, config)  # in-neighbours 1 and 3
+    worker.iteration = 12
+    for k in (12, 13):
+        worker.receive_update(3, k, f"old@{k}")  # the dead process was ahead
+    worker.tokens[3] = 1
+    worker.replace_neighbour(3)
+    for k in (11, 12):
+        worker.receive_update(3, k, f"new@{k}")  # the replacement adopted iteration 11
+    worker.receive_update(1, 12, "one@12")
+    assert [k for k, _ in worker.queues[3]] == [11, 12]
+    assert worker.tokens[3] == config.max_ig
+    assert worker.updates_dropped == 2 and worker.queued_updates == 3
+    worker.start()
+    plan = worker.complete()
+    assert [(t.iteration, t.payload) for t in plan.terms if t.src == 3] == [(12, "new@12")]

@@ -91,3 +91,26 @@ def test_prague_overlapping_its_preduces_hides_them_and_still_learns():
     # the request and the P-Reduce (2 ms messages each) leave the critical path: only the request remains
     assert overlapped["heterogeneity_efficiency"] > blocking["heterogeneity_efficiency"] + 0.02
     assert overlapped["final_accuracy_avg_model"] > 0.9
+
+
+def test_a_simulated_hop_skip_hands_out_the_averaged_model():
+    """As the runtime does (docs/decisions.md, "A skip hands out the model too"): after a skip from k to j
+    the worker sends its model tagged j - 1 to its out-neighbours, who may be waiting for it."""
+    from hetrain.protocols.hop_config import HopOptions
+    from hetrain.sim.common import SimSetup
+    from hetrain.sim.engine import Engine
+    from hetrain.sim.hop_sim import HopSim
+    from hetrain.sim.math_model import NullMath
+    from hetrain.sim.network import Network, NetworkParams
+
+    engine = Engine(trace=True)
+    setup = SimSetup(4, 60, 0.01, parse_slowdown("0:5x"), 4e6, engine, Network(NetworkParams(), 4), NullMath())
+    sim = HopSim(setup, HopOptions())
+    sent = []
+    arrive = sim._update_arrives
+    sim._update_arrives = lambda dst, src, k, payload: (sent.append((src, dst, k)), arrive(dst, src, k, payload))
+    sim.run()
+    skips = [detail for (_, kind, worker, detail) in engine.trace if kind == "skip" and worker == 0]
+    assert len(skips) >= 5  # the 5x slower worker skips
+    for _, to_iteration in skips:
+        assert {dst for src, dst, k in sent if src == 0 and k == to_iteration - 1} == set(sim.workers[0].out_neighbors)

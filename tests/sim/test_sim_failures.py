@@ -49,3 +49,16 @@ def test_hop_loses_little_throughput_with_a_worker_dying_per_simulated_minute_at
     stormy = simulate(base.replace(fail="random:rate=2.56"))  # 1% of the workers per minute
     assert stormy["workers_lost"] >= 1
     assert stormy["samples_per_s"] > 0.95 * calm["samples_per_s"]
+
+
+def test_hop_survivor_stops_on_a_neighbour_that_finished_before_a_repair_made_it_its_own():
+    """Worker 1 finishes (4.46 s) before worker 2 dies (4.50 s); the repair makes 1 an out-neighbour of 3,
+    which never gets 1's STOP: it must count 1 as stopped (as the runtime's _note_finished_neighbours does)
+    and stop, not wait for 1's tokens for ever."""
+    config = RunConfig(protocol="hop", num_workers=4, slowdown="3:5x", compute_ms=10.0, iterations=100,
+                       fail="2@4.50s", on_failure="continue", workload="synthetic",
+                       options={"skip_threshold": 0, "staleness": 3})
+    record = simulate(config)  # before the fix: SimulationError, worker 3 waits for a token from worker 1
+    assert record["workers_lost"] == 1
+    iterations = {w["rank"]: w["iterations"] for w in record["workers"]}
+    assert iterations[0] == iterations[1] == 100 and 95 <= iterations[3] < 100  # 3 stopped, blocked by 1
