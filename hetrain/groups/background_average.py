@@ -38,6 +38,7 @@ class BackgroundAverage:
         self._snapshot: torch.Tensor | None = None
         self._average: torch.Tensor | None = None
         self._error: BaseException | None = None
+        self._ran = None  # what reduce returned: how many groups ran (None: not counted)
         self.wait_s = 0.0  # time the worker waited for a previous step's averaging
         self.started = 0
 
@@ -51,19 +52,21 @@ class BackgroundAverage:
         if self._thread is not None:
             raise RuntimeError(f"{self._who}: a step's averaging is already in flight")
         self._snapshot, self._average, self._error = snapshot, snapshot.clone(), None
+        self._ran = None
         self._thread = device_thread(self._run, args=(groups, *args), name="hetrain-background-average",
                                      device=self._device)
         self.started += 1
 
     def _run(self, groups: list, *args) -> None:
         try:
-            self._reduce(self._average, groups, *args)
+            self._ran = self._reduce(self._average, groups, *args)
         except BaseException as exc:  # raised in the worker's thread by finish()
             self._error = exc
 
     def finish(self, model: torch.Tensor, transform: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         """Wait for the averaging in flight (if any) and add ``average - snapshot`` to ``model`` in place
-        (``transform(average)`` in place of the average when given: an outer optimizer's step)."""
+        (``transform(average)`` in place of the average when given: an outer optimizer's step, taken only
+        if some group ran: where ``reduce`` counted none, every group failed and nothing was averaged)."""
         if self._thread is None:
             return
         began = time.perf_counter()
@@ -76,6 +79,6 @@ class BackgroundAverage:
         self._snapshot = self._average = self._error = None
         if error is not None:
             raise error
-        if transform is not None:
+        if transform is not None and self._ran != 0:
             average = transform(average)
         model.add_(average).sub_(snapshot)

@@ -20,6 +20,7 @@ before any worker starts.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
@@ -45,14 +46,29 @@ def comm_fingerprint(comm) -> dict:
     data = {name: value for name, value in comm.as_dict().items() if name in stateful}
     if data.get("outer_optimizer") == "none":  # no outer optimizer: its lr and momentum mean nothing
         data["outer_lr"] = data["outer_momentum"] = None
+    if "gossip_step" in data:
+        if data.get("compression", "none") == "none":  # no compression: no consensus step
+            data["gossip_step"] = None
+        elif data["gossip_step"] is None and comm.compression.kind not in ("topk", "powersgd"):
+            data["gossip_step"] = 1.0  # the quantizers' default, as given or not (topk's and powersgd's need the model)
     return data
+
+
+def options_fingerprint(config, options: dict) -> dict:
+    """The protocol's ``options`` resolved: defaults filled in, and Hop's and D-PSGD's as their graph
+    resolves them (``--backup 1`` typed on a ring is Hop's default), as JSON would read them back."""
+    made = config.protocol_spec.make_options(options)
+    data = dataclasses.asdict(made)
+    if hasattr(made, "resolve"):
+        data.update(vars(made.resolve(config.num_workers)[1]))
+    return json.loads(json.dumps(dict(sorted(data.items())), default=str))
 
 
 def fingerprint(config) -> dict:
     """What a resumed run must share with the run that wrote the checkpoint (resolved values)."""
     data = {name: getattr(config, name) for name in FINGERPRINT_FIELDS}
     data.update(optimizer=config.resolved_optimizer(), lr=config.resolved_lr(),
-                options=dict(sorted(config.options.items())), **comm_fingerprint(config.comm_settings()))
+                options=options_fingerprint(config, config.options), **comm_fingerprint(config.comm_settings()))
     return data
 
 
@@ -88,6 +104,11 @@ def prepare(directory: str, config, resume: bool) -> bool:
     for name, default in comm_fingerprint(comm_carrier.CommSettings()).items():  # a manifest written before they were
         saved.setdefault(name, default)  # recorded: the defaults
     saved.setdefault("data_split", "shard")  # likewise
+    if saved.get("protocol") == config.protocol and isinstance(saved.get("options"), dict):
+        try:  # a manifest written before the options were recorded resolved held them as typed
+            saved["options"] = options_fingerprint(config, saved["options"])
+        except (OptionError, TypeError, ValueError):
+            pass  # not options this version reads: they differ
     differing = sorted(k for k in set(saved) | set(expected) if saved.get(k) != expected.get(k))
     if differing:
         flags = comm_carrier.state_settings()

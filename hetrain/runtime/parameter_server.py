@@ -383,6 +383,8 @@ class ParameterServer(SyncProtocol):
             self._wait(self.job.broadcast(model), "the resumed model")
         self._pulled = model.cpu().clone()
         self.state.scatter(model)
+        if self._outer is not None:  # the next pseudo-gradient is progress from the model pulled now, not from
+            self._outer.capture()  # the anchor in this worker's own file (maybe of an older round than the server's)
 
 
 document_settings(ParameterServer, PSOptions)

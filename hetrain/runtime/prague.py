@@ -162,11 +162,11 @@ class GroupProtocol(SyncProtocol):
         groups = prefetch.take() if prefetch is not None and prefetch.pending else self.gg.request()
         self._gg_wait_s += time.perf_counter() - start
         weight = self._group_weight()
-        self._groups_this_sync = bool(groups)
+        self._groups_this_sync = bool(groups)  # with overlap: the outer step lands with the average, if any ran
         if groups and self._background is not None:
             self._background.start(self.state.gather(), groups, weight)
         elif groups:
-            self._run(groups, weight)
+            self._groups_this_sync = self._run(groups, weight) > 0  # no outer step where every group failed
         else:
             self._empty_syncs += 1
         if prefetch is not None:
@@ -179,14 +179,17 @@ class GroupProtocol(SyncProtocol):
         Every call site passes it: a member passing none where another passes one breaks the collective."""
         return self.steps_this_exchange if self.local_work == "auto" else None
 
-    def _run(self, groups, weight: float | None = None) -> None:
+    def _run(self, groups, weight: float | None = None) -> int:
         flat = self.state.gather()
-        self._reduce(flat, groups, weight)
+        ran = self._reduce(flat, groups, weight)
         self.state.scatter(flat)
+        return ran
 
-    def _reduce(self, flat, groups, weight: float | None = None) -> None:
+    def _reduce(self, flat, groups, weight: float | None = None) -> int:
         """Average ``flat`` in place over ``groups``, in order (on the worker's thread, or a background one);
-        ``weight``: this worker's weight in each (``local_work="auto"``: its local steps)."""
+        ``weight``: this worker's weight in each (``local_work="auto"``: its local steps). Returns how many
+        groups ran (a group with a dead or replaced member is skipped: no average, so no outer step)."""
+        ran = 0
         for group in groups:
             if self.on_failure == "respawn" and self._formed_before_a_replacement(group):
                 self.preduce.skip(group.members, group.comm_id)  # a member's process has been replaced since
@@ -204,10 +207,12 @@ class GroupProtocol(SyncProtocol):
                 self._running = None
                 self._member_wait_s += time.perf_counter() - start
             self._groups_run += 1
+            ran += 1
             self._members_run += len(group.members)
             if not self._settled and self.job.rank in group.fresh:
                 self._settled = True  # it holds the others' average now
                 self.gg.call("settled")
+        return ran
 
     def _replaced(self, rank: int) -> bool:
         """Respawn: whether ``rank``'s process in the group being reduced has been replaced since the
@@ -341,6 +346,13 @@ class Prague(GroupProtocol):
                          gg_prefetch_ms=options.gg_prefetch_ms, preduce_overlap=bool(options.preduce_overlap),
                          options=options, comm=comm, transport=transport)
         self.stats.extra["gg_mode"] = options.gg
+
+    def checkpoint_due(self, wish: bool) -> bool:
+        """The static schedule with local steps: only at an exchange. Its workers must reach their k-th
+        exchange at the same step of a run, and a resume counts a run's steps afresh: a checkpoint written
+        mid-interval, at a different local step on each worker, put them out of step after ``--resume``
+        (one in a P-Reduce, its partner at the stop vote: both waited out the timeout)."""
+        return wish and not (self.options.local_schedule and self._local_steps)
 
     def _stop_wanted(self, local_done: bool) -> bool:
         """GG modes: each worker stops on its own (``finish`` drains). Static: agree at period boundaries.

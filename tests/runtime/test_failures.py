@@ -125,15 +125,19 @@ def _train(tmp_path, name, *extra, protocol="hop"):
                  "--checkpoint-dir", str(tmp_path / "ckpt"), "--no-progress", "--out", str(tmp_path / name), *extra])
 
 
-@pytest.mark.parametrize("protocol", ["hop", "allreduce", pytest.param("prague", marks=pytest.mark.slow),
-                                      pytest.param("ps", marks=pytest.mark.slow)])
-def test_a_killed_job_resumes_from_its_checkpoints_and_finishes_its_iterations(tmp_path, protocol):
+STATIC_LOCAL_STEPS = ("--gg", "static", "--sync-every", "8", "--slowdown", "0:3x")  # mid-interval saves hung
+
+
+@pytest.mark.parametrize("protocol, extra", [
+    ("hop", ()), ("allreduce", ()), pytest.param("prague", (), marks=pytest.mark.slow),
+    pytest.param("ps", (), marks=pytest.mark.slow), pytest.param("prague", STATIC_LOCAL_STEPS, marks=pytest.mark.slow)])
+def test_a_killed_job_resumes_from_its_checkpoints_and_finishes_its_iterations(tmp_path, protocol, extra):
     # the whole job dies mid-run: every worker is killed (abort), as a lost machine would
     assert _train(tmp_path, "first", "--checkpoint-every", "0.5", "--fail", "1@2s", "--on-failure", "abort",
-                  protocol=protocol) == 1
+                  *extra, protocol=protocol) == 1
     saved = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
     assert "manifest.json" in saved and {"worker-0.pt", "worker-1.pt", "worker-2.pt"} <= set(saved)
-    assert _train(tmp_path, "second", "--resume", protocol=protocol) == 0
+    assert _train(tmp_path, "second", "--resume", "--timeout", "15", *extra, protocol=protocol) == 0
     metrics = json.loads((tmp_path / "second" / "metrics.json").read_text())
     assert metrics["resumed"] is True
     for w in metrics["workers"]:
@@ -268,3 +272,24 @@ def test_a_lost_worker_never_named_dead_fails_the_server():
     ps._server.push(1, torch.ones(4))
     with pytest.raises(WorkerError, match="lost worker 1"):
         ps._drop_the_dead()
+
+
+@pytest.mark.parametrize("written, resumed", [
+    ({"options": {"backup": 1}}, {}),  # Hop's default on a ring, typed once
+    ({"options": {"staleness": 1, "max_ig": 8}}, {"options": {}}),
+    ({"comm": {"compression": "int8"}}, {"comm": {"compression": "int8", "gossip_step": 1.0}}),  # int8's step
+    ({"comm": {"gossip_step": 0.5}}, {}),  # no compression: no consensus step to differ
+])
+def test_resume_accepts_the_same_settings_typed_another_way(tmp_path, written, resumed):
+    """The fingerprint holds resolved settings: a default typed out is the same run (refused before)."""
+    from hetrain.jobs import checkpoint
+
+    def config(settings):
+        return RunConfig(protocol="hop", num_workers=4, checkpoint_dir=str(tmp_path / "ckpt"), **settings)
+
+    checkpoint.start(str(tmp_path / "ckpt"), config(written), resumed=False)
+    for rank in range(4):
+        checkpoint.save_worker(str(tmp_path / "ckpt"), rank, {"model": {}, "protocol": {}})
+    assert checkpoint.prepare(str(tmp_path / "ckpt"), config(resumed), resume=True) is True
+    with pytest.raises(Exception, match="backup"):  # a setting that differs still does
+        checkpoint.prepare(str(tmp_path / "ckpt"), config({**resumed, "options": {"backup": 0}}), resume=True)

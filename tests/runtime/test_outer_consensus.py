@@ -265,3 +265,35 @@ def test_a_loaded_outer_optimizer_keeps_its_momentum_in_the_buffers_the_protocol
     step.step()  # no progress: a zero momentum stays zero (the old one would have decayed to 0.9x)
     assert float(mixed[0].abs().max()) == 0.0
     assert OuterStep(model, torch.optim.Adam(model.parameters())).mix_momentum() == []  # Adam's stays its own
+
+
+def _ps_resumed_from_rounds_apart(ctx):
+    """What --resume restores when rank 0's file holds the server model of a later round than worker 1's
+    own anchor (checkpoints on per-worker timers, or a worker dead before the last one); no progress after."""
+    model = nn.Linear(4, 1, bias=False).double()
+    inner = torch.optim.SGD(model.parameters(), lr=0.0)
+    outer = torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
+    sync = hetrain.ParameterServer(model, inner, staleness=0, sync_every=2, outer_optimizer=outer)
+    own_anchor = 5.0 if ctx.rank == 0 else 4.0
+    model.load_state_dict({"weight": torch.full((1, 4), own_anchor, dtype=torch.float64)})
+    state = {"protocol": "ps", "iteration": 20, "iterations": 20, "local_steps": 0,
+             "outer": {"anchor": [torch.full((1, 4), own_anchor, dtype=torch.float64)],
+                       "optimizer": outer.state_dict(), "steps": 10}}
+    if ctx.rank == 0:
+        state.update(server_model=torch.full((4,), 5.0, dtype=torch.float64), pushes=[10, 10])
+    sync.load_state_dict(state)
+    seen = []
+    for _ in range(4):
+        inner.zero_grad()
+        model(torch.ones(1, 4, dtype=torch.float64)).sum().backward()
+        inner.step()
+        seen.append(float(model.weight[0, 0]))
+    sync.finish()
+    return seen
+
+
+def test_a_resumed_parameter_server_worker_steps_from_the_model_it_pulled():
+    """Before: worker 1's anchor (4.0, its own older file) against the pulled server model (5.0) was a
+    pseudo-gradient, and with no progress the model went 5.0, 5.0, 5.165, 5.165 and on."""
+    for seen in run_local(_ps_resumed_from_rounds_apart, 2, timeout_s=30):
+        assert seen == [5.0] * 4
