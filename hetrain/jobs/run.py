@@ -77,7 +77,8 @@ def fitted_protocol_options(config: RunConfig):
     with torch.random.fork_rng(devices=[]), torch.device("meta"):  # build_model seeds the global generator
         model = build_model(config.workload, config.model_params, config.seed)
     return options.fit_memory(averaged_nbytes(model, anchors=comm.outer_named != "none"),
-                              compressed=comm.compression.enabled, nccl=config.resolved_backend() == "nccl")
+                              compressed=comm.compression.enabled, nccl=config.resolved_backend() == "nccl",
+                              num_workers=config.num_workers)
 
 
 def run_training(config: RunConfig, out_dir: str | None, progress: bool = True, label: str | None = None,

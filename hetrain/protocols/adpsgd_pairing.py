@@ -36,7 +36,7 @@ class ADPSGDOptions(ProtocolOptions):
 
     caches_member_sets = True
 
-    def fit_memory(self, flat_nbytes: int, *, compressed: bool, nccl: bool) -> ADPSGDOptions:
+    def fit_memory(self, flat_nbytes: int, *, compressed: bool, nccl: bool, num_workers: int | None = None) -> ADPSGDOptions:
         entries = cache_entries(self.communicator_cache, self.comm_memory_mb, flat_nbytes, 2,  # pairs
                                 compressed=compressed, nccl=nccl)
         return self if entries == self.communicator_cache else dataclasses.replace(self, communicator_cache=entries)

@@ -78,7 +78,7 @@ class ProtocolOptions:
 
     caches_member_sets = False  # True: it keeps a communicator (and copies) per member set: fit_memory sizes them
 
-    def fit_memory(self, flat_nbytes: int, *, compressed: bool, nccl: bool):
+    def fit_memory(self, flat_nbytes: int, *, compressed: bool, nccl: bool, num_workers: int | None = None):
         """These options with the communicator cache sized to what fits the memory bound, for a model of
         ``flat_nbytes`` (protocols that cache member sets: :mod:`hetrain.protocols.comm_budget`); the
         launcher's Group Generator and every worker call it with the same inputs. Others: ``self``."""

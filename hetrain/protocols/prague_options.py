@@ -53,10 +53,18 @@ class PragueOptions(ProtocolOptions):
 
     caches_member_sets = True
 
-    def fit_memory(self, flat_nbytes: int, *, compressed: bool, nccl: bool) -> PragueOptions:
-        entries = cache_entries(self.communicator_cache, self.comm_memory_mb, flat_nbytes, self.group_size,
-                                compressed=compressed, nccl=nccl)
+    def fit_memory(self, flat_nbytes: int, *, compressed: bool, nccl: bool, num_workers: int | None = None) -> PragueOptions:
+        entries = cache_entries(self.communicator_cache, self.comm_memory_mb, flat_nbytes,
+                                self.largest_group(num_workers), compressed=compressed, nccl=nccl)
         return self if entries == self.communicator_cache else dataclasses.replace(self, communicator_cache=entries)
+
+    def largest_group(self, num_workers: int | None) -> int:
+        """The most members a group may have: ``group_size``, except for the static schedule by node, whose
+        groups are a node's workers and one worker of each node (``workers_per_node`` and the nodes)."""
+        per_node = self.workers_per_node
+        if self.local_schedule and per_node and num_workers and per_node < num_workers:
+            return max(self.group_size, per_node, num_workers // per_node)
+        return self.group_size
 
     def default_on_failure(self) -> str:
         return "abort" if self.local_schedule else "continue"  # no Group Generator to stop grouping the dead

@@ -133,6 +133,8 @@ class ShardedGroupGenerator:
         return owed + [shard.to_global(g) for g in shard.gen.request(shard.local[worker], now_s)]
 
     def leave(self, worker: int, now_s: float = 0.0) -> list[Group]:
+        if worker in self._left:  # a worker that left and then died: the launcher's leave for it is a repeat
+            return []
         owed = self._depart(worker, now_s) if self._epoch_of[worker] is not None else []
         self._left.add(worker)
         return owed

@@ -40,13 +40,13 @@ from hetrain.transport.job import DEFAULT_TIMEOUT_S
 _STATUS_POLL_S = 0.02
 
 
-def fit_to_memory(options, model, comm: CommSettings, nccl: bool):
+def fit_to_memory(options, model, comm: CommSettings, nccl: bool, num_workers: int | None = None):
     """``options`` with the communicator cache sized to ``comm_memory_mb`` for ``model`` and the
     communication settings ``comm`` (:mod:`hetrain.protocols.comm_budget`). The launcher serving the
     Group Generator computes the same (``hetrain.jobs.run``): every worker's cache and the GG's mirror of
     it keep the same number of member sets."""
     return options.fit_memory(averaged_nbytes(model, anchors=comm.outer_named != "none"),
-                              compressed=comm.compression.enabled, nccl=nccl)
+                              compressed=comm.compression.enabled, nccl=nccl, num_workers=num_workers)
 
 
 def _nccl(process_group) -> bool:
@@ -333,10 +333,10 @@ class Prague(GroupProtocol):
                  gg_address: tuple[str, str] | None = None, transport=None, **settings):
         comm = comm_from(comm, settings, "Prague")
         options = options_or_settings(PragueOptions, options, settings, "Prague")
-        fitted = fit_to_memory(options, model, comm, transport.job.nccl if transport is not None else
-                               _nccl(process_group))  # the cache sized to comm_memory_mb
         world = transport.job.world_size if transport is not None else \
             dist.get_world_size(process_group) if dist.is_initialized() else 1
+        fitted = fit_to_memory(options, model, comm, transport.job.nccl if transport is not None else
+                               _nccl(process_group), world)  # the cache sized to comm_memory_mb
         scheduler = scheduler_for(world, fitted, seed)
         options.check_on_failure(on_failure)
         self.gg_mode = options.gg

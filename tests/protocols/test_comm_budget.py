@@ -4,6 +4,8 @@ import pytest
 
 from hetrain.protocols.adpsgd_pairing import ADPSGDOptions
 from hetrain.protocols.comm_budget import MB, NCCL_COMMUNICATOR_MB, cache_entries
+from hetrain.protocols.comm_lru import CommunicatorLRU
+from hetrain.protocols.group_generator import static_schedule
 from hetrain.protocols.hop_config import HopOptions
 from hetrain.protocols.options import OptionError
 from hetrain.protocols.prague_options import PragueOptions
@@ -43,3 +45,20 @@ def test_the_options_of_protocols_that_cache_member_sets_fit_themselves():
     assert HopOptions().fit_memory(100 * MB, compressed=True, nccl=True) == HopOptions()
     with pytest.raises(OptionError, match="comm_memory_mb must be >= 1"):
         PragueOptions(comm_memory_mb=0).validate(4)
+
+
+def test_the_static_schedule_by_node_is_budgeted_for_its_largest_groups():
+    """Its groups are a node's workers and one worker of each node, not group_size members: sized for
+    pairs, worker 0 held 48 MB of public copies under a 40 MB budget (16 workers, 4 a node, 4 MiB model)."""
+    flat = 4 * 2**20
+    options = PragueOptions(gg="static", group_size=2, workers_per_node=4, comm_memory_mb=40)
+    fitted = options.fit_memory(flat, compressed=True, nccl=False, num_workers=16)
+    steps = static_schedule(16, 2, workers_per_node=4)
+    for worker in range(16):
+        cache, peak = CommunicatorLRU(fitted.communicator_cache), 0
+        for k in range(2 * len(steps)):
+            for group in steps[k % len(steps)]:
+                if worker in group:
+                    cache.use(group, 0)
+            peak = max(peak, sum(len(members) for members in cache._entries) * flat)
+        assert peak <= 40 * 2**20

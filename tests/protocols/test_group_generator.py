@@ -486,3 +486,22 @@ def test_groups_carry_fresh_members_and_incarnations_over_the_wire():
     assert Group.from_list(group.as_list()) == group
     plain = Group(8, (0, 1), 3)
     assert plain.as_list() == [8, [0, 1], 3] and Group.from_list(plain.as_list()) == plain
+
+
+@pytest.mark.parametrize("mode", ["buffer", "random"])
+def test_a_second_leave_of_one_worker_changes_nothing(mode):
+    """A worker leaves in finish() and then dies: the launcher's on_death leaves it again. The sharded
+    generator counted it twice, swept a shard with a member still in it, and that member's next request
+    raised KeyError (a healthy worker failed)."""
+    for gg in (GroupGenerator(8, 2, mode, seed=0), ShardedGroupGenerator(8, 2, mode, shards=2, epoch_s=1.0, seed=0)):
+        for worker in range(8):
+            gg.request(worker, 0.01)
+        shard = next(members for members in (gg.split(0) if hasattr(gg, "split") else [range(8)]) if 0 in members)
+        gg.leave(0, 0.5)
+        assert gg.leave(0, 0.6) == []
+        others = [w for w in shard if w != 0]
+        for worker in others[:-1]:
+            gg.leave(worker, 0.7)
+        for worker in (w for w in range(8) if w not in shard):
+            gg.request(worker, 1.01)  # the next epoch: shards with nobody left in them are swept
+        gg.request(others[-1], 1.02)  # still in its shard: must be served
