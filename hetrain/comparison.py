@@ -45,10 +45,13 @@ def run_comparison(configs: list[RunConfig], out_dir: str, progress: bool = True
     from hetrain.jobs.warm_start import start_early
 
     start_early()  # the warm server imports torch while this process does
+    from hetrain.jobs import checkpoint
     from hetrain.jobs.run import check_run_config, run_training
 
     for config in configs:
         check_run_config(config)
+        if config.checkpoint_dir:  # every protocol's, before the first runs (it writes nothing)
+            checkpoint.prepare(config.checkpoint_dir, config, config.resume)
     out = prepare_out_dir(out_dir)
     runs = []
     for index, config in enumerate(configs):
@@ -78,7 +81,8 @@ def summarize(runs: list[dict]) -> dict:
         row["loss_avg_model_quarter"] = loss_at_fraction(r, 0.25)
         final_loss, quarter = r.get("final_loss_avg_model"), row["loss_avg_model_quarter"]
         row["loss_drift"] = final_loss / quarter if final_loss is not None and quarter else None
-        row["speedup_samples_per_s"] = r["samples_per_s"] / base["samples_per_s"] if base else None
+        row["speedup_samples_per_s"] = (r["samples_per_s"] / base["samples_per_s"]
+                                        if base and base.get("samples_per_s") else None)  # 0: nothing trained
         row["speedup_time_to_target"] = _ratio(base, r, "time_to_target_s")
         row["speedup_time_to_target_worst_worker"] = _ratio(base, r, "time_to_target_worst_worker_s")
         rows.append(row)

@@ -14,6 +14,7 @@ protocol's rules; it names no protocol. Errors name the Python field
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,14 +155,20 @@ class RunConfig:
                 raise OptionError(f"{{{name}}} must be at least {minimum}, got {value}")
         if self.data_split not in DATA_SPLITS:
             raise OptionError(f"unknown {{data_split}} {self.data_split!r}; choose one of {', '.join(DATA_SPLITS)}")
-        if self.compute_ms is not None and self.compute_ms < 0:
-            raise OptionError(f"{{compute_ms}} must be >= 0, got {self.compute_ms}")
+        if self.compute_ms is not None and not 0 <= self.compute_ms < math.inf:  # NaN fails the comparison
+            raise OptionError(f"{{compute_ms}} must be a number >= 0, got {self.compute_ms}")
         for name in ("time_budget_s", "lr", "target_loss", "eval_interval_s", "timeout_s", "checkpoint_every_s"):
             value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise OptionError(f"{{{name}}} must be positive, got {value}")
-        if not self.heartbeat_timeout_s >= 0:
-            raise OptionError(f"{{heartbeat_timeout_s}} must be >= 0 (0: off), got {self.heartbeat_timeout_s}")
+            if value is not None and not 0 < value < math.inf:
+                raise OptionError(f"{{{name}}} must be a positive number, got {value}")
+        if self.momentum is not None and not 0 <= self.momentum < 1:
+            raise OptionError(f"{{momentum}} must be in [0, 1), got {self.momentum}")
+        from hetrain.jobs.heartbeat import HEARTBEAT_INTERVAL_S
+
+        least = 3 * HEARTBEAT_INTERVAL_S  # a worker beats every interval: a shorter silence is no sign of a hang
+        if not (self.heartbeat_timeout_s == 0 or least <= self.heartbeat_timeout_s < math.inf):
+            raise OptionError(f"{{heartbeat_timeout_s}} must be 0 (off) or at least {least:.0f} s (a worker beats "
+                              f"every {HEARTBEAT_INTERVAL_S:.0f} s), got {self.heartbeat_timeout_s}")
         if self.iterations is None and self.time_budget_s is None:
             raise OptionError("give {iterations} or {time_budget_s} to say when to stop")
         if self.optimizer is not None and self.optimizer not in OPTIMIZERS:

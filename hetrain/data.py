@@ -125,6 +125,20 @@ def make_sampler(workload: str, data: Dataset, rank: int, world_size: int, batch
     return of_shard(rank)
 
 
+def check_batch_fits(workload: str, data: Dataset, batch_size: int, world_size: int, split: str = "shard") -> None:
+    """OptionError when a batch is larger than a worker's slice of the training set (a sampler would cut it to
+    the slice, and the figures would count samples never drawn)."""
+    if workload == "lm":  # its batches are windows of a text, not a slice's examples
+        return
+    shards = 1 if split == "whole" else world_size
+    smallest = len(data.x_train) // shards
+    if batch_size > smallest:
+        from hetrain.protocols.options import OptionError
+
+        raise OptionError(f"{{batch_size}} {batch_size} is more than a worker's {smallest} training examples "
+                          f"({len(data.x_train)} split over {shards}): use at most {smallest}, or fewer workers")
+
+
 def loss_fn(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over every prediction: (B, C) logits for classes, (B, T, 256) for bytes."""
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))

@@ -14,6 +14,7 @@ simulator (the compute time is multiplied). Specs:
 from __future__ import annotations
 
 import csv
+import math
 from dataclasses import dataclass, field
 
 from hetrain.errors import UsageError
@@ -98,12 +99,17 @@ def parse_slowdown(spec: str, seed: int = 0) -> Slowdown:
             raise UsageError(
                 f"malformed slowdown {spec!r}: expected none, I:Kx[,J:Lx], every:N:Kx, random:p=P,factor=K or trace:FILE"
             ) from None
-        if worker < 0 or factor < 1.0:
+        if worker < 0 or _bad_factor(factor):
             raise UsageError(
                 f"slowdown {part.strip()!r}: the worker must be >= 0 and the factor >= 1 (e.g. 2:5x)"
             )
         fixed[worker] = factor
     return Slowdown(text, fixed=fixed, seed=seed)
+
+
+def _bad_factor(factor: float) -> bool:
+    """A slowdown factor must be a finite number >= 1 (NaN and infinity fail the comparison)."""
+    return not 1.0 <= factor < math.inf
 
 
 def _parse_every(text: str, seed: int) -> Slowdown:
@@ -114,7 +120,7 @@ def _parse_every(text: str, seed: int) -> Slowdown:
         stride, factor = int(parts[1]), float(parts[2].rstrip("xX"))
     except ValueError:
         raise UsageError(f"malformed slowdown {text!r}: expected every:N:Kx (e.g. every:8:5x)") from None
-    if stride < 1 or factor < 1.0:
+    if stride < 1 or _bad_factor(factor):
         raise UsageError(f"slowdown {text!r}: need N >= 1 and K >= 1 (e.g. every:8:5x)")
     return Slowdown(text, every=(stride, factor), seed=seed)
 
@@ -132,7 +138,7 @@ def _parse_random(text: str, seed: int) -> Slowdown:
         p, factor = float(fields["p"]), float(fields["factor"].rstrip("xX"))
     except ValueError:
         raise UsageError(f"malformed slowdown {text!r}: p and factor must be numbers") from None
-    if not 0.0 <= p <= 1.0 or factor < 1.0:
+    if not 0.0 <= p <= 1.0 or _bad_factor(factor):
         raise UsageError(f"slowdown {text!r}: need 0 <= p <= 1 and factor >= 1")
     return Slowdown(text, random_p=p, random_factor=factor, seed=seed)
 
@@ -152,7 +158,7 @@ def _read_trace(path: str) -> dict:
                 f"slowdown trace {path!r} line {line}: expected the header worker,iteration,factor "
                 "and integer,integer,number rows"
             ) from None
-        if worker < 0 or iteration < 0 or factor < 1.0:
+        if worker < 0 or iteration < 0 or _bad_factor(factor):
             raise UsageError(f"slowdown trace {path!r} line {line}: need worker, iteration >= 0 and factor >= 1")
         trace[(worker, iteration)] = factor
     if not trace:

@@ -36,10 +36,18 @@ def _bad(capsys, tmp_path, *args):
     (["--slowdown", "random:p=0.1"], "random takes exactly p=P and factor=K"),
     (["--slowdown", "9:5x", "--workers", "4"], "names worker 9"),
     (["--protocol", "dpsgd", "--topology", "hypercube", "--workers", "6"], "power-of-two"),
-    (["--compute-ms", "-5"], "--compute-ms must be >= 0"),
+    (["--compute-ms", "-5"], "--compute-ms must be a number >= 0"),
     (["--data-split", "halves"], "--data-split: invalid choice"),
     (["--protocol", "prague", "--workers", "4", "--group-size", "5"], "--group-size must be between 1"),
     (["--iterations", "x"], "invalid int value"),
+    (["--slowdown", "0:nanx"], "the factor >= 1"),  # NaN and infinity failed in the workers (exit 1)
+    (["--slowdown", "every:4:infx"], "K >= 1"),
+    (["--compute-ms", "nan"], "--compute-ms must be a number >= 0"),
+    (["--lr", "inf"], "--lr must be a positive number"),
+    (["--momentum", "-1"], "--momentum must be in [0, 1)"),
+    (["--momentum", "nan"], "--momentum must be in [0, 1)"),
+    (["--heartbeat-timeout", "0.5"], "at least 3 s"),  # killed healthy workers as hung
+    (["--workers", "4", "--batch-size", "1024"], "more than a worker's 359 training examples"),
 ])
 def test_bad_input(capsys, tmp_path, args, message):
     assert message in _bad(capsys, tmp_path, *args)
@@ -131,3 +139,15 @@ def test_compare_table_shows_the_averaged_models_loss_drift():
     rows = summarize([run("allreduce", [2.0, 0.3, 0.2, 0.15, 0.12]), run("hop", [2.0, 0.2, 0.25, 0.3, 0.4])])["runs"]
     assert [r["loss_avg_model_quarter"] for r in rows] == [0.3, 0.2]
     assert rows[0]["loss_drift"] == 0.12 / 0.3 and rows[1]["loss_drift"] == 0.4 / 0.2
+    zero = summarize([run("allreduce", [2.0, 0.3]) | {"samples_per_s": 0.0}, run("hop", [2.0, 0.3])])["runs"]
+    assert zero[1]["speedup_samples_per_s"] is None  # allreduce trained nothing (a resume past --iterations)
+
+
+def test_compare_refuses_a_later_protocols_checkpoints_before_the_first_runs(tmp_path, capsys):
+    (tmp_path / "ckpt" / "hop").mkdir(parents=True)
+    (tmp_path / "ckpt" / "hop" / "manifest.json").write_text("{}")  # hop's directory holds a run
+    out = tmp_path / "cmp"
+    code = main(["compare", "--protocols", "allreduce,hop", "--workers", "2", "--iterations", "3",
+                 "--checkpoint-dir", str(tmp_path / "ckpt"), "--no-progress", "--out", str(out)])
+    assert code == 2 and "pass --resume" in capsys.readouterr().err
+    assert not out.exists() and not (tmp_path / "ckpt" / "allreduce").exists()  # allreduce did not run first

@@ -138,6 +138,8 @@ def test_a_straggler_s_shard_is_trained_by_the_fast_workers_in_a_real_run(tmp_pa
         others = [count for shard, count in enumerate(by_shard[rank]) if shard not in (0, rank)]
         assert by_shard[rank][0] > 0 and others == [0, 0]  # the fast ones give to shard 0 only
     assert sum(row[0] for row in by_shard) > 1.3 * by_shard[0][0]
+    for worker in workers:  # every batch counted was trained on (the speed calibration's 4 were counted)
+        assert sum(worker["batches_by_shard"]) == worker["iterations"]
 
 
 def test_the_rate_board_keeps_only_the_counts_its_window_needs():

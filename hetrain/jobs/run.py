@@ -23,7 +23,7 @@ import torch
 from tqdm import tqdm
 
 from hetrain.config import RunConfig
-from hetrain.data import Dataset, load_dataset
+from hetrain.data import Dataset, check_batch_fits, load_dataset
 from hetrain.jobs import checkpoint
 from hetrain.jobs.capacity import efficiency_basis, lost_worker_iteration_s
 from hetrain.jobs.evaluation import evaluation_curve
@@ -98,12 +98,13 @@ def run_training(config: RunConfig, out_dir: str | None, progress: bool = True, 
     check_run_config(config, devices_here=launch is None)
     if launch is None:
         start_early()  # the warm server imports while this process loads the data and sets up
+    data = load_dataset(config.workload, config.seed)  # once, here: no worker imports scikit-learn
+    check_batch_fits(config.workload, data, config.batch_size, config.num_workers, config.data_split)
     if config.checkpoint_dir:  # checked before anything is written
         config = config.replace(resume=checkpoint.prepare(config.checkpoint_dir, config, config.resume))
     out = prepare_out_dir(out_dir) if out_dir else None
     if config.checkpoint_dir:
         checkpoint.start(config.checkpoint_dir, config, config.resume)
-    data = load_dataset(config.workload, config.seed)  # once, here: no worker imports scikit-learn
     bar = _ProgressBar(config, label or config.protocol, enabled=progress)
     logger = _run_logger(config, out, log_shared_dir)
     try:

@@ -72,10 +72,13 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
     clock = PhaseClock(ctx.phases)
     data = data if data is not None else load_dataset(config.workload, config.seed)
     model = build_model(config.workload, config.model_params, config.seed).to(ctx.device)
-    sampler = make_sampler(config.workload, data, ctx.rank, ctx.world_size, config.batch_size, config.seed,
-                           config.data_split)
+    def new_sampler():
+        return make_sampler(config.workload, data, ctx.rank, ctx.world_size, config.batch_size, config.seed,
+                            config.data_split)
+
     slowdown = parse_slowdown(config.slowdown, config.seed).check_workers(ctx.world_size)
-    math_s = measure_math_s(model, sampler, ctx.device)
+    math_s = measure_math_s(model, new_sampler(), ctx.device)  # its batches are not trained on: not counted
+    sampler = new_sampler()
     base_s = config.compute_ms / 1000.0 if config.compute_ms else math_s  # 0 or None: real compute
 
     optimizer = make_optimizer(config.resolved_optimizer(), model.parameters(), config.resolved_lr(),
