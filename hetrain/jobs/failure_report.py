@@ -2,8 +2,10 @@
 
 The line names the cause, not a survivor's complaint about the connection it
 lost: a worker that died (``worker 1 was killed by SIGKILL ...``) comes before
-those that merely reported an error afterwards; a usage error a worker found
-(bad input only visible inside the job) is raised as such.
+those that merely reported an error afterwards, and with no death a worker that
+waited out its timeout (it names whom it waited for) before one that lost a
+connection; a usage error a worker found (bad input only visible inside the job)
+is raised as such.
 """
 
 from __future__ import annotations
@@ -28,8 +30,18 @@ def failure_error(dead: dict[int, str], failures: dict[int, tuple[str, str, str 
         others = [r for r in failures if r != first]
         after = f"; then worker {others[0]} failed: {first_line(failures[others[0]][1])}" if others else ""
         return WorkerError(f"worker {first} {dead[first]}{after}{see_log}")
-    rank = next(iter(failures))
+    rank = _first_cause(failures)
     return WorkerError(f"worker {rank} failed: {first_line(failures[rank][1])}{see_log}")
+
+
+def _first_cause(failures: dict[int, tuple[str, str, str | None]]) -> int:
+    """With no death: a worker that waited out its timeout names whom it waited for (a hung peer); one that
+    lost a connection names only the survivor that gave up first. The first report otherwise."""
+    for rank, (_, summary, _) in failures.items():
+        line = first_line(summary)
+        if " waited " in line and "lost its connection" not in line:
+            return rank
+    return next(iter(failures))
 
 
 def write_log(log_path, dead: dict[int, str], failures: dict[int, tuple[str, str, str | None]]) -> bool:
