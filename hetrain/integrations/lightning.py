@@ -76,8 +76,9 @@ _fits = count()
 
 
 def lockstep(protocol_class: type) -> bool:
-    """Whether the protocol's workers must take the same steps (they agree on when to checkpoint)."""
-    return protocol_class.checkpoint_due is not SyncProtocol.checkpoint_due
+    """Whether the protocol's workers must take the same steps (All-Reduce's; not read off which methods a
+    class overrides: Prague overrides ``checkpoint_due`` for its static schedule and is decoupled)."""
+    return protocol_class.steps_together
 
 
 class HetrainStrategy(DDPStrategy):

@@ -159,6 +159,8 @@ class AllReduce(SyncProtocol):
                 optimizer.zero_grad(); loss_fn(sync.module(x), y).backward(); optimizer.step()
     """
 
+    steps_together = True
+
     name = "allreduce"
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *,

@@ -113,6 +113,7 @@ class SyncProtocol:
     """Base class; see the module docstring. ``name`` is the registry's protocol name."""
 
     name = "base"
+    steps_together = False  # whether every worker takes the same steps (All-Reduce: DDP's lockstep)
     outer_gossips_anchors = False  # True: the anchors are averaged beside the models (Prague, AD-PSGD)
     outer_mixes_momentum = False  # True: the outer momentum is averaged beside the models (Hop, D-PSGD)
 

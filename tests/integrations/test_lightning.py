@@ -103,3 +103,12 @@ def test_only_a_plain_shuffled_distributed_sampler_is_shared_out_by_speed():
     assert _training_loader(plain)
     assert not _training_loader(subset)  # SharedBatches would walk the whole dataset, not the subset
     assert not _training_loader(in_order)
+
+
+def test_only_allreduce_steps_in_lockstep_under_lightning():
+    """Decoupled ranks (batches shared by speed, no per-batch collectives) for every protocol but All-Reduce.
+    Read off which methods a class overrides, Prague counted as lockstep once it overrode checkpoint_due."""
+    from hetrain.integrations.lightning import lockstep
+    from hetrain.registry import PROTOCOLS
+
+    assert {name for name, spec in PROTOCOLS.items() if lockstep(spec.runtime_class())} == {"allreduce"}
