@@ -304,6 +304,12 @@ class SharedLoader:
     def taken(self) -> int:
         return self.sampler.taken
 
+    def __len__(self) -> int:
+        """The epoch's batches over all processes: an upper bound on what this one takes (a plain loader's
+        ``len`` is one process's share; here the share follows each process's speed, and :attr:`taken` says
+        what it was). Loops and schedulers sized by ``len(loader)`` run, and never past the epoch."""
+        return self.sampler.num_batches
+
     def __iter__(self):
         from accelerate.utils import send_to_device
 

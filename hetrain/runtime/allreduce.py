@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from hetrain.comm.settings import CommSettings
 from hetrain.compression.spec import matrix_of
-from hetrain.errors import WorkerError
+from hetrain.errors import UsageError, WorkerError
 from hetrain.protocols.allreduce_options import AllReduceOptions
 from hetrain.protocols.options import options_or_settings
 from hetrain.runtime.consensus import average_state
@@ -58,6 +58,7 @@ class _HookTimer:
         self.last_done = 0.0
         self.total_wait_s = 0.0
         self.bytes_uncompressed = self.bytes_compressed = 0
+        self.buckets = 0  # gradient buckets all-reduced so far (a step with none: the forward bypassed DDP)
         self.hook, self.hook_state = default_hooks.allreduce_hook, process_group
         if compression.kind == "bf16":
             self.hook = default_hooks.bf16_compress_hook
@@ -134,6 +135,7 @@ class _HookTimer:
 
 
 def _timed_allreduce_hook(timer: _HookTimer, bucket):
+    timer.buckets += 1
     timer.launched()
     future = timer.hook(timer.hook_state, bucket)
 
@@ -178,6 +180,7 @@ class AllReduce(SyncProtocol):
         self._flag = torch.zeros(2, device=self.job.device)  # [stop wish, checkpoint wish], MAX over workers
         self._checkpoint_wish = False
         self._checkpoint_agreed = False
+        self._buckets_seen = 0
         self.restart_clock()
 
     @property
@@ -190,6 +193,11 @@ class AllReduce(SyncProtocol):
         return super().metrics()
 
     def _sync(self) -> None:
+        if self.ddp is not None and self._timer.buckets == self._buckets_seen:
+            raise UsageError(f"worker {self.job.rank}: an optimizer step whose gradients no worker averaged: DDP "
+                             "all-reduces a forward pass through its wrapper only; run the model as sync.module(x), "
+                             "not model(x)")
+        self._buckets_seen = self._timer.buckets
         # DDP already averaged the gradients inside backward(); move that wait from compute to wait.
         wait = self._timer.take_iteration_wait()
         self.stats.compute_s -= wait

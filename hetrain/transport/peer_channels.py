@@ -238,7 +238,7 @@ class PeerChannels:
         deadline = time.monotonic() + self.job.timeout_s
         while True:
             dead = set(dead_workers())
-            given_up = {exchanges[i][0] for i in skipped} | dead
+            given_up = {exchanges[i][0] for i in tuple(skipped)} | dead  # threads add to it
             pending = [i for i, (peer, _) in enumerate(exchanges) if i not in outcome and peer not in given_up]
             failed = [(exchanges[i][0], outcome[i]) for i in list(outcome)
                       if outcome[i] and exchanges[i][0] not in given_up]

@@ -73,3 +73,15 @@ def test_the_rebuilt_loader_keeps_every_setting_but_the_batches():
                     "collate_fn", "pin_memory", "worker_init_fn", "multiprocessing_context"):
         assert getattr(rebuilt, setting) is getattr(original, setting), setting
     assert [[float(x) for x in batch] for batch in rebuilt] == [[4.0, 5.0], [0.0]]
+
+
+def test_a_shared_loader_has_a_length_the_epoch_s_batches_over_all_processes():
+    """`len(loader)` (sized schedulers, `step == len(loader) - 1`) raised TypeError on Accelerate's shared loader."""
+    pytest.importorskip("accelerate")
+    from torch.utils.data import DataLoader
+
+    from hetrain.integrations.accelerate import SharedLoader
+
+    sampler = SharedBatches(100, 8, dist.HashStore(), seed=3)
+    loader = SharedLoader(DataLoader(list(range(100)), batch_sampler=sampler), sampler, "cpu")
+    assert len(loader) == 13

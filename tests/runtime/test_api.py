@@ -211,3 +211,30 @@ def test_help_shows_every_setting_of_a_public_class_with_its_default(name, optio
     text = pydoc.render_doc(cls, renderer=pydoc.plaintext)
     assert "sync_every=1" in text and "Args:" in text
     assert all(f"{n} (default" in text for n in expected)
+
+
+def _allreduce_forward(ctx, through_ddp):
+    model = nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.full((4, 2), float(ctx.rank + 1))  # each worker its own data
+    try:
+        with hetrain.AllReduce(model, optimizer) as sync:
+            for _ in range(3):
+                optimizer.zero_grad()
+                (sync.module(x) if through_ddp else model(x)).sum().backward()
+                optimizer.step()
+            weights = model.weight.detach().flatten().tolist()  # plain lists: a worker's tensor dies with it
+    except hetrain.UsageError as exc:
+        return str(exc)
+    return weights
+
+
+@pytest.mark.parametrize("through_ddp", [True, False])
+def test_allreduce_refuses_a_step_whose_forward_bypassed_ddp(through_ddp):
+    """The README's loop calls model(x); with AllReduce only sync.module(x) is all-reduced, and the workers
+    trained apart with no word (each its own weights until finish() averaged them)."""
+    results = run_local(_allreduce_forward, 2, (through_ddp,), timeout_s=30)
+    if through_ddp:
+        assert results[0] == results[1]
+    else:
+        assert all("sync.module(x)" in r for r in results)
