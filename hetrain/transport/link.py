@@ -27,9 +27,10 @@ from __future__ import annotations
 import threading
 import time
 
-from hetrain.transport.link_spec import LinkSpec, book_collective, book_egress, book_ingress
+from hetrain.transport.link_spec import LinkSpec, book_collective, book_egress, book_ingress_any_order
 
 NO_STAMPS = (0, 0)  # a message sent without emulation
+KEEP_BOOKINGS_S = 60.0  # ingress bookings ended this long before a new message's first bit are forgotten
 
 
 class EmulatedLink:
@@ -40,7 +41,8 @@ class EmulatedLink:
         self.rank = rank
         self._lock = threading.Lock()
         self._egress_free = 0.0
-        self._ingress_free = 0.0
+        self._ingress_free = 0.0  # after every booking (a collective starts after it)
+        self._ingress_busy: list[list[float]] = []  # the ingress link's bookings, [start, end), sorted
         self.bytes_sent = 0
         self.bytes_received = 0
         self.messages_sent = 0
@@ -73,7 +75,13 @@ class EmulatedLink:
             if self.spec is None or (first_bit_us, sent_us) == NO_STAMPS:
                 return
             transfer = self.spec.transfer_s(self.rank, nbytes)
-            arrival, self._ingress_free = book_ingress(self._ingress_free, first_bit_us / 1e6, sent_us / 1e6, transfer)
+            first_bit = first_bit_us / 1e6
+            busy = self._ingress_busy
+            while busy and busy[0][1] < first_bit - KEEP_BOOKINGS_S:
+                busy.pop(0)
+            # each receiver thread books as its real receive ends, not in the order the messages were sent
+            arrival = book_ingress_any_order(busy, first_bit, sent_us / 1e6, transfer)
+            self._ingress_free = max(self._ingress_free, arrival)
             self.ingress_s += transfer
         self._hold_until(arrival)
 
@@ -87,6 +95,7 @@ class EmulatedLink:
             duration = self.spec.collective_s(members, sent_bytes, received_bytes, steps)
             start, end = book_collective([self._egress_free, self._ingress_free], time.time(), duration)
             self._egress_free = self._ingress_free = end
+            self._ingress_busy.append([start, end])  # after every booking so far: the list stays sorted
             self.egress_s += duration
             self.ingress_s += duration
         self._hold_until(end)

@@ -157,6 +157,32 @@ def book_ingress(free: float, first_bit: float, last_bit: float, transfer_s: flo
     return arrival, arrival
 
 
+STAMP_RESOLUTION_S = 2e-6  # the runtime's stamps are whole microseconds: a fit within it is a fit
+
+
+def book_ingress_any_order(busy: list[list[float]], first_bit: float, last_bit: float, transfer_s: float) -> float:
+    """:func:`book_ingress` for bookings made in any order: ``busy`` holds the ingress link's booked
+    ``[start, end)`` intervals, sorted, and the message takes the first idle stretch from ``first_bit`` that
+    holds it (added to ``busy``); returns its arrival. Booked in the order of their first bits, messages get
+    :func:`book_ingress`'s times; the runtime's receiver threads book as their real receives end, and a
+    header-only message (a token) sent just after a large one to the same peer finished its receive first:
+    it booked the link from its own first bit, and the large message, queued behind it, paid its transfer
+    twice (and was delivered after the token, which one FIFO link never does)."""
+    start = first_bit
+    position = 0
+    for position, (begin, end) in enumerate(busy):  # noqa: B007 (the position is the insertion point)
+        if end <= start:
+            continue
+        if max(start + transfer_s, last_bit) <= begin + STAMP_RESOLUTION_S:
+            break  # fits in the idle stretch before this booking
+        start = max(start, end)
+    else:
+        position = len(busy)
+    arrival = max(start + transfer_s, last_bit)
+    busy.insert(position, [start, arrival])
+    return arrival
+
+
 def book_collective(frees: list[float], now: float, duration_s: float) -> tuple[float, float]:
     """A collective over links free from ``frees`` (every member's egress and ingress): it starts when all
     are free and holds them all for ``duration_s``: (start, end); the caller sets each link free at end."""

@@ -44,3 +44,22 @@ def test_fifo_links_queue_and_a_slow_sender_keeps_the_receiver_busy():
     assert arrival == free == 3.0  # the last bit, sent at the slow sender's rate, ends the message
     arrival, _ = book_ingress(free=5.0, first_bit=1.0, last_bit=3.0, transfer_s=0.1)
     assert arrival == pytest.approx(5.1)  # a busy ingress link: it streams in after the message before
+
+
+def test_a_message_booked_after_one_sent_behind_it_keeps_its_own_time(monkeypatch):
+    """The runtime's receiver threads book as their real receives end: a token sent just behind a 16 MB
+    update to the same peer finished first and booked the ingress from its own first bit; the update then
+    queued behind it and arrived after twice its transfer (2.56 s where the simulator says 1.28 s)."""
+    clock = FakeClock()
+    monkeypatch.setattr(link_module.time, "time", clock.time)
+    spec = LinkSpec.parse("100", None)
+    sender, receiver = EmulatedLink(spec, 0), EmulatedLink(spec, 1)
+    monkeypatch.setattr(receiver, "_hold_until", clock.held.append)
+    update = sender.depart(16_000_000, 1)
+    token = sender.depart(40, 1)
+    receiver.arrive(40, 0, token)  # the token's receive ends first
+    receiver.arrive(16_000_000, 0, update)
+    token_at, update_at = clock.held
+    assert update_at == pytest.approx(1.28, abs=1e-5) and token_at >= update_at
+    network = Network(NetworkParams(latency_us=0.0, bandwidth_gbps=1e12), 2, spec)
+    assert network.send(0.0, 0, 1, 16_000_000) == pytest.approx(update_at, abs=2e-6)  # the simulator's time
