@@ -67,6 +67,20 @@ class EmulatedLink:
         latency = self.spec.path_latency_s(self.rank, dst)
         return int((start + latency) * 1e6), int((start + transfer + latency) * 1e6)
 
+    def unsent(self, nbytes: int, dst: int, stamps) -> None:
+        """A message :meth:`depart` booked to ``dst`` never left (its send failed at once): uncount it, and give
+        its egress time back where nothing was booked after it."""
+        with self._lock:
+            self.bytes_sent -= nbytes
+            self.messages_sent -= 1
+            if self.spec is None or tuple(stamps) == NO_STAMPS:
+                return
+            transfer = self.spec.transfer_s(self.rank, nbytes)
+            self.egress_s -= transfer
+            start = stamps[0] / 1e6 - self.spec.path_latency_s(self.rank, dst)
+            if abs(self._egress_free - (start + transfer)) < 1e-5:  # the last booking: free it
+                self._egress_free = start
+
     def arrive(self, nbytes: int, src: int, stamps) -> None:
         """Count a received message and hold the calling thread until the link would have delivered it."""
         first_bit_us, sent_us = (int(v) for v in stamps)

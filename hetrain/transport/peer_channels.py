@@ -360,7 +360,8 @@ class PeerChannels:
         for dst in dsts:
             if dst in self.forgotten:
                 continue
-            stamps = self.link.depart(HEADER_NUMEL * 8 + _nbytes(None, payload), dst)
+            nbytes = HEADER_NUMEL * 8 + _nbytes(None, payload)
+            stamps = self.link.depart(nbytes, dst)
             header = torch.tensor([kind, iteration, count, *stamps], dtype=torch.int64)
 
             def start(dst=dst, header=header):  # under the peer's window lock: header and payload in one order
@@ -373,6 +374,7 @@ class PeerChannels:
             try:
                 self._window(dst).post(self._start_first(dst, start), header, payload)
             except Exception as exc:  # gloo raises at once on a pair whose peer is gone
+                self.link.unsent(nbytes, dst, stamps)  # never left: neither counted nor holding the link
                 error = str(exc) if isinstance(exc, WorkerError) else (
                     f"worker {self.job.rank} lost worker {dst} while sending to it (did it exit?): "
                     f"{str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__}")

@@ -63,3 +63,13 @@ def test_a_message_booked_after_one_sent_behind_it_keeps_its_own_time(monkeypatc
     assert update_at == pytest.approx(1.28, abs=1e-5) and token_at >= update_at
     network = Network(NetworkParams(latency_us=0.0, bandwidth_gbps=1e12), 2, spec)
     assert network.send(0.0, 0, 1, 16_000_000) == pytest.approx(update_at, abs=2e-6)  # the simulator's time
+
+
+def test_a_message_that_never_left_is_neither_counted_nor_holds_the_link(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(link_module.time, "time", clock.time)
+    link = EmulatedLink(LinkSpec.parse("100", "1"), 0)
+    stamps = link.depart(1_000_000, 1)
+    link.unsent(1_000_000, 1, stamps)  # its send failed at once (the peer was gone)
+    assert link.counters()["bytes_sent"] == 0 and link.counters()["messages_sent"] == 0
+    assert link.depart(1_000, 1)[0] == pytest.approx(1_000, abs=2)  # the next one leaves at once: 1 ms latency
