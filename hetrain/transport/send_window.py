@@ -74,6 +74,8 @@ class SendWindow:
                                      f"its messages ({len(self._queue)} in flight; did worker {self.peer} stop "
                                      "receiving?)")
             self._raise_error()
+            if self._closing:  # closed meanwhile (its peer forgotten): no reaper would ever serve it
+                raise WorkerError(f"{self.owner}: the send window to worker {self.peer} is closed")
             self._queue.append((start(), tensors))
             self.posted += 1
             self.max_seen_in_flight = max(self.max_seen_in_flight, len(self._queue))
@@ -89,9 +91,10 @@ class SendWindow:
             self._raise_error()
 
     def _wait_while(self, busy, timeout_s: float, describe) -> None:
-        """With the lock held: wait while ``busy()`` and no send failed; WorkerError(describe()) at the timeout."""
+        """With the lock held: wait while ``busy()``, no send failed and the window is open; WorkerError(describe())
+        at the timeout."""
         deadline = time.monotonic() + timeout_s
-        while busy() and self._error is None:
+        while busy() and self._error is None and not self._closing:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise WorkerError(describe())
