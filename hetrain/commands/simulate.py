@@ -87,8 +87,6 @@ def run(args) -> int:
         raise UsageError(f"the simulator's model math is plain SGD without momentum; drop --momentum "
                          f"{args.momentum:g} (or give 0)")
     args.momentum = 0.0  # what the simulated math does, so the record's config says so
-    if args.gg_service_us < 0:
-        raise UsageError(f"--gg-service-us must be >= 0, got {args.gg_service_us:g}")
     options = SimOptions(NetworkParams(args.latency_us, args.bandwidth_gbps, gg_service_us=args.gg_service_us,
                                        collective_step_us=args.collective_step_us),
                          args.math, args.timelines,
@@ -109,14 +107,15 @@ def run(args) -> int:
 def _run_sweep(args, options) -> int:
     from hetrain.outputs import prepare_out_dir, write_json_atomic, write_text_atomic
     from hetrain.sim.report import write_run
+    from hetrain.sim.runner import check_run
     from hetrain.sim.sweep import markdown_table, plot_sweep, run_sweep
 
     counts = parse_sweep(args.sweep)
     protocols = parse_protocols(args.protocol, "--protocol")
     warn_unused(protocol_values(args), protocols)
-    for protocol in protocols:  # every run's settings are checked before the first one starts
+    for protocol in protocols:  # every run's settings pass every check before the first one starts
         for n in counts:
-            _config(args, protocol, n).validate()
+            check_run(_config(args, protocol, n), options, args.model_params)
     out = prepare_out_dir(args.out)
     (out / "runs").mkdir(exist_ok=True)
 
@@ -124,8 +123,9 @@ def _run_sweep(args, options) -> int:
         run_dir = out / "runs" / f"{record['protocol']}-{record['num_workers']}"
         run_dir.mkdir(exist_ok=True)
         write_run(run_dir, record)
+        efficiency = record["heterogeneity_efficiency"]  # None: no ideal (zero-time compute)
         print(f"  {record['protocol']:>9} x{record['num_workers']:<5} efficiency "
-              f"{record['heterogeneity_efficiency']:.3f}  samples/s {record['samples_per_s']:.0f}  "
+              f"{'-' if efficiency is None else format(efficiency, '.3f')}  samples/s {record['samples_per_s']:.0f}  "
               f"({record['sim_runtime_s']:.1f} s)", file=sys.stderr)
 
     rows = run_sweep(lambda p, n: _config(args, p, n).validate(), protocols, counts, options, args.model_params,

@@ -20,30 +20,31 @@ class AllReduceSim:
 
     def _iteration(self, k: int) -> None:
         setup = self.setup
-        engine, net, math = setup.engine, setup.network, setup.math
+        engine, net = setup.engine, setup.network
         n, now = setup.num_workers, engine.now
         factor = setup.slowdown.factor
+        budget = setup.time_budget_s
         longest = 0.0
         for i in range(n):
             duration = setup.compute_s * factor(i, k)
-            self.rec.computed(i, now, duration, k)
+            if budget is None or now + duration <= budget:  # a computation the budget cuts is not counted
+                self.rec.computed(i, now, duration, k)
             longest = max(longest, duration)
         engine.log("computed", -1, k)
         _, end = net.collective(now + longest, range(n), setup.message_bytes)
-        if math.enabled:
+        engine.at(end, self._iteration_done, k)
+
+    def _iteration_done(self, k: int) -> None:
+        engine, math, n = self.setup.engine, self.setup.math, self.setup.num_workers
+        engine.log("allreduced", -1, k)
+        if math.enabled:  # applied when the all-reduce ends (one the budget cuts never updates the model)
             import numpy as np
 
             grad = np.mean([math.worker_gradient(i, math.params[0]) for i in range(n)], axis=0)
             model = math.params[0] - math.lr * grad
             for i in range(n):
                 math.params[i] = model  # one shared array: every replica is identical under DDP
-        engine.at(end, self._iteration_done, k)
-
-    def _iteration_done(self, k: int) -> None:
-        engine = self.setup.engine
-        engine.log("allreduced", -1, k)
-        if self.setup.math.enabled:
-            self.setup.math.maybe_evaluate(engine.now, self.rec.done)
+            math.maybe_evaluate(engine.now, self.rec.done)
         if k + 1 < self.setup.iterations:
             self._iteration(k + 1)
         else:
@@ -54,7 +55,7 @@ class AllReduceSim:
         self.setup.engine.at(0.0, self._iteration, 0)
         self.rec.run_engine(self.setup)
         return {"workers": self.rec.worker_records(), "wall_time_s": self.rec.wall_time_s(),
-                "extra": {"allreduce_s": ring_allreduce_s(self.setup.num_workers, self.setup.model_bytes,
+                "extra": {"allreduce_s": ring_allreduce_s(self.setup.num_workers, self.setup.message_bytes,
                                                     self.setup.network.params)}, "timeline": self.rec.timeline}
 
 

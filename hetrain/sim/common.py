@@ -38,10 +38,16 @@ class SimSetup:
     kills: tuple = ()  # (time_s, worker): workers that die then (``--fail``), survivors continue
     local_steps: list | None = None  # per worker: local steps per exchange (``--sync-every``; None: 1 each)
     message_bytes: float | None = None  # one model message as sent (compressed); None: model_bytes
+    # per worker: exchanges before it stops (``--local-work auto``: ``--iterations`` local steps at its own
+    # steps per exchange, as the runtime stops each worker at K local steps); None: ``iterations`` each.
+    # Prague, AD-PSGD and the parameter server honour it; Hop and D-PSGD stop at ``iterations``.
+    exchange_limits: list | None = None
 
     def __post_init__(self):
         if self.local_steps is None:
             self.local_steps = [1] * self.num_workers
+        if self.exchange_limits is None:
+            self.exchange_limits = [self.iterations] * self.num_workers
         if self.message_bytes is None:
             self.message_bytes = self.model_bytes
         self._steps_done = [0] * self.num_workers

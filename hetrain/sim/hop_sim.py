@@ -53,7 +53,7 @@ class HopSim:
         engine = self.setup.engine
         math = self.setup.math
         while True:
-            if w.iteration >= self.setup.iterations:
+            if w.iteration >= self.setup.exchange_limits[i]:  # its own steps reach --iterations (local_work auto)
                 self._finish(i)
                 return
             plan = w.plan_skip()

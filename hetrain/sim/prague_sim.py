@@ -79,7 +79,7 @@ class GroupSim:
     # ----- the worker loop ------------------------------------------------------------
     def _begin(self, i: int) -> None:
         setup = self.setup
-        if self.iteration[i] >= setup.iterations:
+        if self.iteration[i] >= setup.exchange_limits[i]:
             if self.in_background[i]:  # leave once this worker's last groups are done
                 self.leave_deferred[i] = True
                 return
@@ -241,10 +241,12 @@ class GroupSim:
         if math.enabled:
             import numpy as np
 
-            buffers = self.shadow if self.overlap else math.params
-            mean = np.mean([buffers[m] for m in group.members], axis=0)
-            for m in group.members:
-                buffers[m] = mean.copy()
+            # a member running this group in the background averages its shadow buffer; one that runs
+            # it in the foreground (a stopped worker's owed groups, or no overlap) its own model
+            buffers = [self.shadow if m in self.shadow else math.params for m in group.members]
+            mean = np.mean([b[m] for b, m in zip(buffers, group.members)], axis=0)
+            for b, m in zip(buffers, group.members):
+                b[m] = mean.copy()
         for m in group.members:
             self._next_group(m)
 

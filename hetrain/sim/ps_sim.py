@@ -31,7 +31,7 @@ class ParameterServerSim:
 
     def _begin(self, i: int) -> None:
         setup = self.setup
-        if self.logic.pushes[i] >= setup.iterations:
+        if self.logic.pushes[i] >= setup.exchange_limits[i]:
             self._carry_out(self.logic.leave(i))
             self.rec.finished(i, setup.engine.now)
             return
@@ -40,8 +40,8 @@ class ParameterServerSim:
         setup.engine.after(duration, self._computed, i, duration, steps)
 
     def _computed(self, i: int, duration: float, steps: int = 1) -> None:
-        if i in self.rec.dead:
-            return
+        if i in self.rec.dead or self.aborted is not None:
+            return  # killed mid-computation, or the server died first: the work is lost
         setup = self.setup
         self.rec.computed(i, self.compute_start[i], duration, self.logic.pushes[i], steps)
         grad = setup.math.worker_gradient(i) if setup.math.enabled else None
@@ -50,8 +50,9 @@ class ParameterServerSim:
         setup.engine.at(arrival, self._push_arrives, i, grad)
 
     def _push_arrives(self, i: int, grad) -> None:
-        if i in self.rec.dead:
-            return  # the push of a worker killed while it travelled: the server hears of the death first
+        if i in self.rec.dead or self.aborted is not None:
+            return  # the push of a worker killed while it travelled (the server hears of the death first), or
+            # of one pushing to a dead server
         self._carry_out(self.logic.push(i, grad))
 
     def _carry_out(self, step: ServerStep) -> None:
@@ -71,7 +72,7 @@ class ParameterServerSim:
         setup.engine.at(arrival, self._pull_arrives, j, model)
 
     def _pull_arrives(self, j: int, model) -> None:
-        if j in self.rec.dead or self.aborted:
+        if j in self.rec.dead or self.aborted is not None:
             return
         self.rec.completed(j, self.setup.engine.now)
         if model is not None:
@@ -79,7 +80,7 @@ class ParameterServerSim:
         self._begin(j)
 
     def _kill(self, d: int) -> None:
-        if d in self.rec.dead or self.rec.finish_s[d] is not None or self.aborted:
+        if d in self.rec.dead or self.rec.finish_s[d] is not None or self.aborted is not None:
             return
         now = self.setup.engine.now
         self.rec.died(d, now)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass
+from math import isfinite
 
 from hetrain.config import RunConfig
 from hetrain.errors import UsageError
@@ -78,6 +79,64 @@ def _progress_bar(total: int, enabled: bool, desc: str):
     return bar, bar.update
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """What a run is built from, every input checked (:func:`check_run`)."""
+
+    config: RunConfig
+    slowdown: object
+    compute_ms: float
+    params: int
+    protocol_options: object
+
+
+def check_network(network: NetworkParams) -> None:
+    """One-line errors for link settings that are negative, NaN or infinite (a NaN latency never ends a run)."""
+    checks = (("latency_us", network.latency_us, ">= 0", lambda v: v >= 0),
+              ("bandwidth_gbps", network.bandwidth_gbps, "> 0", lambda v: v > 0),
+              ("gg_service_us", network.gg_service_us, ">= 0", lambda v: v >= 0),
+              ("collective_step_us", network.collective_step_us, ">= 0", lambda v: v >= 0),
+              ("new_group_ms", network.new_group_ms, ">= 0", lambda v: v >= 0))
+    for name, value, bound, ok in checks:
+        if value is None and name == "collective_step_us":
+            continue
+        if not isinstance(value, (int, float)) or not isfinite(value) or not ok(value):
+            raise OptionError(f"{{{name}}} must be a finite number {bound}, got {value!r:.40}")
+
+
+def check_run(config: RunConfig, options: SimOptions = SimOptions(), model_params: int | None = None) -> _Plan:
+    """Every check :func:`simulate` makes before it starts (UsageError on bad input); nothing runs.
+
+    A sweep calls it for every (protocol, workers) before writing anything."""
+    config = config.validate()
+    refuse_unmodelled(config)
+    if config.on_failure == "respawn":
+        raise OptionError("the simulator models {on_failure} abort and continue; respawn (a replacement "
+                          "process joining) is measured by real runs: hetrain train")
+    if options.math not in MATH_MODES:
+        raise OptionError(f"unknown {{math}} {options.math!r}; choose one of {', '.join(MATH_MODES)}")
+    check_network(options.network)
+    n = config.num_workers
+    slowdown = parse_slowdown(config.slowdown, config.seed).check_workers(n)
+    compute_ms = DEFAULT_COMPUTE_MS if config.compute_ms is None else config.compute_ms
+    if compute_ms <= 0 and config.iterations is None:
+        raise OptionError("a {time_budget_s} run needs {compute_ms} > 0 (zero-time iterations never end)")
+    params = model_params_for(config, options.math, model_params)
+    comm = config.comm_settings()
+    if options.math == "digits" and (comm.compression.enabled or (config.protocol == "ps" and comm.sync_every > 1)):
+        raise OptionError("{math} digits models plain averaging of local steps (not compression, nor the "
+                          "parameter server's local steps); simulate their time and bytes with {math} none")
+    if options.math == "digits" and comm.local_work == "auto" and config.protocol in ("prague", "adpsgd"):
+        raise OptionError(f"{{math}} digits averages {config.protocol}'s groups unweighted, and {{local_work}} "
+                          "auto weights them by local steps: simulate it with {math} none, or use "
+                          "{local_work} fixed")
+    protocol_options = config.protocol_options()
+    if protocol_options.caches_member_sets:  # the cache the runtime fits to --comm-memory-mb (hetrain.jobs.run)
+        protocol_options = protocol_options.fit_memory(int(4 * params), compressed=comm.compression.enabled,
+                                                       nccl=config.resolved_backend() == "nccl", num_workers=n)
+    return _Plan(config, slowdown, compute_ms, params, protocol_options)
+
+
 def simulate(config: RunConfig, options: SimOptions = SimOptions(), model_params: int | None = None) -> dict:
     """Simulate ``config`` and return its metrics record.
 
@@ -89,33 +148,18 @@ def simulate(config: RunConfig, options: SimOptions = SimOptions(), model_params
     (popped by the CLI into its own file) holds per-worker compute intervals when
     ``options.timelines`` is set.
     """
-    config = config.validate()
-    refuse_unmodelled(config)
-    if config.on_failure == "respawn":
-        raise OptionError("the simulator models {on_failure} abort and continue; respawn (a replacement "
-                          "process joining) is measured by real runs: hetrain train")
-    if options.math not in MATH_MODES:
-        raise OptionError(f"unknown {{math}} {options.math!r}; choose one of {', '.join(MATH_MODES)}")
-    if options.network.latency_us < 0 or options.network.bandwidth_gbps <= 0:
-        raise OptionError("{latency_us} must be >= 0 and {bandwidth_gbps} > 0")
-    if (options.network.collective_step_us or 0.0) < 0:
-        raise OptionError(f"{{collective_step_us}} must be >= 0, got {options.network.collective_step_us:g}")
+    plan = check_run(config, options, model_params)
+    config, slowdown, compute_ms, params = plan.config, plan.slowdown, plan.compute_ms, plan.params
     n = config.num_workers
-    slowdown = parse_slowdown(config.slowdown, config.seed).check_workers(n)
-    compute_ms = DEFAULT_COMPUTE_MS if config.compute_ms is None else config.compute_ms
-    if compute_ms <= 0 and config.iterations is None:
-        raise OptionError("a {time_budget_s} run needs {compute_ms} > 0 (zero-time iterations never end)")
-    params = model_params_for(config, options.math, model_params)
     comm = config.comm_settings()
-    if options.math == "digits" and (comm.compression.enabled or (config.protocol == "ps" and comm.sync_every > 1)):
-        raise OptionError("{math} digits models plain averaging of local steps (not compression, nor the "
-                          "parameter server's local steps); simulate their time and bytes with {math} none")
     local_steps = _local_steps(config, slowdown, compute_ms)
     exchanges = None if config.iterations is None else -(-config.iterations // comm.sync_every)
     iterations = exchanges if exchanges is not None else UNBOUNDED
-    expected_iterations = min(iterations, int(config.time_budget_s / (compute_ms / 1000.0)) + 1
-                              if config.time_budget_s else iterations)
-    total = n * expected_iterations
+    # local steps each worker is expected to compute (what the progress bar and the accuracy curve count)
+    step_limit = UNBOUNDED if exchanges is None else exchanges * comm.sync_every
+    expected_steps = min(step_limit, int(config.time_budget_s / (compute_ms / 1000.0)) + 1
+                         if config.time_budget_s else step_limit)
+    total = n * expected_steps
     if options.math == "digits":
         math = DigitsMath(n, batch_size=config.batch_size, lr=config.resolved_lr(), seed=config.seed, total_iterations=total,
                           target_accuracy=config.target_accuracy)
@@ -123,27 +167,35 @@ def simulate(config: RunConfig, options: SimOptions = SimOptions(), model_params
         math = NullMath()
     engine = Engine(trace=options.trace)
     kills = _kills(config, compute_ms, slowdown)
-    budget_s, aborted_at_s = config.time_budget_s, None
+    budget_s, abort_s = config.time_budget_s, None
     if kills and config.resolved_on_failure() == "abort":  # the first death ends the job
-        aborted_at_s = kills[0][0]
-        budget_s, kills = min(budget_s or aborted_at_s, aborted_at_s), ()
+        abort_s = kills[0][0]
+        if budget_s is not None and budget_s < abort_s:
+            abort_s = None  # the budget ends the run first: the kill never happens
+        else:
+            budget_s = abort_s
+        kills = ()
     # the Group Generators' endpoints (prague, adpsgd: one per shard); unused by the others
-    extra_endpoints = config.protocol_options().scheduler_endpoints()
+    extra_endpoints = plan.protocol_options.scheduler_endpoints()
     bar, update = _progress_bar(total, options.progress, f"simulate {config.protocol} x{n}")
     setup = SimSetup(n, iterations, compute_ms / 1000.0, slowdown, 4.0 * params, engine,
                      Network(options.network, n + extra_endpoints, comm.link), math, config.seed, budget_s,
                      options.timelines, update, kills, local_steps=local_steps,
-                     message_bytes=comm.compression.payload_nbytes(params))
+                     message_bytes=comm.compression.payload_nbytes(params),
+                     exchange_limits=None if exchanges is None else [-(-config.iterations // h) for h in local_steps])
     started = time.perf_counter()
     try:
-        result = _protocol_sim(config, setup).run()
+        result = _protocol_sim(config, setup, plan.protocol_options).run()
     except SimulationError as exc:
         raise UsageError(f"{config.protocol} cannot finish on these settings: {exc}") from None
     finally:
         if bar is not None:
             bar.close()
     runtime_s = time.perf_counter() - started
+    # the abort happened only if the run was still going at the kill (the engine was cut there)
+    aborted_at_s = abort_s if abort_s is not None and engine.pending() else None
     accuracy = math.final()
+    total_steps = sum(w["iterations"] for w in result["workers"])
     extra = {
         "simulated": True,
         "slowdown": config.slowdown,
@@ -158,9 +210,16 @@ def simulate(config: RunConfig, options: SimOptions = SimOptions(), model_params
         "local_steps": local_steps,
         "engine_events": engine.events,
         "messages": setup.network.messages,
+        "bytes_sent": setup.network.bytes_sent,
+        "bytes_sent_per_sample": (setup.network.bytes_sent / (total_steps * config.batch_size)
+                                  if total_steps and config.batch_size else None),
+        # a model message's float32 bytes over its bytes as sent (control messages are not compressed)
+        "compression_ratio": 4.0 * params / setup.message_bytes if setup.message_bytes else 1.0,
         "sim_runtime_s": runtime_s,
         "events_per_s": engine.events / runtime_s if runtime_s > 0 else None,
     }
+    if plan.protocol_options.caches_member_sets:
+        extra["communicator_cache"] = plan.protocol_options.communicator_cache
     extra.update(result.get("extra", {}))
     if aborted_at_s is not None:
         extra.update(aborted_at_s=aborted_at_s, workers_lost=1)
@@ -169,8 +228,8 @@ def simulate(config: RunConfig, options: SimOptions = SimOptions(), model_params
         workers=result["workers"],
         wall_time_s=result["wall_time_s"],
         batch_size=config.batch_size,
-        standalone_iteration_s=[compute_ms / 1000.0 * slowdown.expected_factor(i, expected_iterations)
-                                for i in range(n)],
+        standalone_iteration_s=_standalone_step_s(slowdown, compute_ms, result["workers"]),
+        alive_fraction=_alive_fraction(result, n),
         accuracy_curve=accuracy["accuracy_curve"],
         target_accuracy=config.target_accuracy,
         final_accuracy_avg_model=accuracy["final_accuracy_avg_model"],
@@ -187,6 +246,23 @@ def simulate(config: RunConfig, options: SimOptions = SimOptions(), model_params
     return record
 
 
+def _standalone_step_s(slowdown, compute_ms: float, workers: list[dict]) -> list[float]:
+    """Each worker's own seconds per local step when it never waits: the compute time times its slowdown
+    factor, averaged (a trace) over the steps the worker actually reached, not over an expected count."""
+    return [compute_ms / 1000.0 * slowdown.expected_factor(i, max(1, w["iterations"]))
+            for i, w in enumerate(workers)]
+
+
+def _alive_fraction(result: dict, n: int) -> list[float]:
+    """The share of the run each worker was alive (``--fail``): a dead worker's standalone speed counts in
+    the ideal only up to its death, as the runtime's record weights it (:mod:`hetrain.jobs.run`)."""
+    wall_s = result["wall_time_s"]
+    alive = [1.0] * n
+    for death in (result.get("extra") or {}).get("recoveries") or ():
+        alive[death["worker"]] = min(1.0, death["t_s"] / wall_s) if wall_s > 0 else 0.0
+    return alive
+
+
 def _local_steps(config: RunConfig, slowdown, compute_ms: float) -> list[int]:
     """Each worker's local steps per exchange: ``sync_every``, or (``local_work`` auto) sized to its expected
     speed as the runtime sizes it to its measured one."""
@@ -200,19 +276,23 @@ def _local_steps(config: RunConfig, slowdown, compute_ms: float) -> list[int]:
 
 
 def _kills(config: RunConfig, compute_ms: float, slowdown) -> tuple:
-    """``--fail``'s (time_s, worker) kills, up to the run's horizon."""
+    """``--fail``'s (time_s, worker) kills, up to the run's horizon (fixed kills: every one)."""
     from hetrain.faults import parse_fail
 
     spec = parse_fail(config.fail, config.seed)
     if not spec.active:
         return ()
     horizon = config.time_budget_s
-    if horizon is None:  # an iteration-limited run: at most every iteration at the slowest worker's pace
+    if horizon is None and not spec.rate_per_min:  # fixed kills: every one (a kill after the run ends is a no-op)
+        return tuple(spec.fixed)
+    if horizon is None:  # random kills in an iteration-limited run: at most every iteration at the slowest pace
         slowest = max(slowdown.expected_factor(i) for i in range(config.num_workers))
         horizon = 10.0 * config.iterations * compute_ms / 1000.0 * slowest
     return tuple(spec.kills(config.num_workers, horizon))
 
 
-def _protocol_sim(config: RunConfig, setup: SimSetup):
-    """The registry's simulated shell for ``config.protocol``, driving the same pure logic as the runtime."""
-    return config.protocol_spec.simulator_factory()(setup, config.protocol_options(), config.seed)
+def _protocol_sim(config: RunConfig, setup: SimSetup, protocol_options=None):
+    """The registry's simulated shell for ``config.protocol``, driving the same pure logic as the runtime
+    (``protocol_options``: the options as fitted by :func:`check_run`; default the config's own)."""
+    options = config.protocol_options() if protocol_options is None else protocol_options
+    return config.protocol_spec.simulator_factory()(setup, options, config.seed)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from math import nan
 
 from hetrain.config import RunConfig
 from hetrain.sim.runner import SimOptions, simulate
@@ -32,9 +33,10 @@ def markdown_table(rows: list[dict]) -> str:
     lines = [header, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         acc = "-" if r["final_accuracy_avg_model"] is None else f"{r['final_accuracy_avg_model']:.3f}"
+        eff = "-" if r["heterogeneity_efficiency"] is None else f"{r['heterogeneity_efficiency']:.3f}"
         lines.append(
             f"| {r['protocol']} | {r['num_workers']} | {r['wall_time_s']:.2f} | {r['samples_per_s']:.0f} | "
-            f"{r['ideal_samples_per_s']:.0f} | {r['heterogeneity_efficiency']:.3f} | {acc} | "
+            f"{r['ideal_samples_per_s']:.0f} | {eff} | {acc} | "
             f"{r['engine_events']} | {r['sim_runtime_s']:.1f} |"
         )
     return "\n".join(lines) + "\n"
@@ -51,7 +53,8 @@ def plot_sweep(rows: list[dict], path) -> None:
     for protocol in dict.fromkeys(r["protocol"] for r in rows):
         mine = sorted((r for r in rows if r["protocol"] == protocol), key=lambda r: r["num_workers"])
         xs = [r["num_workers"] for r in mine]
-        ax_eff.plot(xs, [r["heterogeneity_efficiency"] for r in mine], marker="o", label=protocol)
+        ax_eff.plot(xs, [nan if r["heterogeneity_efficiency"] is None else r["heterogeneity_efficiency"]
+                         for r in mine], marker="o", label=protocol)  # None (no ideal): a gap
         ax_rate.plot(xs, [r["samples_per_s"] for r in mine], marker="o", label=protocol)
     for ax, label in ((ax_eff, "heterogeneity efficiency"), (ax_rate, "samples/s (simulated)")):
         ax.set_xscale("log", base=2)
