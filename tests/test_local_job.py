@@ -28,3 +28,23 @@ def test_first_failure_kills_all_ranks_and_names_worker():
     with pytest.raises(WorkerError, match="worker 1 failed") as info:
         run_local(_fail_on_rank_1, 3, timeout_s=30)
     assert "injected failure" in str(info.value)
+
+
+def _exits_quietly(ctx):
+    import os
+    import time
+
+    if ctx.rank == 1:
+        os._exit(0)  # no result, exit code 0
+    time.sleep(0.5)
+    return ctx.rank
+
+
+@pytest.mark.parametrize("on_failure", ["abort", "continue"])
+def test_a_worker_that_exits_with_code_0_and_no_result_is_a_death_not_a_wait(on_failure):
+    """The launcher counted only non-zero exits as deaths and waited for ever for this worker's result."""
+    if on_failure == "abort":
+        with pytest.raises(WorkerError, match="worker 1 exited \\(code 0\\) without a result"):
+            run_local(_exits_quietly, 2, timeout_s=20)
+    else:
+        assert run_local(_exits_quietly, 2, timeout_s=20, on_failure="continue") == [0, None]

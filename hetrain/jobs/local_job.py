@@ -64,6 +64,7 @@ from hetrain.jobs.workers import WorkerProcesses
 
 _POLL_S = 0.05
 _FAILURE_GRACE_S = 1.5  # after a first failure: time to hear from the rest (who died, who merely lost a peer)
+_RESULT_GRACE_S = 2.0  # a worker that exited with code 0 and no result in this long ended early (os._exit(0))
 ON_FAILURE_MODES = ("abort", "continue", "respawn")
 
 
@@ -145,6 +146,7 @@ class LocalJob:
         self.phases: dict[int, set[str]] = {}  # rank -> phases its current process has entered
         self.silence = SilenceWatch(heartbeat_timeout_s)
         self.hung: dict[int, float] = {}  # pid -> seconds of silence when it was declared hung
+        self._quiet_exits: dict[int, float] = {}  # pid -> when it was first seen exited with code 0 and no result
         self.launched = time.monotonic()
         self.on_message, self.on_death, self.on_join = on_message, on_death, on_join
         self.tmp = tempfile.mkdtemp(prefix="hetrain-job-")
@@ -294,6 +296,8 @@ class LocalJob:
         if fault is not None:
             return f"was killed by --fail {fault.describe()} (SIGKILL)", "injected"
         code = self.workers.exitcode(rank)
+        if code == 0:
+            return "exited (code 0) without a result: os._exit() or sys.exit() in the job?", "exit"
         return describe_exit(code), "signal" if code is not None and code < 0 else "exit"
 
     def _record_death(self, rank: int) -> None:
@@ -392,8 +396,20 @@ class LocalJob:
         self.deaths.note_recoveries(self.progress, lambda r: self.channels.dead[r])
 
     def _dead_without_result(self) -> list[int]:
-        return [rank for rank in range(self.n) if self.workers.exitcode(rank) not in (None, 0)
-                and rank not in self.done and rank not in self.failures]
+        """Ranks whose process ended without a result: by a signal or an exit code, or with code 0 and no
+        result for ``_RESULT_GRACE_S`` (a result is put just before a clean exit; the launcher waited for ever
+        on a job function that called ``os._exit(0)``)."""
+        dead = []
+        for rank in range(self.n):
+            code = self.workers.exitcode(rank)
+            if code is None or rank in self.done or rank in self.failures:
+                continue
+            if code == 0:
+                seen = self._quiet_exits.setdefault(self.workers.pid(rank), time.monotonic())
+                if time.monotonic() - seen < _RESULT_GRACE_S:
+                    continue
+            dead.append(rank)
+        return dead
 
     def _missing(self) -> list[int]:
         return sorted(set(range(self.n)) - set(self.done))
