@@ -395,7 +395,7 @@ class LocalJob:
     def _note_recoveries(self) -> None:
         self.deaths.note_recoveries(self.progress, lambda r: self.channels.dead[r])
 
-    def _dead_without_result(self) -> list[int]:
+    def _dead_without_result(self, grace_s: float = _RESULT_GRACE_S) -> list[int]:
         """Ranks whose process ended without a result: by a signal or an exit code, or with code 0 and no
         result for ``_RESULT_GRACE_S`` (a result is put just before a clean exit; the launcher waited for ever
         on a job function that called ``os._exit(0)``)."""
@@ -406,7 +406,7 @@ class LocalJob:
                 continue
             if code == 0:
                 seen = self._quiet_exits.setdefault(self.workers.pid(rank), time.monotonic())
-                if time.monotonic() - seen < _RESULT_GRACE_S:
+                if time.monotonic() - seen < grace_s:
                     continue
             dead.append(rank)
         return dead
@@ -425,7 +425,8 @@ class LocalJob:
                 break
         for rank in self._dead_without_result():  # an error report may still be in the queue just behind the death
             self._collect(0.2 if self.workers.exitcode(rank) > 0 else 0.0)
-        dead = {rank: self._how(rank)[0] for rank in self._dead_without_result()}
+        # after the grace every result sent is in: a clean exit without one is a cause, not a bystander
+        dead = {rank: self._how(rank)[0] for rank in self._dead_without_result(grace_s=0.0)}
         if self.log_path and not write_log(self.log_path, dead, self.failures):
             self.log_path = None
         raise failure_error(dead, self.failures, self.log_path)
