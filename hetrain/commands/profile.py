@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import platform
 
 from hetrain.errors import UsageError
@@ -35,8 +36,10 @@ def run(args: argparse.Namespace) -> int:
         comment = f"hetrain profile, {when}: converted from Metis cluster file {args.metis_cluster}"
         summary = f"{len(file['devices'])} device kinds, array {file['array']}"
     else:
-        if args.seconds <= 0:
-            raise UsageError(f"--seconds must be positive, got {args.seconds}")
+        if not 0 < args.seconds < math.inf:
+            raise UsageError(f"--seconds must be a finite positive number, got {args.seconds}")
+        if not 0 < args.timeout_s < math.inf:
+            raise UsageError(f"--timeout-s must be a finite positive number, got {args.timeout_s}")
         measured = profile.profile_local(args.workers, args.seconds, args.timeout_s)
         file, spec = measured["file"], measured["device"]
         comment = (f"hetrain profile, {when}, {platform.node()}: {args.workers} gloo processes at once, one thread "

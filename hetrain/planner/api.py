@@ -3,14 +3,14 @@
 Example::
 
     from hetrain.planner import plan_model
-    result = plan_model("resnet-50", batch=256, devices="tpu-v3:4,tpu-v2:4")
+    result = plan_model("resnet-50", batch=256, devices_spec="tpu-v3:4,tpu-v2:4")
     print(result.table())                      # plan beside data parallelism, one weird trick, HyPar
     result.plans["plan"].step_s                # predicted seconds per step
     result.json()                              # everything, JSON-ready
 
 ``model`` may also be ``torchvision:NAME``, ``gpt:BLOCKSxWIDTH``, an ``nn.Module``
 instance (pass ``input_shape``, one sample's shape) or ``module:PATH:Class``;
-``devices`` a spec string, a device file path or a list of
+``devices_spec`` a spec string, a device file path or a list of
 :class:`~hetrain.planner.devices.Device`. By default the plan is kept within
 every device's memory (weights, gradients, Adam state, kept activations) and
 searched level by level; ``search="lookahead"`` looks across levels.

@@ -13,6 +13,10 @@ A device file (``.yaml``, ``.yml`` or ``.json``) looks like::
     devices:
       my-npu: {tflops: 200, memory_gib: 48, link_gb_per_s: 100}
     array: my-npu:4,a100:4     # optional: used when the file is passed as SPEC
+
+Figures must be finite and positive (the latency may be 0); kind names are
+read in lower case, as array specs are. An array holds at most
+:data:`MAX_DEVICES` devices.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pathlib import Path
 from hetrain.errors import UsageError
 
 GIB = 2**30
+MAX_DEVICES = 65_536  # devices in one array, all groups together
 
 
 @dataclass(frozen=True)
@@ -72,7 +77,13 @@ def load_device_file(path: str | Path) -> tuple[dict[str, Device], str | None]:
         raise UsageError(f"device file {path}: expected a mapping with a 'devices' mapping; see docs/planner.md")
     kinds = {}
     for kind, spec in (data.get("devices") or {}).items():
-        kinds[str(kind)] = _parse_kind(path, str(kind), spec)
+        name = str(kind).strip().lower()  # array specs are read in lower case: so are the kinds
+        if not name or any(c in name for c in ",:") or any(c.isspace() for c in name):
+            raise UsageError(f"device file {path}: device name {str(kind)!r} must be non-empty, without spaces, "
+                             "commas or colons")
+        if name in kinds:
+            raise UsageError(f"device file {path}: device {name!r} is described twice (names ignore case)")
+        kinds[name] = _parse_kind(path, name, spec)
     array = data.get("array")
     if array is not None and not isinstance(array, str):
         raise UsageError(f"device file {path}: 'array' must be a string like 'my-npu:4,a100:4'")
@@ -85,15 +96,35 @@ def _parse_kind(path: Path, kind: str, spec) -> Device:
         raise UsageError(f"device file {path}: device {kind!r} needs exactly the fields {', '.join(fields)} "
                          "(and optionally link_latency_us)")
     latency = spec.get("link_latency_us", 0.0)
-    if isinstance(latency, bool) or not isinstance(latency, (int, float)) or not latency >= 0:
-        raise UsageError(f"device file {path}: device {kind!r}: link_latency_us must be a number >= 0, got {latency!r}")
+    if isinstance(latency, bool) or not isinstance(latency, (int, float)) or not 0 <= _float(latency) < math.inf:
+        raise UsageError(f"device file {path}: device {kind!r}: link_latency_us must be a finite number >= 0, "
+                         f"got {_show(latency)}")
     values = []
     for name in fields:
         value = spec[name]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isnan(value):
-            raise UsageError(f"device file {path}: device {kind!r}: {name} must be a positive number, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < _float(value) < math.inf:
+            raise UsageError(f"device file {path}: device {kind!r}: {name} must be a finite positive number, "
+                             f"got {_show(value)}")
         values.append(float(value))
-    return _dev(kind, *values, latency_us=float(latency))
+    device = _dev(kind, *values, latency_us=float(latency))
+    scaled = (device.flops_per_s, device.memory_bytes, device.link_bytes_per_s)
+    if not all(0 < v < math.inf for v in scaled) or not device.link_latency_s < math.inf:
+        raise UsageError(f"device file {path}: device {kind!r}: a figure is out of range once converted to "
+                         "FLOP/s, bytes and bytes/s; use realistic values")
+    return device
+
+
+def _float(value) -> float:
+    """``value`` as a float; an integer too large for one becomes infinity (refused like it)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
+
+
+def _show(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def parse_array(spec: str, extra: dict[str, Device] | None = None) -> list[Device]:
@@ -121,6 +152,8 @@ def parse_array(spec: str, extra: dict[str, Device] | None = None) -> list[Devic
             raise UsageError(f"--devices: count {count!r} of {kind} is not an integer") from None
         if n < 1:
             raise UsageError(f"--devices: count of {kind} must be at least 1, got {n}")
+        if len(devices) + n > MAX_DEVICES:
+            raise UsageError(f"--devices {spec!r}: at most {MAX_DEVICES:,} devices in all")
         devices.extend([known[kind]] * n)
     if len(devices) < 2:
         raise UsageError(f"--devices {spec!r}: the planner needs at least 2 devices to split a layer")

@@ -10,7 +10,8 @@ That covers MLPs, VGG, ResNets and transformer blocks.
 
 Shapes are per sample: a convolution has ``d_in``/``d_out`` channels, ``kernel``
 = kh*kw and spatial sizes ``hw_in``/``hw_out`` (H*W); a Linear on a sequence
-has the sequence length as ``hw_in = hw_out``.
+has the sequence length as ``hw_in = hw_out``. A traced or zoo convolution also
+records its stride, padding and dilation (what the executor re-creates).
 """
 
 from __future__ import annotations
@@ -34,6 +35,13 @@ class Layer:
     hw_in: int = 1
     hw_out: int = 1
     bias: bool = True
+    # convolutions as traced (or built by the zoo): (h, w) stride, (h, w) padding or torch's 'same'/'valid',
+    # (h, w) dilation and the padding mode; None where unknown (hand-built tables: the executor then infers a
+    # stride and padding from the sizes). The cost model does not read them; the executor does.
+    stride: tuple | None = None
+    padding: tuple | str | None = None
+    dilation: tuple | None = None
+    padding_mode: str = "zeros"
 
     @property
     def weight_elems(self) -> int:

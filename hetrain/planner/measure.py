@@ -52,20 +52,23 @@ class Measurement:
         rows += [(f"level {k} communication", "level_s", k) for k in range(levels)]
         lines = [f"measured on {self.world} local gloo processes (float32, 1 thread each; median of "
                  f"{self.steps} steps after a warm-up); 'calibrated': the device file's FLOP/s, bandwidth and "
-                 "latency replaced by those measured just before each step; latency (not in the planner's "
-                 f"search) added per exchange round ({sum(self.predicted.get('rounds', []))} per step)", "",
+                 "latency replaced by those measured just before each step ('-': not calibrated, and the error "
+                 "is the prediction's); latency (not in the planner's "
+                 f"search) added per exchange round ({sum(self.predicted.get('rounds', []))} per step); "
+                 "the bytes rows are in MB", "",
                  f"{'':<28}{'predicted ms':>14}{'calibrated ms':>15}{'measured ms':>13}{'error':>8}"]
         for label, key, k in rows:
             get = (lambda d: d[key]) if k is None else (lambda d: d["level_s"][k])  # noqa: B023
             p, c, m = get(self.predicted), get(cal), get(self.measured)
             err = f"{(c - m) / m * 100:+.0f}%" if m > 0 else "-"
-            lines.append(f"{label:<28}{p * 1e3:>14.2f}{c * 1e3:>15.2f}{m * 1e3:>13.2f}{err:>8}")
+            shown = f"{get(self.calibrated) * 1e3:.2f}" if self.calibrated else "-"  # none without calibration
+            lines.append(f"{label:<28}{p * 1e3:>14.2f}{shown:>15}{m * 1e3:>13.2f}{err:>8}")
         lines.append(f"{'waiting at exchanges':<28}{'-':>14}{'-':>15}{self.measured['wait_s'] * 1e3:>13.2f}")
         other = self.measured["step_s"] - self.measured["compute_s"] - self.measured["wait_s"] - sum(
             self.measured["level_s"])
         lines.append(f"{'other (local copies, loss)':<28}{'-':>14}{'-':>15}{other * 1e3:>13.2f}")
         for k, (pb, mb) in enumerate(zip(self.predicted["level_bytes"], self.measured["level_bytes"])):
-            lines.append(f"{f'level {k} bytes (all pairs)':<28}{pb / 1e6:>12.2f}MB{mb / 1e6:>12.2f}MB")
+            lines.append(f"{f'level {k} bytes (all pairs)':<28}{pb / 1e6:>12.2f}MB{'-':>15}{mb / 1e6:>11.2f}MB")
         if self.check:
             ok = "ok" if self.check["ok"] else "FAILED"
             lines.append(f"check against the unpartitioned step: outputs {self.check['output_rel_err']:.1e}, "

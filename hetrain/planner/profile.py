@@ -15,7 +15,9 @@ figures, and an ``array`` of ``workers`` of them.
 (bandwidths in bytes/s, memory in GB), an optional host file (``HOST GPUS`` per
 line) and optional profile files ``DeviceType.<TYPE>_tp<T>_bs<B>.json`` whose
 ``execution_time.forward_backward_time_ms`` gives each type's speed relative to
-a type the catalog knows. Link = the intra-node bandwidth, memory = ``memory``.
+a type the catalog knows. Link = the intra-node bandwidth, memory = ``memory``
+(both finite positive numbers). Hosts of one type whose figures differ become
+distinct kinds (``a100``, ``a100-2``, ...).
 """
 
 from __future__ import annotations
@@ -93,10 +95,19 @@ def profile_local(workers: int, seconds: float = 2.0, timeout_s: float = 120.0) 
     link = min(r["recv_bytes_per_s"] for r in results)
     latency = max(r["round_s"] for r in results)
     memory_gib = _memory_gib() / workers
-    spec = {"tflops": round(flops / 1e12, 6), "memory_gib": round(memory_gib, 3),
-            "link_gb_per_s": round(link / 1e9, 6), "link_latency_us": round(latency * 1e6, 1)}
+    for what, value in (("matmul FLOP/s", flops), ("received bytes/s", link), ("memory", memory_gib)):
+        if not 0 < value < math.inf:
+            raise UsageError(f"hetrain profile: measured {what} of {value:g}, which no device file can use; "
+                             "measure longer (--seconds) or on a less loaded machine")
+    spec = {"tflops": _rounded(flops / 1e12), "memory_gib": _rounded(memory_gib, 3),
+            "link_gb_per_s": _rounded(link / 1e9), "link_latency_us": round(latency * 1e6, 1)}
     return {"workers": results, "device": spec,
             "file": {"devices": {"cpu": spec}, "array": f"cpu:{workers}"}}
+
+
+def _rounded(value: float, digits: int = 6) -> float:
+    """``value`` to ``digits`` decimals, or to 3 significant digits where that would round it to 0."""
+    return round(value, digits) or float(f"{value:.3g}")
 
 
 def _memory_gib() -> float:
@@ -138,12 +149,37 @@ def from_metis(cluster_path: str, hostfile: str | None = None, profiles: str | N
         if host not in cluster:
             raise UsageError(f"--metis-hostfile: host {host!r} is not in {cluster_path}")
         info = cluster[host]
-        kind = str(info["instance_type"]).lower()
-        tflops = _tflops(kind, speed)
-        kinds[kind] = {"tflops": tflops, "memory_gib": float(info["memory"]) * 1e9 / GIB,
-                       "link_gb_per_s": float(info["intra_bandwidth"]) / 1e9}
+        base = str(info["instance_type"]).strip().lower()
+        if not base or any(c in base for c in ",:") or any(c.isspace() for c in base):
+            raise UsageError(f"--metis-cluster {cluster_path}: host {host!r}: instance_type {info['instance_type']!r} "
+                             "must be non-empty, without spaces, commas or colons")
+        memory = _positive(cluster_path, host, "memory", info["memory"])
+        intra = _positive(cluster_path, host, "intra_bandwidth", info["intra_bandwidth"])
+        spec = {"tflops": _tflops(base, speed), "memory_gib": memory * 1e9 / GIB, "link_gb_per_s": intra / 1e9}
+        if not all(0 < v < math.inf for v in spec.values()):
+            raise UsageError(f"--metis-cluster {cluster_path}: host {host!r}: figures out of range once converted "
+                             f"({spec}); use realistic values")
+        # hosts of one type with different figures get distinct kinds (a100, a100-2, ...), not the last one's
+        kind, k = base, 1
+        while kind in kinds and kinds[kind] != spec:
+            k += 1
+            kind = f"{base}-{k}"
+        kinds[kind] = spec
         groups.append(f"{kind}:{n}")
     return {"devices": kinds, "array": ",".join(groups)}
+
+
+def _positive(path, host, field, value) -> float:
+    """A finite positive JSON number from the cluster file, or a one-line error."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    try:
+        number = float(value) if ok else math.nan
+    except OverflowError:
+        number = math.inf
+    if not 0 < number < math.inf:
+        raise UsageError(f"--metis-cluster {path}: host {host!r}: {field} must be a finite positive number, "
+                         f"got {str(repr(value))[:40]}")
+    return number
 
 
 def _read_json(path, flag):
@@ -184,8 +220,11 @@ def _relative_speed(directory: str) -> dict:
         data = _read_json(f, "--metis-profiles")
         try:
             ms = float(data["execution_time"]["forward_backward_time_ms"])
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             raise UsageError(f"--metis-profiles: {f.name} has no execution_time.forward_backward_time_ms") from None
+        if not 0 < ms < math.inf:
+            raise UsageError(f"--metis-profiles: {f.name}: forward_backward_time_ms must be a finite positive "
+                             f"number, got {ms}")
         by_setting.setdefault((m["tp"], m["bs"]), {})[m["type"].lower()] = 1.0 / ms
     # the setting profiled on the most types
     return max(by_setting.values(), key=len) if by_setting else {}

@@ -150,10 +150,40 @@ def square_side(hw: int) -> int:
 
 
 def _conv_geometry(net, la):
-    """(kernel side, stride, padding) that turn hw_in into hw_out (padding as close to 'same' as possible)."""
-    k, si, so = square_side(la.kernel), square_side(la.hw_in), square_side(la.hw_out)
-    for pad in range(k // 2, -1, -1):
-        for stride in range(1, si + 1):
-            if (si + 2 * pad - k) // stride + 1 == so:
-                return k, stride, pad
-    raise UsageError(f"--measure: no stride/padding maps {si}x{si} to {so}x{so} for {la.name} in {net.name}")
+    """(kernel side, stride, padding) of a convolution: as traced (or built by the zoo) where the layer records
+    them; for a hand-built table without them, the pair that turns hw_in into hw_out (padding as close to 'same'
+    as possible). Only what the executor runs is accepted: square kernels, equal strides and paddings, zero
+    padding, no dilation."""
+    where = f"{la.name} in {net.name}"
+    k = math.isqrt(la.kernel)
+    if k * k != la.kernel:
+        raise UsageError(f"--measure: {where} has a kernel of {la.kernel} positions; the executor runs square kernels")
+    si, so = square_side(la.hw_in), square_side(la.hw_out)
+    if la.dilation is not None and tuple(la.dilation) != (1, 1):
+        raise UsageError(f"--measure: {where} is a dilated convolution (dilation {tuple(la.dilation)}); the "
+                         "executor runs dilation 1 only")
+    if la.padding_mode != "zeros":
+        raise UsageError(f"--measure: {where} pads with {la.padding_mode!r}; the executor pads with zeros only")
+    if la.stride is None and la.padding is None:
+        for pad in range(k // 2, -1, -1):
+            for stride in range(1, si + 1):
+                if (si + 2 * pad - k) // stride + 1 == so:
+                    return k, stride, pad
+        raise UsageError(f"--measure: no stride/padding maps {si}x{si} to {so}x{so} for {where}")
+    stride = tuple(la.stride) if la.stride is not None else (1, 1)
+    padding = la.padding
+    if padding == "valid":
+        padding = (0, 0)
+    elif padding == "same":
+        if stride != (1, 1) or (k - 1) % 2:
+            raise UsageError(f"--measure: {where} pads 'same' with an even kernel; the executor needs equal padding "
+                             "on both sides")
+        padding = ((k - 1) // 2, (k - 1) // 2)
+    padding = tuple(padding) if padding is not None else (0, 0)
+    if len(set(stride)) != 1 or len(set(padding)) != 1:
+        raise UsageError(f"--measure: {where} has stride {stride} and padding {padding}; the executor needs the same "
+                         "stride and padding along both sides")
+    stride, pad = stride[0], padding[0]
+    if (si + 2 * pad - k) // stride + 1 != so:
+        raise UsageError(f"--measure: {where}: stride {stride} and padding {pad} do not map {si}x{si} to {so}x{so}")
+    return k, stride, pad

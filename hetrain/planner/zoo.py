@@ -46,7 +46,8 @@ class _Builder:
         ho, wo = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
         if ho < 1 or wo < 1:
             raise UsageError(f"model {self.name!r}: input too small, {label} would produce {ho}x{wo} outputs")
-        return self._layer(Layer(label, "conv", ci, co, k * k, h * w, ho * wo, bias), nid), co, ho, wo
+        return self._layer(Layer(label, "conv", ci, co, k * k, h * w, ho * wo, bias, stride=(stride, stride),
+                                       padding=(pad, pad), dilation=(1, 1)), nid), co, ho, wo
 
     def linear(self, x, label, do, bias=True, seq=1):
         nid, di, _, _ = x
