@@ -63,7 +63,7 @@ from torch.utils.data import DataLoader, DistributedSampler, IterableDataset  # 
 from hetrain.errors import UsageError  # noqa: E402
 from hetrain.integrations.job_progress import follow_job, followed  # noqa: E402
 from hetrain.integrations.liveness import StoreLiveness  # noqa: E402
-from hetrain.integrations.shared_batches import SharedBatches, with_batch_sampler  # noqa: E402
+from hetrain.integrations.shared_batches import LastBatchKnown, SharedBatches, with_batch_sampler  # noqa: E402
 from hetrain.registry import get_spec  # noqa: E402
 from hetrain.runtime.protocol import SyncProtocol  # noqa: E402
 from hetrain.transport.job import DEFAULT_TIMEOUT_S, job_store, prefer_lazy_connections  # noqa: E402
@@ -110,6 +110,7 @@ class HetrainStrategy(DDPStrategy):
         self.sync: SyncProtocol | None = None
         self.liveness: StoreLiveness | None = None
         self.samplers: list[SharedBatches] = []
+        self.loaders: list[LastBatchKnown] = []
         self._finished = False
         self._resumed: dict | None = None  # the protocol's state from a checkpoint, loaded once it is built
 
@@ -199,6 +200,13 @@ class HetrainStrategy(DDPStrategy):
         if self.liveness is not None:
             self.liveness.dead_workers()  # a rank the others declared dead (a stall) leaves here, in one line
         trainer = self.lightning_module.trainer
+        if self.loaders and self.loaders[-1].last and trainer.train_dataloader is self.loaders[-1] \
+                and not _fetches_itself(self.lightning_module):
+            # Lightning's fetcher flags the last batch by count (the loader's length: the epoch over all ranks),
+            # which a rank's share never reaches; the loader knows (it drew one batch ahead). Flagged here, before
+            # the batch trains, as Lightning flags it: the accumulation window closes with an optimizer step, and
+            # the epoch ends with this batch (validation, epoch-interval schedulers) rather than by StopIteration.
+            trainer.fit_loop.epoch_loop.batch_progress.is_last_batch = True
         if self.sync is not None and self.decoupled and trainer.max_steps > 0 \
                 and self.sync.stats.iteration >= trainer.max_steps:
             trainer.should_stop = True
@@ -226,7 +234,8 @@ class HetrainStrategy(DDPStrategy):
         if isinstance(limit, float) and limit < 1.0:  # a share of the epoch over all ranks (Lightning scales len)
             sampler.limit = int(sampler.num_batches * limit)
         self.samplers.append(sampler)
-        return with_batch_sampler(dataloader, sampler)
+        self.loaders.append(with_batch_sampler(dataloader, sampler, LastBatchKnown))
+        return self.loaders[-1]
 
     # -- the end of training -------------------------------------------------------------------
     def on_train_end(self) -> None:
@@ -287,6 +296,14 @@ def _training_loader(dataloader: object) -> bool:
     return isinstance(dataloader, DataLoader) and type(dataloader.sampler) is DistributedSampler \
         and dataloader.sampler.shuffle and dataloader.batch_size is not None \
         and not isinstance(dataloader.dataset, IterableDataset)
+
+
+def _fetches_itself(module) -> bool:
+    """Whether ``training_step`` takes ``dataloader_iter`` (it draws its batches itself, after
+    ``on_train_batch_start``, and Lightning flags the last batch from the loader's end then)."""
+    from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
+
+    return is_param_in_hook_signature(module.training_step, "dataloader_iter", explicit=True)
 
 
 def _check_sigterm_locally(trainer) -> None:
@@ -378,14 +395,11 @@ def _validate_by_the_jobs_progress(strategy: HetrainStrategy, trainer) -> None:
         if not epoch_due():
             return False
         if sampler.sampler.epoch != seen["epoch"]:
-            seen.update(epoch=sampler.sampler.epoch, block=0, last=False)
+            seen.update(epoch=sampler.sampler.epoch, block=0)
         if trainer.should_stop and trainer.fit_loop._can_stop_early:
             return True
-        # a sized loader's fetcher flags the last batch by count, which a shared epoch never reaches; the
-        # sampler knows: the loader's look-ahead claim found the epoch's batches gone
-        if loop.batch_progress.is_last_batch or sampler.exhausted:
-            due, seen["last"] = not seen["last"], True
-            return due
+        if loop.batch_progress.is_last_batch:  # this rank's last batch of the epoch (on_train_batch_start)
+            return True
         block = sampler.claimed // every
         if block > seen["block"] and block * every < sampler.num_batches:  # the epoch's end validates anyway
             seen["block"] = block

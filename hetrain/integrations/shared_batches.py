@@ -11,6 +11,11 @@ trains on each sample once (the last batch may be short unless ``drop_last``).
 Claims are atomic (``store.add``), one round trip to the store per batch. A
 batch claimed by an iterator that is dropped before using it is lost to the
 epoch (a data loader prefetching when the loop ends early, for instance).
+
+A shared epoch's length (its batches over all ranks) does not tell a rank which
+of its batches is its last; :class:`LastBatchKnown` does, from the batches the
+loader hands out (a multi-worker loader draws index batches, and so claims,
+several ahead of those it hands out).
 """
 
 from __future__ import annotations
@@ -64,7 +69,7 @@ class SharedBatches(Sampler):
         self.taken = 0  # batches this rank took in its current or last epoch
         self.limit: int | None = None  # at most this many batches per epoch over all ranks (None: all)
         self.claimed = 0  # batches of the current epoch claimed over all ranks, as of this rank's last claim
-        self.exhausted = False  # this rank found the epoch's batches all claimed (its iterator ends next)
+        self.exhausted = False  # this rank's claim found the epoch's batches all claimed (its iterator ended)
 
     @property
     def num_batches(self) -> int:
@@ -90,35 +95,63 @@ class SharedBatches(Sampler):
         self.sampler.set_epoch(epoch)
 
     def __iter__(self):
-        """This rank's batches of the epoch. Each claim is made one batch ahead, so that when a rank's
-        last batch is handed out, :attr:`exhausted` already says so (Lightning validates at an epoch's
-        end, and a shared epoch has no length that tells a rank which of its batches is the last)."""
+        """This rank's batches of the epoch, each claimed when the loader asks for it."""
         order = list(self.sampler)
         self.taken = self.claimed = 0
         self.exhausted = False
         key = f"epoch/{self.sampler.epoch}"
-
-        def claim():
+        while True:
             batch = self.store.add(key, 1) - 1
             if batch >= self.num_batches:
                 self.claimed, self.exhausted = self.num_batches, True
-                return None
+                return
             self.claimed = batch + 1
-            return batch
-
-        current = claim()
-        while current is not None:
-            ahead = claim()
             self.taken += 1
-            yield order[current * self.batch_size:(current + 1) * self.batch_size]
-            current = ahead
+            yield order[batch * self.batch_size:(batch + 1) * self.batch_size]
 
 
-def with_batch_sampler(dataloader: DataLoader, batch_sampler: Sampler) -> DataLoader:
-    """``dataloader`` with its batches drawn from ``batch_sampler``; every other setting kept."""
-    return DataLoader(dataloader.dataset, batch_sampler=batch_sampler, num_workers=dataloader.num_workers,
-                      collate_fn=dataloader.collate_fn, pin_memory=dataloader.pin_memory,
-                      timeout=dataloader.timeout, worker_init_fn=dataloader.worker_init_fn,
-                      multiprocessing_context=dataloader.multiprocessing_context, generator=dataloader.generator,
-                      prefetch_factor=dataloader.prefetch_factor, persistent_workers=dataloader.persistent_workers,
-                      pin_memory_device=dataloader.pin_memory_device)
+class LastBatchKnown(DataLoader):
+    """A DataLoader whose iterator draws one batch ahead of those it hands out, so that :attr:`last` says
+    whether the batch it handed out last is this rank's last of the epoch (Lightning closes an accumulation
+    window with an optimizer step and validates at an epoch's end, and a shared epoch's length does not say
+    which batch that is). Drawing ahead costs nothing with workers (they prefetch), and without them it is the
+    one-batch look-ahead a rank needs to know its last batch at all."""
+
+    last = False
+
+    def __iter__(self):
+        return _DrawnAhead(super().__iter__(), self)
+
+
+_UNDRAWN, _END = object(), object()
+
+
+class _DrawnAhead:
+    def __init__(self, iterator, loader: LastBatchKnown):
+        self.iterator = iterator
+        self.loader = loader
+        self.ahead = _UNDRAWN
+        loader.last = False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.ahead is _UNDRAWN:
+            self.ahead = next(self.iterator, _END)
+        if self.ahead is _END:
+            raise StopIteration
+        batch, self.ahead = self.ahead, next(self.iterator, _END)
+        self.loader.last = self.ahead is _END
+        return batch
+
+
+def with_batch_sampler(dataloader: DataLoader, batch_sampler: Sampler, loader_class: type = DataLoader) -> DataLoader:
+    """``dataloader`` with its batches drawn from ``batch_sampler``; every other setting kept (as a
+    ``loader_class``: :class:`LastBatchKnown` to know a rank's last batch)."""
+    return loader_class(dataloader.dataset, batch_sampler=batch_sampler, num_workers=dataloader.num_workers,
+                        collate_fn=dataloader.collate_fn, pin_memory=dataloader.pin_memory,
+                        timeout=dataloader.timeout, worker_init_fn=dataloader.worker_init_fn,
+                        multiprocessing_context=dataloader.multiprocessing_context, generator=dataloader.generator,
+                        prefetch_factor=dataloader.prefetch_factor, persistent_workers=dataloader.persistent_workers,
+                        pin_memory_device=dataloader.pin_memory_device)

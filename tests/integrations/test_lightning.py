@@ -112,3 +112,67 @@ def test_only_allreduce_steps_in_lockstep_under_lightning():
     from hetrain.registry import PROTOCOLS
 
     assert {name for name, spec in PROTOCOLS.items() if lockstep(spec.runtime_class())} == {"allreduce"}
+
+
+EPOCH_END_JOB = Path(__file__).resolve().parent / "lightning_epoch_end_job.py"
+
+
+def run_epoch_end_job(out: Path, devices: int) -> list[dict]:
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_PORT", "MASTER_ADDR", "WORLD_SIZE", "RANK",
+                                                             "LOCAL_RANK", "NODE_RANK")}
+    env["OMP_NUM_THREADS"] = "1"
+    returncode, output = run_in_own_session([sys.executable, str(EPOCH_END_JOB), "hop", str(out), str(devices)],
+                                            cwd=ROOT, env=env, timeout_s=TIMEOUT_S)
+    assert returncode == 0, output[-3000:]
+    return reports(out, devices)
+
+
+def assert_epochs_end_as_lightning_ends_them(report: dict) -> None:
+    assert report["never_stepped"] == 0, "a partial accumulation window was trained on and never stepped"
+    assert report["validated_after"] == report["epoch_ends"], "validation ran before the epoch's last batch"
+    assert report["lr"] == pytest.approx(0.01 * 0.5 ** 2), "the epoch-interval scheduler did not step each epoch"
+
+
+@pytest.mark.slow  # 6-14 s here (Lightning's import in a subprocess): CI's budget; the unit test below is fast
+def test_a_rank_s_share_of_a_shared_epoch_ends_as_lightning_ends_an_epoch(tmp_path):
+    """The loader's length is the epoch over all ranks, so Lightning's fetcher (which flags the last batch by
+    count) never flagged a rank's last one: the epoch ended by StopIteration, without the optimizer step for
+    the last, partial accumulation window, without the epoch-interval scheduler's step, and validation went
+    by the sampler's claims, which a loader's workers make batches ahead of training (14 of 18 batches).
+    One process here; a phantom second rank takes half the shared epoch's batches (the job's callback)."""
+    (report,) = run_epoch_end_job(tmp_path, devices=1)
+    assert report["batches"] < 2 * report["loader_length"]  # this rank's share: not the loader's length
+    assert report["epoch_ends"][0] % 4, "the share must end inside an accumulation window to test it"
+    assert_epochs_end_as_lightning_ends_them(report)
+
+
+@pytest.mark.slow  # two ranks sharing the epochs for real (the fast test above simulates the second)
+def test_two_ranks_sharing_epochs_end_them_as_lightning_ends_an_epoch(tmp_path):
+    report = run_epoch_end_job(tmp_path, devices=2)
+    assert sum(r["batches"] for r in report) == 60  # 2 epochs of 30 batches, shared out
+    for rank in report:
+        assert_epochs_end_as_lightning_ends_them(rank)
+
+
+def test_the_shared_loader_knows_a_rank_s_last_batch_though_its_workers_claim_ahead():
+    """With workers, the sampler runs out of batches to claim while batches it claimed wait in the workers'
+    queue: only the loader's own look-ahead tells which batch it hands out is the rank's last."""
+    from torch.utils.data import TensorDataset
+
+    from hetrain.integrations.shared_batches import LastBatchKnown, SharedBatches, with_batch_sampler
+
+    store = torch.distributed.HashStore()
+    sampler = SharedBatches(12, 1, store, seed=1)
+    loader = with_batch_sampler(torch.utils.data.DataLoader(TensorDataset(torch.arange(12.0)), batch_size=1,
+                                                            num_workers=2), sampler, LastBatchKnown)
+    flags, exhausted = [], []
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        for _ in loader:
+            flags.append(loader.last)
+            exhausted.append(sampler.exhausted)
+            store.add(f"epoch/{epoch}", 1)  # another rank takes a batch for each of this one's
+        assert flags[-1] and not any(flags[:-1]), flags  # the last batch handed out, and only it
+        assert sum(exhausted) > 1  # the sampler ran dry batches before (what validation went by)
+        assert sampler.taken == len(flags) < 12
+        flags, exhausted = [], []
