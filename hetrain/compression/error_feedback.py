@@ -25,10 +25,10 @@ class ErrorFeedback:
 
     def encode(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(payload, what the receiver will decode) for ``x`` plus the carried residual."""
-        corrected = x.reshape(-1).float()
+        corrected = x.reshape(-1).to(torch.promote_types(x.dtype, torch.float32))  # float64 stays float64
         if self.residual is not None:
             corrected = corrected + self.residual
-        payload = self.codec.encode(corrected)
-        sent = self.codec.decode(payload)
-        self.residual = corrected - sent
+        payload = self.codec.encode(corrected.float())
+        sent = self.codec.decode(payload).to(corrected.dtype)
+        self.residual = corrected - sent  # what float32 rounding drops too
         return payload, sent

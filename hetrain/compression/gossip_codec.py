@@ -40,6 +40,7 @@ class PublicCopy:
 
         Synced receivers get the compressed difference (x̂ moves by what it decodes to); the others
         get x̂ in full and are synced from then on. With no synced receiver at all, x̂ becomes the model.
+        A holder left out of a delta misses how x̂ moved: it is no longer synced.
         """
         delta_dsts = [d for d in dsts if d in self.synced]
         key_dsts = [d for d in dsts if d not in self.synced]
@@ -49,6 +50,7 @@ class PublicCopy:
         elif delta_dsts:
             delta = self.codec.encode(model - self.public)
             self.public.add_(self.codec.decode(delta).to(self.public.dtype))
+            self.synced &= set(dsts)  # a holder this delta skips no longer holds x̂: a keyframe next
         keyframe = self.public.clone() if key_dsts else None
         self.synced.update(key_dsts)
         return delta, delta_dsts, keyframe, key_dsts

@@ -93,12 +93,20 @@ class _HookTimer:
                for m in shapes]
         return (2 if any(low) else 0) + (0 if all(low) else 1)
 
-    def charge(self, bucket) -> None:
-        sent = ring_allreduce_bytes(self.world_size, self.bucket_bytes(bucket))
+    def uncompressed_now(self) -> bool:
+        """Whether the hook all-reduces this bucket uncompressed: torch's PowerSGD hook does for its first
+        ``start_powerSGD_iter`` iterations (one plain all-reduce of the whole buffer)."""
+        state = self.hook_state
+        return self.compression.kind == "powersgd" and state.iter < state.start_powerSGD_iter
+
+    def charge(self, bucket, plain: bool = False) -> None:
+        whole = bucket.buffer().numel() * bucket.buffer().element_size()
+        sent = ring_allreduce_bytes(self.world_size, whole if plain else self.bucket_bytes(bucket))
         self.bytes_compressed += int(sent)
         self.bytes_uncompressed += int(ring_allreduce_bytes(self.world_size, bucket.buffer().numel() * 4))
         # each collective pays its ring's latencies, one after another
-        self.link.collective(range(self.world_size), sent, sent, 2 * (self.world_size - 1) * self.collectives(bucket))
+        collectives = 1 if plain else self.collectives(bucket)
+        self.link.collective(range(self.world_size), sent, sent, 2 * (self.world_size - 1) * collectives)
 
     def launched(self) -> None:
         """A bucket's all-reduce is being launched (the last launch counts)."""
@@ -137,10 +145,11 @@ class _HookTimer:
 def _timed_allreduce_hook(timer: _HookTimer, bucket):
     timer.buckets += 1
     timer.launched()
+    plain = timer.uncompressed_now()  # read before the hook: it counts its iterations
     future = timer.hook(timer.hook_state, bucket)
 
     def record(fut):
-        timer.charge(bucket)  # held here for an emulated link: the backward pass waits for it
+        timer.charge(bucket, plain)  # held here for an emulated link: the backward pass waits for it
         timer.done()
         return fut.value()[0] if isinstance(fut.value(), list) else fut.value()
 

@@ -152,9 +152,10 @@ class Hop(SyncProtocol):
         return f"hetrain/{self.name}/start-digest/{rank}"
 
     def _publish_start(self) -> None:
-        """Write a digest of the model training starts from to the job's store (before the handshake)."""
+        """Write a digest of the model training starts from to the job's store (before the handshake); of its
+        bytes (numpy has no bfloat16)."""
         self._start = self.state.gather()
-        self._start_digest = hashlib.blake2b(self._start.cpu().numpy().tobytes(), digest_size=16).hexdigest()
+        self._start_digest = hashlib.blake2b(self._start.cpu().contiguous().view(torch.uint8).numpy().tobytes(), digest_size=16).hexdigest()
         self.job.store.set(self._start_key(self.job.rank), self._start_digest)
 
     def _seed_shared_start(self, skipped: set[int]) -> None:
@@ -451,13 +452,17 @@ class Hop(SyncProtocol):
             (len(key_dsts) * keyframe.numel() * keyframe.element_size() if keyframe is not None else 0)
 
     def _send_model(self, iteration: int, model: torch.Tensor) -> None:
-        self._send_update(self.logic.out_neighbors, iteration, model)
+        sent_to = list(self.logic.out_neighbors)
+        self._send_update(sent_to, iteration, model)
         if self._progress is not None:
             self._progress.sent(iteration, model, self.state.empty)
         if self.tolerant:
             self._last_sent = (iteration, model)
         if self._resend is not None:  # a repair while this worker was not waiting
             with self._cond:
+                if self._resend is not None:  # those just sent this newer model are owed the older one no more
+                    targets = [t for t in self._resend[0] if t not in sent_to]
+                    self._resend = (targets, *self._resend[1:]) if targets else None
                 self._send_owed_models()
 
     def should_stop(self, local_done: bool) -> bool:
