@@ -111,3 +111,20 @@ def test_hetrain_train_on_two_nodes_of_localhost(tmp_path, protocol):
     assert [w["rank"] for w in metrics["workers"]] == [0, 1, 2, 3]
     assert all(w["iteration"] >= 30 for w in metrics["workers"])
     assert "heterogeneity efficiency" in "".join(outputs)
+
+
+def test_nccl_under_torchrun_counts_this_node_s_ranks_against_its_gpus(monkeypatch):
+    """A 2-node job of 4 GPUs each (world size 8) was refused on every rank: the world size was compared with
+    one node's GPUs."""
+    import torch
+
+    from hetrain.config import RunConfig
+    from hetrain.errors import UsageError
+    from hetrain.jobs.run import check_local_devices
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    config = RunConfig(protocol="hop", device="cuda", num_workers=8, iterations=10, on_failure="abort")
+    check_local_devices(config, workers_here=4)  # 4 ranks on this node, 4 GPUs: accepted
+    with pytest.raises(UsageError, match="5 workers here, 4 GPU"):
+        check_local_devices(config, workers_here=5)

@@ -223,14 +223,19 @@ class LocalJob:
         return results
 
     def _collect(self, wait_s: float) -> None:
+        """Every result and error report waiting (the first waited for up to ``wait_s``): one left queued
+        behind another made its rank, exited by then, read as dead without a report."""
         try:
-            rank, kind, value, detail = self.channels.results.get(timeout=wait_s)
+            item = self.channels.results.get(timeout=wait_s)
+            while True:
+                rank, kind, value, detail = item
+                if kind == "ok":
+                    self.done[rank] = value
+                else:
+                    self.failures.setdefault(rank, (kind, value, detail))
+                item = self.channels.results.get_nowait()
         except queue.Empty:
             return
-        if kind == "ok":
-            self.done[rank] = value
-        else:
-            self.failures.setdefault(rank, (kind, value, detail))
 
     def _drain_messages(self) -> None:
         while True:

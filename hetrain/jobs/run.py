@@ -52,12 +52,14 @@ def check_run_config(config: RunConfig, devices_here: bool = True) -> RunConfig:
     return config
 
 
-def check_local_devices(config: RunConfig) -> None:
-    """This machine has the GPUs the run asks for (its workers run here)."""
+def check_local_devices(config: RunConfig, workers_here: int | None = None) -> None:
+    """This machine has the GPUs the run asks for (``workers_here`` of its workers run here: default all;
+    under torchrun this node's ranks, ``LOCAL_WORLD_SIZE``, not the job's world size)."""
+    workers_here = config.num_workers if workers_here is None else workers_here
     if config.device == "cuda" and not torch.cuda.is_available():
         raise OptionError("{device} cuda was asked for, but this machine has no CUDA device; use {device} cpu")
-    if config.resolved_backend() == "nccl" and config.num_workers > torch.cuda.device_count():
-        raise OptionError(f"NCCL runs one worker per GPU: {config.num_workers} workers, "
+    if config.resolved_backend() == "nccl" and workers_here > torch.cuda.device_count():
+        raise OptionError(f"NCCL runs one worker per GPU: {workers_here} workers here, "
                           f"{torch.cuda.device_count()} GPU(s); use {{num_workers}} {torch.cuda.device_count()}, "
                           "or {backend} gloo (workers share GPUs, messages go through the host)")
 
@@ -211,7 +213,8 @@ def run_training_torchrun(config: RunConfig, out_dir: str | None) -> dict | None
         config = config.replace(on_failure="abort")
     if config.fail != "none":
         raise OptionError("{fail} injects failures in local jobs; under torchrun, kill ranks yourself")
-    check_run_config(config)
+    check_run_config(config, devices_here=False)  # the job spans nodes: this node's ranks against its GPUs
+    check_local_devices(config, int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size)))
     out = prepare_out_dir(out_dir) if out_dir and ctx.rank == 0 else None
     if config.checkpoint_dir:  # rank 0 checks (and on a fresh start writes the manifest); all learn the verdict
         verdict = [None]

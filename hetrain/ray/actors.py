@@ -194,6 +194,10 @@ class _Results:
         self._workers.poll(timeout)
         return self._workers._results.get_nowait()
 
+    def get_nowait(self):
+        """What the last poll settled and is not taken yet (queue.Empty when nothing)."""
+        return self._workers._results.get_nowait()
+
 
 def _reason(error: Exception) -> str:
     """The line of Ray's error that says why (e.g. "The actor died because its node has died.")."""
