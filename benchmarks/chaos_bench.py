@@ -13,8 +13,8 @@ among 1-7 (the parameter server is rank 0: its death ends a `ps` job by design, 
 its own). A kill whose moment comes after the worker exited (the job's end) finds no process and is
 counted as such.
 
-A run *survived* when the command exits 0 and the averaged model of the survivors reaches 0.95
-test accuracy; a *hang* is a command still running 120 s after its budget. The phase a kill landed
+A run *survived* when its strike found a process, the command exits 0 and the averaged model of the
+survivors reaches 0.95 test accuracy (a strike that found none is counted under "no process" only); a *hang* is a command still running 120 s after its budget. The phase a kill landed
 in comes from the run's record: before every worker's first iteration (`startup_s`), during the
 training loop, or after it (finish, evaluation, exit). Recovery = the longest time from a death to
 every survivor computing again (`deaths[].recovery_s`). Writes OUT/chaos.json and OUT/chaos.md.
@@ -89,7 +89,8 @@ def one_run(protocol: str, mode: str, sig: int, rank: int, at_s: float, budget_s
         "protocol": protocol, "mode": mode, "signal": signal.Signals(sig).name, "rank": rank,
         "planned_at_s": at_s, "sent_at_s": sent.get("at_s"), "found_process": sent.get("found"),
         "rc": None if hang else proc.returncode, "hang": hang, "elapsed_s": elapsed,
-        "accuracy": accuracy, "survived": not hang and proc.returncode == 0 and (accuracy or 0) >= 0.95,
+        "accuracy": accuracy,  # a strike that found no process survived nothing: not counted as survived
+        "survived": bool(sent.get("found")) and not hang and proc.returncode == 0 and (accuracy or 0) >= 0.95,
         "phase": _phase(sent, metrics), "deaths": [(d["rank"], d.get("cause")) for d in metrics.get("deaths", [])],
         "recovery_s": max((r for r in recoveries if r is not None), default=None),
         "error": None if proc.returncode == 0 else output.strip().splitlines()[-1][:300] if output.strip() else "",

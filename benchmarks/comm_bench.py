@@ -140,12 +140,13 @@ def goals(bench: str, rows: list[dict], runs: dict) -> list[str]:
             fast = by.get(f"{protocol}-h8-int8") or by.get(f"{protocol}-h8-int8-auto")
             if not plain or not fast:
                 continue
-            sooner = ratio(plain["time_to_target_s"], fast["time_to_target_s"])
             fewer = ratio(plain["bytes_sent_per_sample"], fast["bytes_sent_per_sample"])
-            lines.append(f"{protocol}: 95% {_f(sooner, '.2f')}x sooner (goal 3x: "
-                         f"{'met' if sooner and sooner >= 3 else 'MISSED'}), bytes/sample {_f(fewer, '.1f')}x fewer "
-                         f"(goal 20x: {'met' if fewer and fewer >= 20 else 'MISSED'})"
-                         + ("" if plain["time_to_target_s"] else " (plain never reached 95%: a lower bound)"))
+            bound = not plain["time_to_target_s"] and fast["time_to_target_s"]  # plain never reached it
+            sooner = ratio(plain.get("wall_time_s") if bound else plain["time_to_target_s"], fast["time_to_target_s"])
+            verdict = "met" if sooner and sooner >= 3 else "undetermined" if bound else "MISSED"
+            lines.append(f"{protocol}: 95% {'>= ' if bound else ''}{_f(sooner, '.2f')}x sooner (goal 3x: {verdict}), "
+                         f"bytes/sample {_f(fewer, '.1f')}x fewer (goal 20x: {'met' if fewer and fewer >= 20 else 'MISSED'})"
+                         + (" (plain never reached 95% in its run: a lower bound)" if bound else ""))
     if bench in ("outer", "outer-complete"):
         for protocol in (DECENTRALIZED if bench == "outer" else ("dpsgd-complete",)):
             nesterov, none = by.get(f"{protocol}-nesterov"), by.get(f"{protocol}-none")

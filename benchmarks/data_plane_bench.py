@@ -29,11 +29,18 @@ CONFIGS = {
 
 
 def run_once(tree: Path, protocol: str, config: str, budget_s: float, out: Path, env: dict) -> float:
+    out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "hetrain", "train", "--protocol", protocol, *CONFIGS[config],
                "--time-budget", str(budget_s), "--no-progress", "--out", str(out)]
-    subprocess.run(command, check=True, env={**env, "PYTHONPATH": str(tree)}, stdout=subprocess.DEVNULL,
+    # run from the tree: `python -m` puts the current directory before PYTHONPATH, so from a checkout both
+    # arms imported that checkout's hetrain (the baseline ran this tree's code)
+    subprocess.run(command, check=True, env={**env, "PYTHONPATH": str(tree)}, cwd=tree, stdout=subprocess.DEVNULL,
                    stderr=open(out / "stderr.log", "w"), timeout=budget_s * 4 + 120)
+    imported = subprocess.run([sys.executable, "-c", "import hetrain; print(hetrain.__file__)"], cwd=tree,
+                              env={**env, "PYTHONPATH": str(tree)}, capture_output=True, text=True).stdout.strip()
+    if not Path(imported).resolve().is_relative_to(tree.resolve()):
+        raise SystemExit(f"{tree}: its runs import hetrain from {imported}, not from the tree")
     return float(json.loads((out / "metrics.json").read_text())["samples_per_s"])
 
 

@@ -12,8 +12,8 @@ this script waits for a wall time drawn uniformly between the call and the job's
 line ``ray::WorkerActor...``; a replacement's too) and SIGKILLs one of them at random. A kill before
 any actor exists, or after the job ended, finds none and is counted as such.
 
-A run *survived* when the call returns a record (no error) in which the averaged model reaches 0.9
-test accuracy. Writes OUT/ray_chaos.json, each run's record and log under OUT/MODE-I/, and prints one
+A run *survived* when its strike killed an actor and the call returns a record (no error) in which the
+averaged model reaches 0.9 test accuracy (a strike that found none is not a survival: ``struck`` false). Writes OUT/ray_chaos.json, each run's record and log under OUT/MODE-I/, and prints one
 line per run.
 """
 
@@ -69,6 +69,7 @@ def strike(at_s: float, began: float, rng: random.Random, log: dict, done: threa
     try:
         os.kill(pid, signal.SIGKILL)
         log["kill"] = f"{name} (pid {pid}) at {time.monotonic() - began:.2f} s"
+        log["struck"] = True
     except ProcessLookupError:
         log["kill"] = f"pid {pid} gone"
 
@@ -85,7 +86,9 @@ def one_run(address: str, mode: str, args, rng: random.Random, out_dir: Path | N
     thread.start()
     try:
         metrics = run_training_ray(config, str(out_dir) if out_dir else None, address, {"CPU": 1}, progress=False)
-        log.update(survived=metrics["final_accuracy_avg_model"] >= 0.9, lost=metrics["workers_lost"],
+        struck = log.get("struck", False)  # the strike killed an actor (else it found none)
+        log.update(survived=struck and metrics["final_accuracy_avg_model"] >= 0.9, struck=struck,
+                   lost=metrics["workers_lost"],
                    joined=metrics["workers_joined"], accuracy=round(metrics["final_accuracy_avg_model"], 4))
     except Exception as error:  # noqa: BLE001 - a failed job is what this counts
         log.update(survived=False, error=str(error)[:300])
@@ -123,6 +126,7 @@ def main(argv=None) -> int:
         ray.shutdown()
         cluster.shutdown()
     summary = {mode: {"runs": sum(r["mode"] == mode for r in rows),
+                      "struck": sum(r["mode"] == mode and r.get("struck", False) for r in rows),
                       "survived": sum(r["mode"] == mode and r["survived"] for r in rows),
                       "slowest_s": max((r["wall_s"] for r in rows if r["mode"] == mode), default=None)}
                for mode in args.modes.split(",")}
