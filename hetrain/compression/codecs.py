@@ -67,7 +67,9 @@ def _quantize_blocks(x: torch.Tensor, numel: int, levels: int) -> tuple[torch.Te
     blocks = math.ceil(numel / INT8_BLOCK)
     padded = torch.nn.functional.pad(x, (0, blocks * INT8_BLOCK - numel)).view(blocks, INT8_BLOCK)
     scale = padded.abs().amax(dim=1) / float(levels)
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    # an all-zero block needs a scale; a non-finite one keeps it, so its block decodes non-finite (NaN
+    # became 0, or -8 for int4: finite values that hid it)
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
     return scale, torch.round(padded / scale[:, None]).clamp_(-levels, levels).reshape(-1)[:numel]
 
 

@@ -193,3 +193,15 @@ def test_a_bfloat16_model_s_start_digest_is_written():
     hop.job = types.SimpleNamespace(rank=0, store=types.SimpleNamespace(set=store.__setitem__))
     hop._publish_start()
     assert len(store["hetrain/hop/start-digest/0"]) == 32
+
+
+@pytest.mark.parametrize("spec", ["int8", "int4"])
+def test_a_non_finite_value_shows_in_its_block_and_nowhere_else(spec):
+    """A NaN decoded to 0 (int8) or -8 times the scale (int4): finite values that hid it in every copy."""
+    codec = make_codec(spec, 512)
+    for bad in (float("nan"), float("inf")):
+        x = torch.full((512,), 1e-3)
+        x[3] = bad
+        decoded = codec.decode(codec.encode(x))
+        assert not torch.isfinite(decoded[3])
+        assert torch.allclose(decoded[256:], x[256:], rtol=0.2)  # the other block as it was
