@@ -91,6 +91,11 @@ class RayWorkers:
     def pid(self, rank: int):
         return (rank, self.incarnations[rank])
 
+    def running(self, rank: int) -> bool:
+        """Whether ``rank``'s current actor has started (its ``where`` call returned): it is placed and runs."""
+        ref = self.where.get((rank, self.incarnations[rank]))
+        return ref is not None and bool(ray.wait([ref], timeout=0, fetch_local=False)[0])
+
     def exitcode(self, rank: int) -> int | None:
         return self.codes[rank]
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -88,7 +89,24 @@ class RayJob(LocalJob):
 
     def _start(self, rank: int, *args) -> None:
         super()._start(rank, *args)
-        self.silence.last_heard.pop(rank, None)  # heard from once its actor runs (it may wait for capacity)
+        self.silence.last_heard.pop(rank, None)  # clocked once its actor runs (it may wait for capacity)
+
+    def _find_hung(self) -> None:
+        """An actor's silence counts from when it runs, with one heartbeat timeout more for its first beat
+        (the payload's imports, the store's connections): counted from its first beat, as before, an actor
+        stopped or frozen before that beat was never found hung, and its peers failed the job at their
+        timeout, even under continue."""
+        clocked = getattr(self, "_clocked", None)
+        if clocked is None:
+            clocked = self._clocked = set()
+        for rank in range(self.n):
+            key = self.workers.pid(rank)
+            if key in clocked or rank in self.silence.last_heard or not self.workers.alive(rank):
+                continue
+            if self.workers.running(rank):
+                clocked.add(key)
+                self.silence.last_heard[rank] = time.monotonic() + self.silence.timeout_s
+        super()._find_hung()
 
     def _how(self, rank: int) -> tuple[str, str]:
         pid = self.workers.pid(rank)

@@ -67,6 +67,18 @@ def test_a_stopped_actor_is_found_hung_by_heartbeat_and_the_job_goes_on(joined):
     assert metrics["final_accuracy_avg_model"] > 0.8
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_an_actor_stopped_before_its_first_heartbeat_is_found_hung_too(joined):
+    """Its silence counted from its first beat, so an actor stopped in start-up was never found hung and
+    its neighbour failed the job at --timeout ("could not reach its neighbour 1"), continue or not."""
+    joined(2)
+    config = RunConfig(protocol="hop", num_workers=2, compute_ms=20.0, time_budget_s=3.0, timeout_s=30.0,
+                       fail="1@startup:stop", heartbeat_timeout_s=3.0, on_failure="continue")
+    metrics = run_training_ray(config, None, None, {"CPU": 1}, progress=False)
+    assert [(d["rank"], d["cause"]) for d in metrics["deaths"]] == [(1, "hung")]
+
+
 def _actor_processes() -> list[psutil.Process]:
     found = []
     for proc in psutil.Process().children(recursive=True):
