@@ -174,7 +174,9 @@ def save_worker(directory, rank: int, state: dict) -> None:
     try:
         with os.fdopen(fd, "wb") as handle:
             torch.save({"format": FORMAT, "rank": rank, **state}, handle)
+            _flush_to_disk(handle)
         os.replace(tmp, file)
+        _flush_directory(file.parent)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -185,7 +187,31 @@ def _write_atomic(file: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=file.parent, prefix=f".{file.name}.")
     with os.fdopen(fd, "wb") as handle:
         handle.write(data)
+        _flush_to_disk(handle)
     os.replace(tmp, file)
+    _flush_directory(file.parent)
+
+
+def _flush_to_disk(handle) -> None:
+    """The file's bytes on disk before its rename: a rename is atomic against a process's death, and against
+    a machine's crash only once the data it points to was written (else some filesystems bring back an empty
+    or truncated file under the new name, and the only generation kept is unreadable)."""
+    handle.flush()
+    os.fsync(handle.fileno())
+
+
+def _flush_directory(directory: Path) -> None:
+    """The rename itself on disk (where the platform lets a directory be opened)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 class CheckpointTimer:

@@ -362,6 +362,9 @@ class Hop(SyncProtocol):
     def _weights_replaced(self) -> None:
         if self._progress is not None:  # loaded weights are not this worker's steps: measure from them
             self._progress.mixed(self.state.gather())
+        if self._public is not None:  # the public copy was of the model before (the seeded start, on --resume):
+            self._public.public = None  # the next message to every neighbour is a keyframe of the loaded one
+            self._public.synced.clear()
 
     def _apply(self, plan: AveragePlan, own: torch.Tensor) -> None:
         self_weight, weights = plan.self_weight, [term.weight for term in plan.terms]

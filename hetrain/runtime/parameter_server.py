@@ -369,7 +369,8 @@ class ParameterServer(SyncProtocol):
     def _extra_state(self) -> dict:
         if self._server is None:
             return {}
-        return {"server_model": self._server.model.clone(), "pushes": list(self._server.logic.pushes)}
+        with self._server.cond:  # receiver threads apply pushes under it (staleness > 0: at any moment)
+            return {"server_model": self._server.model.clone(), "pushes": list(self._server.logic.pushes)}
 
     def _load_extra_state(self, state: dict) -> None:
         """Rank 0 restores the global model and push counts, then every worker pulls that model

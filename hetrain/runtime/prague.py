@@ -351,8 +351,13 @@ class Prague(GroupProtocol):
         """The static schedule with local steps: only at an exchange. Its workers must reach their k-th
         exchange at the same step of a run, and a resume counts a run's steps afresh: a checkpoint written
         mid-interval, at a different local step on each worker, put them out of step after ``--resume``
-        (one in a P-Reduce, its partner at the stop vote: both waited out the timeout)."""
-        return wish and not (self.options.local_schedule and self._local_steps)
+        (one in a P-Reduce, its partner at the stop vote: both waited out the timeout). An average still
+        running in the background (overlap) lands first: the checkpoint is written from the model, and a
+        resumed worker has no average in flight (it was lost at every checkpoint)."""
+        due = wish and not (self.options.local_schedule and self._local_steps)
+        if due:
+            self._apply_background()
+        return due
 
     def _stop_wanted(self, local_done: bool) -> bool:
         """GG modes: each worker stops on its own (``finish`` drains). Static: agree at period boundaries.

@@ -1,0 +1,48 @@
+"""What a checkpoint holds and what a resume starts from (found by review, 2026-12-05 evening)."""
+
+import torch
+
+import hetrain
+from hetrain.jobs.local_job import run_local
+
+
+def _hop_loaded_after_build(ctx):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(200, 50)
+    saved = {k: v + (ctx.rank + 1) * 0.5 for k, v in model.state_dict().items()}  # each worker's checkpoint
+    sync = hetrain.Hop(model, None, topology="ring", compression="topk:0.01", timeout_s=30)
+    model.load_state_dict(saved)  # what --resume does: the protocol is built first, from the seeded model
+    distances = []
+    for _ in range(30):
+        sync.step()  # no gradient: gossip alone
+        distances.append(sync.state.gather().clone())
+    sync.finish()
+    return [d.numpy() for d in distances]
+
+
+def test_hop_s_public_copies_follow_weights_loaded_after_the_protocol_was_built():
+    """The copies were seeded from the fresh model every worker starts from, and the loaded weights never
+    reached them: CHOCO mixed towards copies nowhere near the models (the workers' distance 50.1 -> 46.2 in
+    30 steps, against 49.1 -> 20.8 with the weights loaded first)."""
+    first, second = run_local(_hop_loaded_after_build, 2, timeout_s=60)
+    start, end = (float(torch.from_numpy(first[i] - second[i]).norm()) for i in (0, -1))
+    assert end < 0.6 * start
+
+
+def _prague_checkpoint(ctx):
+    model = torch.nn.Linear(4, 1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(float(ctx.rank))
+    sync = hetrain.Prague(model, None, gg="random", group_size=2, timeout_s=30)
+    sync.step()  # an exchange: its average runs in the background (preduce_overlap, the default)
+    due = sync.checkpoint_due(True)
+    saved = float(model.weight.flatten()[0])  # what the checkpoint would hold
+    sync.finish()
+    return due, saved
+
+
+def test_a_checkpoint_holds_the_average_still_running_in_the_background():
+    """It was written without it, and a resumed worker has no average in flight: lost at every checkpoint."""
+    for due, saved in run_local(_prague_checkpoint, 2, timeout_s=30):
+        assert due and saved == 0.5
