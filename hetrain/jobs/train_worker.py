@@ -195,7 +195,16 @@ def _save(config: RunConfig, rank: int, model, optimizer, sampler, protocol) -> 
 
 
 def _restore(state: dict, model, optimizer, sampler, protocol) -> None:
-    """Load a worker checkpoint (every worker does this at the same point: PS's resume is a collective)."""
+    """Load a worker checkpoint (every worker does this at the same point: PS's resume is a collective).
+
+    Workers that take the same steps (All-Reduce) must hold one model: they all load rank 0's model,
+    optimizer and protocol state (each its own sampler's). A worker that died while the others wrote a
+    checkpoint left its file of the checkpoint before, and DDP, which broadcasts the model only when it is
+    built, kept the replicas apart for the whole resumed run."""
+    if protocol.steps_together and protocol.job.world_size > 1:
+        shared = [{name: state[name] for name in ("model", "optimizer", "protocol")}]
+        torch.distributed.broadcast_object_list(shared, src=0, group=protocol.job.group)
+        state = {**state, **shared[0]}
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     sampler.load_state_dict(state["sampler"])

@@ -46,3 +46,31 @@ def test_a_checkpoint_holds_the_average_still_running_in_the_background():
     """It was written without it, and a resumed worker has no average in flight: lost at every checkpoint."""
     for due, saved in run_local(_prague_checkpoint, 2, timeout_s=30):
         assert due and saved == 0.5
+
+
+def _allreduce_restored_from_two_checkpoints(ctx):
+    from hetrain.jobs.train_worker import _restore
+
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sync = hetrain.AllReduce(model, optimizer)
+    with torch.no_grad():
+        model.weight.fill_(10.0 + ctx.rank)  # rank 1's file is of the checkpoint before (a death while writing)
+    state = {"model": {k: v.clone() for k, v in model.state_dict().items()}, "optimizer": optimizer.state_dict(),
+             "sampler": None, "rng": torch.get_rng_state(), "protocol": sync.state_dict()}
+
+    class Sampler:
+        def load_state_dict(self, state):
+            pass
+
+    _restore(state, model, optimizer, Sampler(), sync)
+    weights = model.weight.flatten().tolist()
+    sync.finish()
+    return weights
+
+
+def test_all_reduce_replicas_resume_as_one_model():
+    """Each rank loaded its own file, and DDP (which broadcasts only when built) kept the replicas apart
+    for the whole resumed run: consensus distance 2.06 at the end where a consistent set gave 0."""
+    first, second = run_local(_allreduce_restored_from_two_checkpoints, 2, timeout_s=30)
+    assert first == second == [10.0] * 3
