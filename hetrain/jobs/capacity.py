@@ -6,7 +6,9 @@ known depends on how compute is produced, and the record says which (``efficienc
 
 - ``emulated``: with ``--compute-ms T`` a worker of slowdown factor f computes for T*f per
   iteration by construction (a sleep padded around the real math), so its standalone iteration is
-  T*f (or its math time, if the math alone is longer). This is the basis of every protocol
+  T*f (or its math time, if the math alone is longer); for a trace or random slowdowns, the mean over
+  the iterations it ran of the factors it got (a trace's mean over its first 1,000 iterations, for a
+  worker that ran 150 of them at factor 1, read 4.32). This is the basis of every protocol
   measurement on small machines.
 - ``in-run``: with real compute there is no standalone speed to look up. A calibration taken
   before the start barrier, while the other workers still import, measured each worker on idle
@@ -39,7 +41,10 @@ def standalone_iteration_s(config: RunConfig, slowdown: Slowdown, rank: int, mat
                            compute_s: float, iterations: int) -> float:
     """Seconds per iteration of worker ``rank`` alone: emulated, or measured in the run (see the module)."""
     if config.compute_ms:
-        return max(config.compute_ms / 1000.0 * slowdown.expected_factor(rank), math_s)
+        base_s = config.compute_ms / 1000.0
+        if iterations and not slowdown.is_deterministic():  # a trace or random draws: the factors it got
+            return sum(max(base_s * slowdown.factor(rank, i), math_s) for i in range(iterations)) / iterations
+        return max(base_s * slowdown.expected_factor(rank), math_s)
     return compute_s / iterations if iterations else math_s * slowdown.expected_factor(rank)
 
 

@@ -95,3 +95,20 @@ def test_worst_worker_never_at_target_reports_none():
     curve, worst_s = evaluation_curve(config, snapshots, data)
     assert worst_s is None
     assert [p["worst_worker_at_target"] for p in curve] == [False, False]
+
+
+def test_a_trace_or_random_slowdown_s_standalone_speed_is_of_the_factors_the_worker_got(tmp_path):
+    """A trace 10x slower from iteration 200, and a worker that ran 150: its standalone iteration was the
+    trace's mean over 1,000 iterations (8.2x) and the run's efficiency read 4.32."""
+    from hetrain.slowdown import parse_slowdown
+
+    trace = tmp_path / "trace.csv"
+    trace.write_text("worker,iteration,factor\n" + "".join(f"0,{i},10\n" for i in range(200, 1000)))
+    config = RunConfig(protocol="hop", num_workers=2, compute_ms=5.0, iterations=150, slowdown=f"trace:{trace}")
+    slowdown = parse_slowdown(config.slowdown, config.seed)
+    assert standalone_iteration_s(config, slowdown, 0, 0.001, 0.0, 150) == pytest.approx(0.005)
+    assert standalone_iteration_s(config, slowdown, 0, 0.001, 0.0, 400) == pytest.approx(0.005 * (200 + 2000) / 400)
+    drawn = parse_slowdown("random:p=0.1,factor=6", 3)
+    got = sum(drawn.factor(1, i) for i in range(100)) / 100
+    random_config = config.replace(slowdown="random:p=0.1,factor=6")
+    assert standalone_iteration_s(random_config, drawn, 1, 0.001, 0.0, 100) == pytest.approx(0.005 * got)
