@@ -31,7 +31,8 @@ def evaluation_curve(config: RunConfig, snapshots_by_worker: list[list], data: D
     """(curve, time_to_target_worst_worker_s) from the workers' snapshots (see the module).
 
     Snapshots are ``(due_s, t_s, iteration, flat)``; at each due time every worker
-    contributes its latest snapshot due at or before it. ``data``: the workload's data (None: load it).
+    contributes its latest snapshot due at or before it (a replacement, from the first tick after it
+    joined: before, it pinned every earlier tick to its join, and the times to target with them). ``data``: the workload's data (None: load it).
     """
     if not all(snapshots_by_worker):
         return [], None
@@ -52,17 +53,20 @@ def evaluation_curve(config: RunConfig, snapshots_by_worker: list[list], data: D
     due_times = sorted({snap[0] for snaps in snapshots_by_worker for snap in snaps})
     curve = []
     for due in due_times:
-        chosen = []
-        for snaps in snapshots_by_worker:
+        chosen = {}  # worker -> its latest snapshot due by then; a replacement that joined later has none yet
+        for worker, snaps in enumerate(snapshots_by_worker):
             before = [s for s in snaps if s[0] <= due]
-            chosen.append(before[-1] if before else snaps[0])
-        accuracy, loss = score(np.mean([s[3] for s in chosen], axis=0))
+            if before:
+                chosen[worker] = before[-1]
+        if not chosen:
+            continue
+        accuracy, loss = score(np.mean([s[3] for s in chosen.values()], axis=0))
         point = {
-            "t_s": max(s[1] for s in chosen),
+            "t_s": max(s[1] for s in chosen.values()),
             "accuracy_avg_model": accuracy,
             "loss_avg_model": loss,
-            "min_iteration": min(s[2] for s in chosen),
-            "max_iteration": max(s[2] for s in chosen),
+            "min_iteration": min(s[2] for s in chosen.values()),
+            "max_iteration": max(s[2] for s in chosen.values()),
         }
         if worst.reached_at is None:
             point["worst_worker_at_target"] = worst.check(chosen, point["t_s"])
@@ -80,8 +84,11 @@ class _WorstWorker:
         self.reached_at: float | None = None
         self._verdicts: dict[tuple[int, float], bool] = {}  # (worker, snapshot due): a snapshot is scored once
 
-    def check(self, chosen: list[tuple], t_s: float) -> bool:
+    def check(self, chosen: dict[int, tuple], t_s: float) -> bool:
+        """``chosen``: each worker's snapshot at this tick (those that had joined by then)."""
         for worker in self.order:
+            if worker not in chosen:
+                continue
             key = (worker, chosen[worker][0])
             if key not in self._verdicts:
                 self._verdicts[key] = self.at_target(*self.score(chosen[worker][3]))

@@ -23,13 +23,16 @@ MAX_SNAPSHOTS = 256  # a curve of 128-256 points, whatever the run's length
 
 
 class SnapshotKeeper:
-    def __init__(self, interval_s: float, model_bytes: int, budget_bytes: int = DEFAULT_BUDGET_BYTES):
+    def __init__(self, interval_s: float, model_bytes: int, budget_bytes: int = DEFAULT_BUDGET_BYTES,
+                 start_s: float = 0.0):
+        """``start_s``: the job's training time this worker starts at (a replacement's: it joins a running
+        job); its first snapshot stands for the first tick from then, not for the job's start."""
         self.interval_s = interval_s
         self.capacity = min(budget_bytes // max(1, model_bytes), MAX_SNAPSHOTS)
         self.enabled = self.capacity >= MIN_SNAPSHOTS
         # (due_s, t_s, iteration, flat): due_s is the tick time the snapshot stands for, t_s when it was taken
         self.snapshots: list[tuple[float, float, int, torch.Tensor]] = []
-        self._next_due_s = 0.0
+        self._next_due_s = math.ceil(start_s / interval_s) * interval_s if start_s > 0 else 0.0
 
     def maybe_take(self, t_s: float, iteration: int, flat_fn) -> None:
         """Take a snapshot (``flat_fn()``) if the next tick is due at ``t_s``."""

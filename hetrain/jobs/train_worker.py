@@ -101,7 +101,7 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
         _restore(checkpoint.load_worker(config.checkpoint_dir, ctx.rank), model, optimizer, sampler, protocol)
     checkpoints = checkpoint.CheckpointTimer(config.checkpoint_every_s) if config.checkpoint_dir else None
     state = protocol.state
-    snapshots = SnapshotKeeper(config.resolved_eval_interval_s(), state.model_nbytes)
+    snapshots = SnapshotKeeper(config.resolved_eval_interval_s(), state.model_nbytes, start_s=ctx.clock_offset_s)
     host_copy = lambda: state.gather_model().cpu()  # noqa: E731 (snapshots wait on the host, not the GPU)
     meter = WindowMeter()
     emulator = ComputeEmulator(math_s)

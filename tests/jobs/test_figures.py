@@ -112,3 +112,26 @@ def test_a_trace_or_random_slowdown_s_standalone_speed_is_of_the_factors_the_wor
     got = sum(drawn.factor(1, i) for i in range(100)) / 100
     random_config = config.replace(slowdown="random:p=0.1,factor=6")
     assert standalone_iteration_s(random_config, drawn, 1, 0.001, 0.0, 100) == pytest.approx(0.005 * got)
+
+
+def test_a_replacement_that_joined_late_leaves_the_earlier_curve_and_times_to_target_alone(monkeypatch):
+    """Its first snapshot stood for tick 0, so every tick before its join used it: 41 curve points at the
+    join (20 s) and both times to target 20 s where the survivors were at target from 2 s."""
+    import hetrain.jobs.evaluation as evaluation
+    from hetrain.jobs.snapshots import SnapshotKeeper
+
+    numel = FlatState(build_model("mlp", None, 0)).numel
+    monkeypatch.setattr(evaluation, "evaluate", lambda model, x, y: (float(next(model.parameters()).detach().flatten()[0]), 0.0))
+
+    def worker(start, end):
+        keeper = SnapshotKeeper(0.5, numel * 4, start_s=start)
+        for t in np.arange(start, end, 0.25):
+            keeper.maybe_take(float(t), int(t * 100), lambda t=t: torch.full((numel,), 0.1 if t < 2.0 else 0.97))
+        keeper.take_final(end, int(end * 100), lambda: torch.full((numel,), 0.97))
+        return [(due, t, it, flat.numpy()) for due, t, it, flat in keeper.snapshots]
+
+    config = RunConfig(protocol="hop", num_workers=3, time_budget_s=30.0)
+    data = type("Data", (), {"x_test": None, "y_test": None})()
+    curve, worst = evaluation_curve(config, [worker(0.0, 30.0), worker(0.0, 30.0), worker(20.0, 30.0)], data)
+    assert worst == 2.0 and next(p["t_s"] for p in curve if p["accuracy_avg_model"] >= 0.95) == 2.0
+    assert sum(p["t_s"] == 20.0 for p in curve) <= 1
