@@ -137,29 +137,33 @@ def _final_train_loss(workers: list[dict]) -> float | None:
 def job_series(per_worker: list[list[dict]]) -> list[dict]:
     """The job's windows: samples/s and RSS summed over workers, window by window.
 
-    Workers stop a moment apart, so one may close a window more than another; the
-    job's series stops at the shortest, so every window sums every worker. It
-    also leaves out a worker's last window when it is partial (shorter than its
-    first): rates of windows of different lengths do not add up (a 10 ms window
-    with one iteration in it would read as a burst).
+    Every worker's windows lie on one grid (``window_s`` from the training clock's zero), the last one
+    maybe shorter (it ended there). A job window's rate is the samples every worker processed in it over
+    its length, the longest of its workers' windows: a worker that stopped inside it (or before) adds
+    the samples it took and no time. Before, rates were summed as they were, and the series stopped at
+    the first worker to stop: a fast worker's 1.6 s last window read as if it had lasted the whole 5 s
+    (the job's rate 2.6x too high). The job's own last window is left out when it is shorter than a
+    whole one (a 10 ms window with one iteration in it would read as a burst).
     """
-    if not per_worker:
+    if not per_worker or not any(per_worker):
         return []
-    full = [_full_windows(s) for s in per_worker]
+    nominal = max(s[0].get("window_s", 1.0) for s in per_worker if s)  # (series without lengths: equal ones)
     series = []
-    for index in range(min(len(s) for s in full)):
-        points = [s[index] for s in full]
+    for index in range(max(len(s) for s in per_worker)):
+        points = [s[index] for s in per_worker if index < len(s)]
+        length = max(p.get("window_s", nominal) for p in points)
+        if length <= 0:
+            continue
+        samples = sum(p["samples_per_s"] * p.get("window_s", nominal) for p in points)
         series.append({
             "t_s": max(p["t_s"] for p in points),
-            "samples_per_s": sum(p["samples_per_s"] for p in points),
+            "samples_per_s": samples / length,
             "rss_mb": round(sum(p["rss_mb"] for p in points), 1),
         })
-    return series
-
-
-def _full_windows(series: list[dict]) -> list[dict]:
-    if len(series) >= 2 and series[-1].get("window_s", 0.0) < 0.99 * series[0].get("window_s", 0.0):
-        return series[:-1]
+    last = max(len(s) for s in per_worker) - 1
+    if last >= 1 and series and max(s[last].get("window_s", nominal) for s in per_worker if len(s) > last) \
+            < 0.99 * nominal:
+        series = series[:-1]
     return series
 
 
