@@ -106,6 +106,7 @@ def test_train_end_to_end_reaches_the_digits_target(tmp_path, protocol):
     assert worst is not None and worst >= metrics["accuracy_curve"][0]["t_s"]
     for worker in metrics["workers"]:
         assert {"iterations", "compute_s", "wait_s"} <= set(worker)
+        assert worker["peak_rss_mb"] >= max(p["rss_mb"] for p in worker["throughput_series"])  # a peak
     assert (out / "summary.txt").exists()
 
 

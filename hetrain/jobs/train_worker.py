@@ -171,10 +171,12 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
     standalone_s = standalone_iteration_s(config, slowdown, ctx.rank, math_s, worker["compute_s"], worker["iterations"])
     worker.update(rank=ctx.rank, standalone_iteration_s=standalone_s, math_s=math_s, loop_s=loop_s,
                   local_accuracy=local_accuracy, local_loss=local_loss, consensus_accuracy=consensus_accuracy,
-                  consensus_loss=consensus_loss, peak_rss_mb=round(peak_rss_mb(), 1),
+                  consensus_loss=consensus_loss,
                   tcp_connections_training=connections_training, tcp_connections_end=tcp_connections(),
                   throughput_series=meter.finish(loop_s), checkpoints_saved=checkpoints.saved if checkpoints else 0,
                   incarnation=ctx.incarnation, started_t_s=ctx.clock_offset_s)
+    # after the last window's reading (it read a peak below its own series); the result's sending is not in it
+    worker["peak_rss_mb"] = round(max([peak_rss_mb()] + [p["rss_mb"] for p in worker["throughput_series"]]), 1)
     if hasattr(sampler, "drawn"):  # --data-split balanced: batches taken from each shard
         worker["batches_by_shard"] = list(sampler.drawn)
     if ctx.device.type == "cuda":  # what this worker's tensors held on its GPU at most (scripts/gpu-check)
