@@ -86,6 +86,7 @@ def _constructed_keeping_own_model(init):
 
 
 def _local_gradients_hook(timer, bucket):
+    timer.buckets += 1  # DDP's path ran (the forward went through it); only the communication is gone
     future = torch.futures.Future()
     future.set_result(bucket.buffer())
     return future
@@ -357,10 +358,21 @@ def rates_from_a_few_batches() -> None:
 
 
 def stale_replicas_across_edges() -> None:
-    """Hop keeps counting a receiver as holding its public copy through a gap in their edge."""
+    """Hop keeps counting a receiver as holding its public copy through a gap in their edge: neither the
+    sender's forgetting of changed edges nor the public copy's dropping of a holder a delta skipped."""
+    from hetrain.compression.gossip_codec import PublicCopy
     from hetrain.runtime.hop import Hop
 
     Hop._forget_changed_edges = lambda self, out_neighbors: None
+    prepare = PublicCopy.prepare
+
+    def prepare_keeping_skipped_holders(self, model, dsts):
+        holders = set(self.synced)
+        sent = prepare(self, model, dsts)
+        self.synced |= holders
+        return sent
+
+    PublicCopy.prepare = prepare_keeping_skipped_holders
 
 
 def free_gg_requests() -> None:
