@@ -41,7 +41,7 @@ def _exits_quietly(ctx):
     return ctx.rank
 
 
-@pytest.mark.parametrize("on_failure", ["abort", "continue"])
+@pytest.mark.parametrize("on_failure", ["abort", pytest.param("continue", marks=pytest.mark.slow)])  # CI time
 def test_a_worker_that_exits_with_code_0_and_no_result_is_a_death_not_a_wait(on_failure):
     """The launcher counted only non-zero exits as deaths and waited for ever for this worker's result."""
     if on_failure == "abort":
