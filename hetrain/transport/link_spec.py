@@ -169,15 +169,20 @@ def book_ingress_any_order(busy: list[list[float]], first_bit: float, last_bit: 
     it booked the link from its own first bit, and the large message, queued behind it, paid its transfer
     twice (and was delivered after the token, which one FIFO link never does)."""
     start = first_bit
-    position = 0
-    for position, (begin, end) in enumerate(busy):  # noqa: B007 (the position is the insertion point)
-        if end <= start:
-            continue
+    low, high = 0, len(busy)  # the first booking that ends after the first bit (ends are sorted: disjoint)
+    while low < high:
+        middle = (low + high) // 2
+        if busy[middle][1] <= start:
+            low = middle + 1
+        else:
+            high = middle
+    position = len(busy)
+    for index in range(low, len(busy)):
+        begin, end = busy[index]
         if max(start + transfer_s, last_bit) <= begin + STAMP_RESOLUTION_S:
+            position = index
             break  # fits in the idle stretch before this booking
         start = max(start, end)
-    else:
-        position = len(busy)
     arrival = max(start + transfer_s, last_bit)
     busy.insert(position, [start, arrival])
     return arrival

@@ -73,3 +73,23 @@ def test_a_message_that_never_left_is_neither_counted_nor_holds_the_link(monkeyp
     link.unsent(1_000_000, 1, stamps)  # its send failed at once (the peer was gone)
     assert link.counters()["bytes_sent"] == 0 and link.counters()["messages_sent"] == 0
     assert link.depart(1_000, 1)[0] == pytest.approx(1_000, abs=2)  # the next one leaves at once: 1 ms latency
+
+
+def test_bookings_in_first_bit_order_are_the_sequential_rule_s_and_in_any_order_never_overlap():
+    import random
+
+    from hetrain.transport.link_spec import book_ingress_any_order
+
+    rng = random.Random(0)
+    for _ in range(200):
+        messages = sorted((rng.uniform(0, 5), rng.uniform(0.01, 0.5), rng.choice([1, 2])) for _ in range(20))
+        busy, free = [], 0.0
+        for first_bit, transfer, slow in messages:
+            arrival, free = book_ingress(free, first_bit, first_bit + slow * transfer, transfer)
+            assert book_ingress_any_order(busy, first_bit, first_bit + slow * transfer, transfer) == \
+                pytest.approx(arrival, abs=1e-9)
+        busy = []
+        rng.shuffle(messages)
+        for first_bit, transfer, _ in messages:
+            assert book_ingress_any_order(busy, first_bit, first_bit + transfer, transfer) >= first_bit + transfer
+        assert all(a[1] <= b[0] + 2e-6 for a, b in zip(busy, busy[1:]))  # one message at a time on the link
