@@ -375,6 +375,20 @@ def stale_replicas_across_edges() -> None:
     PublicCopy.prepare = prepare_keeping_skipped_holders
 
 
+def ingress_in_arrival_order() -> None:
+    """The receiver books its ingress in the order its threads finish receiving (the rule before the review)."""
+    from hetrain.transport import link
+    from hetrain.transport.link_spec import book_ingress
+
+    def sequential(busy, first_bit, last_bit, transfer_s):
+        free = busy[-1][1] if busy else 0.0
+        arrival, _ = book_ingress(free, first_bit, last_bit, transfer_s)
+        busy.append([max(free, first_bit), arrival])
+        return arrival
+
+    link.book_ingress_any_order = sequential
+
+
 def free_gg_requests() -> None:
     """The Group Generator's requests and answers pay no emulated link."""
     from hetrain.transport.link import EmulatedLink
@@ -630,5 +644,6 @@ MUTANTS = {"no-comm": no_comm, "late-updates-as-models": late_updates_as_models,
            "momentum-bound-only-at-the-step": momentum_bound_only_at_the_step, "momentum-in-the-model-s-code": momentum_in_the_model_s_code,
            "sign-scaled-by-the-largest": sign_scaled_by_the_largest, "attempt-store-unprefixed": attempt_store_unprefixed, "ready-only-at-the-barrier": ready_only_at_the_barrier,
            "stale-replicas-across-edges": stale_replicas_across_edges, "free-gg-requests": free_gg_requests,
+           "ingress-in-arrival-order": ingress_in_arrival_order,
            "no-shared-start": no_shared_start, "plan-shards-frozen": plan_shards_frozen,
            "plan-bias-on-every-rank": plan_bias_on_every_rank, "plan-flat-reductions": plan_flat_reductions}

@@ -91,6 +91,8 @@ COMM_MUTANTS = {
         "tests/runtime/test_failures.py::test_resume_refuses_another_configuration_and_a_corrupt_checkpoint"],
     "free-collectives": [
         "tests/runtime/test_comm_protocols.py::test_a_group_average_holds_its_members_for_its_bytes_over_the_link"],
+    "ingress-in-arrival-order": [
+        "tests/transport/test_link_clock.py::test_a_message_booked_after_one_sent_behind_it_keeps_its_own_time"],
     "free-gg-requests": ["tests/runtime/test_comm_protocols.py::test_the_group_generators_round_trip_pays_the_link_latency"],
     "no-shared-start": [
         "tests/runtime/test_comm_protocols.py::test_neighbours_that_start_from_one_model_skip_the_first_keyframe"],
