@@ -70,6 +70,7 @@ class RayJob(LocalJob):
     def __init__(self, fn, args: tuple, num_workers: int, *, placement: RayPlacement, **kwargs):
         self.placement = placement
         self.placements: dict = {}
+        self._clocked: set = set()  # (rank, incarnation) whose silence clock started (see _find_hung)
         try:
             super().__init__(fn, args, num_workers, **kwargs)
         except BaseException:  # e.g. the placement group could not be placed: nothing of the job stays
@@ -96,15 +97,12 @@ class RayJob(LocalJob):
         (the payload's imports, the store's connections): counted from its first beat, as before, an actor
         stopped or frozen before that beat was never found hung, and its peers failed the job at their
         timeout, even under continue."""
-        clocked = getattr(self, "_clocked", None)
-        if clocked is None:
-            clocked = self._clocked = set()
         for rank in range(self.n):
             key = self.workers.pid(rank)
-            if key in clocked or rank in self.silence.last_heard or not self.workers.alive(rank):
+            if key in self._clocked or rank in self.silence.last_heard or not self.workers.alive(rank):
                 continue
             if self.workers.running(rank):
-                clocked.add(key)
+                self._clocked.add(key)
                 self.silence.last_heard[rank] = time.monotonic() + self.silence.timeout_s
         super()._find_hung()
 
