@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/soak_bench.py --out runs/soak              # 6 protocols x 4,8 workers x 2 models x 10 min
     .venv/bin/python benchmarks/soak_bench.py --out runs/soak --duration 60 --protocols hop --workers 4   # a quick look
     .venv/bin/python benchmarks/soak_bench.py --out runs/soak-ig4 --protocols hop --option max_ig=4      # a protocol option
+    .venv/bin/python benchmarks/soak_bench.py --out runs/soak-i8 --protocols hop --option compression=int8  # a comm setting
 
 Models: the digits MLP (``--compute-ms 50``, 20 KB messages) and a synthetic
 model of 25M parameters (100 MB per message, real compute). No slowdown. For
@@ -21,11 +22,13 @@ resumed with ``--skip-done``), and each run's record under OUT/<model>-<workers>
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
 from pathlib import Path
 
+from hetrain.comm.settings import CommSettings
 from hetrain.config import RunConfig
 from hetrain.jobs.run import run_training
 from hetrain.metrics import job_series, quarter_rates, rss_median
@@ -98,6 +101,16 @@ def _option(text: str) -> tuple[str, object]:
     return name, value
 
 
+COMM_NAMES = frozenset(f.name for f in dataclasses.fields(CommSettings))
+
+
+def split_options(named: dict[str, object]) -> tuple[dict, dict]:
+    """The protocol's options and the communication settings (``compression``, ``sync_every``, ...) apart:
+    RunConfig takes them in different fields."""
+    return ({k: v for k, v in named.items() if k not in COMM_NAMES},
+            {k: v for k, v in named.items() if k in COMM_NAMES})
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/soak")
@@ -108,9 +121,10 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=300.0, help="per-wait timeout of the runs (seconds)")
     parser.add_argument("--skip-done", action="store_true", help="reuse runs whose metrics.json exists")
     parser.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
-                        help="a protocol option by its Python name, e.g. max_ig=4 (repeatable)")
+                        help="a protocol option or a communication setting by its Python name, e.g. max_ig=4 or "
+                             "compression=int8 (repeatable)")
     args = parser.parse_args()
-    options = dict(_option(text) for text in args.option)
+    options, comm = split_options(dict(_option(text) for text in args.option))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -122,7 +136,8 @@ def main() -> int:
                     metrics = json.loads((run_dir / "metrics.json").read_text())
                 else:
                     config = RunConfig(protocol=protocol, num_workers=workers, time_budget_s=args.duration,
-                                       timeout_s=args.timeout, options=options, **MODELS[model])
+                                       timeout_s=args.timeout, options=options, comm=comm,
+                                       **MODELS[model])
                     began = time.time()
                     print(f"== {model}, {workers} workers, {protocol}: {args.duration:.0f} s", file=sys.stderr)
                     metrics = run_training(config, str(run_dir), progress=True, label=f"{model}/{workers}/{protocol}")

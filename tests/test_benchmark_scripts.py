@@ -68,3 +68,18 @@ def test_prague_bench_configurations_are_valid_runs():
     assert list(runs) == ["allreduce", "prague smart", "prague random", "prague smart, s=3"]
     for fields in runs.values():
         prague_bench._config(slowdown="0:5x", time_budget_s=1.0, **fields).validate()
+
+
+def test_soak_bench_routes_communication_settings_to_comm():
+    """``--option compression=int8`` is a communication setting: it goes to RunConfig.comm (as a protocol
+    option the run was refused with a traceback), and a protocol option stays an option."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import soak_bench
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    options, comm = soak_bench.split_options(dict(soak_bench._option(t) for t in ("compression=int8", "max_ig=4",
+                                                                                  "sync_every=8")))
+    assert options == {"max_ig": 4} and comm == {"compression": "int8", "sync_every": 8}
+    from hetrain.config import RunConfig
+    RunConfig(protocol="hop", num_workers=2, time_budget_s=1.0, options=options, comm=comm).validate()
