@@ -3,7 +3,7 @@
 Layout of ``--checkpoint-dir DIR``:
 
 - ``DIR/manifest.json``: the run's configuration fingerprint (what must match
-  to resume: protocol, workers, workload, model size, batch, optimizer, seed,
+  to resume: protocol, workers, workload, model size (synthetic only), batch, optimizer (momentum: SGD only), seed,
   protocol options), written by the launcher before any worker starts;
 - ``DIR/worker-<rank>.pt``: one file per worker, replaced atomically (written
   to a temporary file in DIR, then ``os.replace``), so a crash mid-write leaves
@@ -69,6 +69,16 @@ def fingerprint(config) -> dict:
     data = {name: getattr(config, name) for name in FINGERPRINT_FIELDS}
     data.update(optimizer=config.resolved_optimizer(), lr=config.resolved_lr(),
                 options=options_fingerprint(config, config.options), **comm_fingerprint(config.comm_settings()))
+    return _without_unused(data)
+
+
+def _without_unused(data: dict) -> dict:
+    """Settings the run does not read, as None: ``model_params`` sizes the synthetic model only, ``momentum`` is
+    SGD's (a resume that types another value for either is the same run; it was refused)."""
+    if data.get("workload") != "synthetic":
+        data["model_params"] = None
+    if data.get("optimizer") != "sgd":
+        data["momentum"] = None
     return data
 
 
@@ -104,6 +114,7 @@ def prepare(directory: str, config, resume: bool) -> bool:
     for name, default in comm_fingerprint(comm_carrier.CommSettings()).items():  # a manifest written before they were
         saved.setdefault(name, default)  # recorded: the defaults
     saved.setdefault("data_split", "shard")  # likewise
+    saved = _without_unused(saved)  # a manifest written before unused settings were left out
     if saved.get("protocol") == config.protocol and isinstance(saved.get("options"), dict):
         try:  # a manifest written before the options were recorded resolved held them as typed
             saved["options"] = options_fingerprint(config, saved["options"])
@@ -128,8 +139,12 @@ def prepare(directory: str, config, resume: bool) -> bool:
             warnings.warn(f"not resuming from {path}: {len(present)} of {config.num_workers} workers had "
                           "written a checkpoint when the run died; starting afresh", stacklevel=2)
         return False
-    for rank in range(config.num_workers):
-        load_worker(path, rank)  # every worker file readable, before anyone starts
+    states = [load_worker(path, rank) for rank in range(config.num_workers)]  # all readable, before anyone starts
+    reached = [int(state.get("protocol", {}).get("iteration", 0)) for state in states]
+    if config.iterations is not None and min(reached) >= config.iterations:
+        raise OptionError(f"{{resume}}: the checkpoints in {path} are at iteration {min(reached)} or later, and "
+                          f"{{iterations}} {config.iterations} counts from the job's start, so nothing is left to "
+                          f"train; give {{iterations}} above {max(reached)} to train on")
     return True
 
 

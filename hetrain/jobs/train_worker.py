@@ -206,7 +206,10 @@ def _restore(state: dict, model, optimizer, sampler, protocol) -> None:
     if protocol.steps_together and protocol.job.world_size > 1:
         shared = [{name: state[name] for name in ("model", "optimizer", "protocol")}]
         torch.distributed.broadcast_object_list(shared, src=0, group=protocol.job.group)
+        own = state["protocol"].get("own")  # a worker's own part (PowerSGD's error feedback) stays its own
         state = {**state, **shared[0]}
+        state["protocol"] = {k: v for k, v in state["protocol"].items() if k != "own"} | (
+            {"own": own} if own is not None else {})
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     sampler.load_state_dict(state["sampler"])

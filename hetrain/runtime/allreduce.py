@@ -67,6 +67,8 @@ class _HookTimer:
             self.hook_state = powerSGD_hook.PowerSGDState(process_group, matrix_approximation_rank=compression.rank,
                                                           start_powerSGD_iter=2,
                                                           min_compression_rate=POWERSGD_MIN_COMPRESSION_RATE)
+        self.layouts: dict[int, list[tuple]] = {}  # PowerSGD: each bucket's gradient shapes as last compressed
+        self.restored: dict[int, dict] = {}  # PowerSGD: a checkpoint's tensors by bucket, until put back
 
     def bucket_bytes(self, bucket) -> int:
         """Bytes one member's share of the bucket's all-reduce(s) carries, as the hook compresses it."""
@@ -92,6 +94,37 @@ class _HookTimer:
         low = [m is not None and (m[0] + m[1]) * min(rank, *m) * POWERSGD_MIN_COMPRESSION_RATE < math.prod(m)
                for m in shapes]
         return (2 if any(low) else 0) + (0 if all(low) else 1)
+
+    def powersgd_state(self) -> tuple[dict, dict]:
+        """PowerSGD's state for a checkpoint: what every replica holds alike (iteration, warm-start P and Q,
+        each bucket's layout) and this worker's own error feedback. Without it a resumed run compressed from
+        a cold start: two more uncompressed iterations, random Q, and every worker's residual lost."""
+        hook = self.hook_state
+        copy = lambda tensors: {index: t.detach().cpu().clone() for index, t in tensors.items()}  # noqa: E731
+        return ({"iter": hook.iter, "p": copy(hook.p_memory_dict), "q": copy(hook.q_memory_dict),
+                 "layouts": {index: list(map(list, layout)) for index, layout in self.layouts.items()}},
+                {"error": copy(hook.error_dict)})
+
+    def load_powersgd_state(self, shared: dict, own: dict) -> None:
+        """Restore :meth:`powersgd_state`. DDP rebuilds its buckets after a fresh wrapper's first iteration,
+        so that one runs uncompressed (as torch's own first two do) and the saved tensors are put back at
+        the first compressed call of each bucket whose gradients have the saved shapes (others start cold)."""
+        self.hook_state.iter = max(0, min(int(shared["iter"]), self.hook_state.start_powerSGD_iter - 1))
+        self.restored = {int(index): {"layout": [tuple(shape) for shape in layout], "p": shared["p"].get(index),
+                                      "q": shared["q"].get(index), "error": own.get("error", {}).get(index)}
+                         for index, layout in shared["layouts"].items()}
+
+    def before_compressing(self, bucket) -> None:
+        """Note the bucket's layout; put back its restored state if the layout is the saved one."""
+        index, layout = bucket.index(), [tuple(g.shape) for g in bucket.gradients()]
+        self.layouts[index] = layout
+        saved = self.restored.pop(index, None)
+        if saved is None or saved["layout"] != layout:
+            return
+        device, hook = bucket.buffer().device, self.hook_state
+        for name, into in (("p", hook.p_memory_dict), ("q", hook.q_memory_dict), ("error", hook.error_dict)):
+            if saved[name] is not None:
+                into[index] = saved[name].to(device)
 
     def uncompressed_now(self) -> bool:
         """Whether the hook all-reduces this bucket uncompressed: torch's PowerSGD hook does for its first
@@ -146,6 +179,8 @@ def _timed_allreduce_hook(timer: _HookTimer, bucket):
     timer.buckets += 1
     timer.launched()
     plain = timer.uncompressed_now()  # read before the hook: it counts its iterations
+    if timer.compression.kind == "powersgd" and not plain:
+        timer.before_compressing(bucket)
     future = timer.hook(timer.hook_state, bucket)
 
     def record(fut):
@@ -238,6 +273,16 @@ class AllReduce(SyncProtocol):
         if agreed:
             self._checkpoint_wish = False
         return agreed
+
+    def _extra_state(self) -> dict:
+        if self.compression.kind != "powersgd":
+            return {}
+        shared, own = self._timer.powersgd_state()
+        return {"powersgd": shared, "own": {"powersgd": own}}  # "own": kept when the replicas load rank 0's state
+
+    def _load_extra_state(self, state: dict) -> None:
+        if self.compression.kind == "powersgd" and "powersgd" in state:
+            self._timer.load_powersgd_state(state["powersgd"], state.get("own", {}).get("powersgd", {}))
 
     def _finish(self) -> None:
         self.stats.extra["consensus_distance"] = average_state(self.state, self.job)

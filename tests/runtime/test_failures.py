@@ -14,6 +14,7 @@ from hetrain.cli import main
 from hetrain.config import RunConfig
 from hetrain.errors import WorkerError
 from hetrain.jobs.run import run_training
+from hetrain.protocols.options import OptionError
 
 BASE = dict(num_workers=4, compute_ms=20.0, slowdown="0:2x", time_budget_s=4.0, timeout_s=20.0)
 
@@ -293,3 +294,49 @@ def test_resume_accepts_the_same_settings_typed_another_way(tmp_path, written, r
     assert checkpoint.prepare(str(tmp_path / "ckpt"), config(resumed), resume=True) is True
     with pytest.raises(Exception, match="backup"):  # a setting that differs still does
         checkpoint.prepare(str(tmp_path / "ckpt"), config({**resumed, "options": {"backup": 0}}), resume=True)
+
+
+def _written_checkpoint(tmp_path, iterations_reached, **settings):
+    from hetrain.jobs import checkpoint
+
+    config = RunConfig(protocol="hop", num_workers=3, checkpoint_dir=str(tmp_path / "ckpt"), **settings)
+    checkpoint.start(config.checkpoint_dir, config, resumed=False)
+    for rank, reached in enumerate(iterations_reached):
+        checkpoint.save_worker(config.checkpoint_dir, rank, {"model": {}, "protocol": {"iteration": reached}})
+    return checkpoint
+
+
+def test_resume_with_no_iterations_left_is_refused_in_one_line(tmp_path):
+    """``--iterations`` counts from the job's start: a resume whose every worker is already there trains nothing
+    (it ran and exited 0, silently); one worker short of it still trains."""
+    checkpoint = _written_checkpoint(tmp_path, [150, 160, 155], iterations=150)
+    again = RunConfig(protocol="hop", num_workers=3, checkpoint_dir=str(tmp_path / "ckpt"), iterations=150)
+    with pytest.raises(OptionError, match=r"at iteration 150 or later.*above 160"):
+        checkpoint.prepare(again.checkpoint_dir, again, resume=True)
+    further = RunConfig(protocol="hop", num_workers=3, checkpoint_dir=str(tmp_path / "ckpt"), iterations=155)
+    assert checkpoint.prepare(further.checkpoint_dir, further, resume=True) is True
+    by_time = RunConfig(protocol="hop", num_workers=3, checkpoint_dir=str(tmp_path / "ckpt"), time_budget_s=5.0)
+    assert checkpoint.prepare(by_time.checkpoint_dir, by_time, resume=True) is True
+
+
+def test_resume_ignores_settings_the_run_does_not_read(tmp_path):
+    """``--model-params`` sizes the synthetic model only and ``--momentum`` is SGD's: another value for either
+    is the same run (it was refused as another configuration); where they are read they still count."""
+    checkpoint = _written_checkpoint(tmp_path, [1, 1, 1], workload="mlp", model_params=1_000_000)
+    same = RunConfig(protocol="hop", num_workers=3, checkpoint_dir=str(tmp_path / "ckpt"), workload="mlp",
+                     model_params=5_000)
+    assert checkpoint.prepare(same.checkpoint_dir, same, resume=True) is True
+    other_momentum = RunConfig(protocol="hop", num_workers=3, checkpoint_dir=str(tmp_path / "ckpt"), momentum=0.5)
+    with pytest.raises(OptionError, match="momentum"):
+        checkpoint.prepare(other_momentum.checkpoint_dir, other_momentum, resume=True)
+    (tmp_path / "ckpt").rename(tmp_path / "old")
+    checkpoint = _written_checkpoint(tmp_path, [1, 1, 1], workload="synthetic", model_params=1_000_000)
+    bigger = RunConfig(protocol="hop", num_workers=3, checkpoint_dir=str(tmp_path / "ckpt"), workload="synthetic",
+                       model_params=2_000_000)
+    with pytest.raises(OptionError, match="model_params"):
+        checkpoint.prepare(bigger.checkpoint_dir, bigger, resume=True)
+    (tmp_path / "ckpt").rename(tmp_path / "older")
+    checkpoint = _written_checkpoint(tmp_path, [1, 1, 1], optimizer="adamw", momentum=0.9)
+    adamw = RunConfig(protocol="hop", num_workers=3, checkpoint_dir=str(tmp_path / "ckpt"), optimizer="adamw",
+                      momentum=0.5)
+    assert checkpoint.prepare(adamw.checkpoint_dir, adamw, resume=True) is True

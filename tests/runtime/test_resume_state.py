@@ -74,3 +74,61 @@ def test_all_reduce_replicas_resume_as_one_model():
     for the whole resumed run: consensus distance 2.06 at the end where a consistent set gave 0."""
     first, second = run_local(_allreduce_restored_from_two_checkpoints, 2, timeout_s=30)
     assert first == second == [10.0] * 3
+
+
+def _powersgd_resumed(ctx):
+    from hetrain.jobs.train_worker import _restore
+
+    def build():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(600, 600), torch.nn.Linear(600, 10))  # two buckets until DDP rebuilds them
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        return model, optimizer, hetrain.AllReduce(model, optimizer, compression="powersgd:1")
+
+    def train(model, optimizer, sync, steps):
+        for _ in range(steps):
+            x = torch.randn(16, 600) + ctx.rank  # each worker its own data: its own residual
+            optimizer.zero_grad()
+            sync.module(x).square().mean().backward()
+            optimizer.step()  # the protocol's step runs in the optimizer's hook
+
+    class Sampler:
+        def load_state_dict(self, state):
+            pass
+
+    torch.manual_seed(ctx.rank)
+    model, optimizer, sync = build()
+    train(model, optimizer, sync, 6)
+    state = {"model": {k: v.clone() for k, v in model.state_dict().items()}, "optimizer": optimizer.state_dict(),
+             "sampler": None, "rng": torch.get_rng_state(), "protocol": sync.state_dict()}
+    saved_error = {i: t.clone() for i, t in state["protocol"]["own"]["powersgd"]["error"].items()}
+    saved_q = {i: t.clone() for i, t in state["protocol"]["powersgd"]["q"].items()}
+    sync.finish()
+
+    model, optimizer, sync = build()
+    _restore(state, model, optimizer, Sampler(), sync)
+    timer, put_back = sync._timer, {}
+    original = timer.before_compressing
+
+    def spy(bucket):
+        original(bucket)
+        hook = timer.hook_state
+        put_back.setdefault(bucket.index(), (hook.error_dict.get(bucket.index()), hook.q_memory_dict.get(bucket.index())))
+        put_back[bucket.index()] = tuple(None if t is None else t.clone() for t in put_back[bucket.index()])
+
+    timer.before_compressing = spy
+    train(model, optimizer, sync, 3)  # the first runs uncompressed (DDP rebuilds its buckets), then PowerSGD
+    sync.finish()
+    same = {i: (put_back[i][0] is not None and torch.equal(put_back[i][0], saved_error[i]),
+                put_back[i][1] is not None and torch.equal(put_back[i][1], saved_q[i])) for i in saved_error}
+    return same, {i: float(t.norm()) for i, t in saved_error.items()}
+
+
+def test_all_reduce_s_powersgd_resumes_with_its_warm_start_and_each_worker_s_own_residual():
+    """PowerSGD's state was not in the checkpoint: a resumed run started cold (random Q, the residuals of
+    error feedback lost). Each worker's residual is its own, not rank 0's, though the replicas load rank 0's
+    protocol state."""
+    (same_0, norms_0), (same_1, norms_1) = run_local(_powersgd_resumed, 2, timeout_s=60)
+    assert same_0 and all(error and q for error, q in same_0.values()), same_0
+    assert all(error and q for error, q in same_1.values()), same_1
+    assert norms_0 != norms_1 and min(norms_0.values()) > 0
