@@ -140,12 +140,16 @@ def prepare(directory: str, config, resume: bool) -> bool:
                           "written a checkpoint when the run died; starting afresh", stacklevel=2)
         return False
     states = [load_worker(path, rank) for rank in range(config.num_workers)]  # all readable, before anyone starts
-    reached = [int(state.get("protocol", {}).get("iteration", 0)) for state in states]
+    iterations_left(path, config, [int(state.get("protocol", {}).get("iteration", 0)) for state in states])
+    return True
+
+
+def iterations_left(path: Path, config, reached: list[int]) -> None:
+    """Refuse a resume with nothing left to train: ``iterations`` is the job's total, every worker past it."""
     if config.iterations is not None and min(reached) >= config.iterations:
         raise OptionError(f"{{resume}}: the checkpoints in {path} are at iteration {min(reached)} or later, and "
                           f"{{iterations}} {config.iterations} counts from the job's start, so nothing is left to "
                           f"train; give {{iterations}} above {max(reached)} to train on")
-    return True
 
 
 def start(directory: str, config, resumed: bool) -> None:

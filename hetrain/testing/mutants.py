@@ -625,7 +625,39 @@ def reanchor_outer_only() -> None:
     SyncProtocol.reanchor = reanchor
 
 
-MUTANTS = {"no-comm": no_comm, "late-updates-as-models": late_updates_as_models,
+def powersgd_cold_resume() -> None:
+    """All-Reduce's PowerSGD state is not in its checkpoint (a resume starts PowerSGD cold)."""
+    from hetrain.runtime.allreduce import AllReduce
+
+    AllReduce._extra_state = lambda self: {}
+
+
+def own_state_from_rank_0() -> None:
+    """The replicas that load rank 0's protocol state take its own part too (rank 0's error feedback)."""
+    from hetrain.jobs import train_worker
+
+    def restore(state, model, optimizer, sampler, protocol):
+        if protocol.steps_together and protocol.job.world_size > 1:
+            shared = [{name: state[name] for name in ("model", "optimizer", "protocol")}]
+            torch.distributed.broadcast_object_list(shared, src=0, group=protocol.job.group)
+            state = {**state, **shared[0]}
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        sampler.load_state_dict(state["sampler"])
+        protocol.load_state_dict(state["protocol"])
+
+    train_worker._restore = restore
+
+
+def resume_with_nothing_left() -> None:
+    """A resume whose every worker is past ``--iterations`` is accepted (it trained nothing, exit 0)."""
+    from hetrain.jobs import checkpoint
+
+    checkpoint.iterations_left = lambda path, config, reached: None
+
+
+MUTANTS = {"no-comm": no_comm, "powersgd-cold-resume": powersgd_cold_resume,
+           "own-state-from-rank-0": own_state_from_rank_0, "resume-with-nothing-left": resume_with_nothing_left, "late-updates-as-models": late_updates_as_models,
            "progress-with-the-mixing": progress_with_the_mixing,
            "loaded-weights-as-progress": loaded_weights_as_progress, "reanchor-outer-only": reanchor_outer_only, "replacements-admitted-together": replacements_admitted_together, "unsettled-replacements-kept": unsettled_replacements_kept,
            "freeze-after-the-wait": freeze_after_the_wait, "first-sends-unwatched": first_sends_unwatched, "idle-edges-bounded": idle_edges_bounded, "finished-neighbours-sent-to": finished_neighbours_sent_to,

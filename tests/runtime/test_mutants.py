@@ -69,7 +69,8 @@ def test_every_protocol_test_fails_when_workers_never_communicate(tmp_path):
 
 # ----- the communication features (issue 36): each mutant removes one, and these tests must see it -------
 OC = "tests/runtime/test_outer_consensus.py"
-PT = "tests/planner/test_plan_train.py"  # training with a plan (issue 42)
+PT = "tests/planner/test_plan_train.py"
+RS = "tests/runtime/test_resume_state.py"  # training with a plan (issue 42)
 COMM_MUTANTS = {
     "outer-step-on-own-anchor": [
         f"{OC}::test_outer_nesterov_without_progress_is_plain_gossip_off_the_complete_graph[exponential]",
@@ -89,6 +90,9 @@ COMM_MUTANTS = {
     "outer-step-without-exchange": [f"{OC}::test_an_adpsgd_sync_that_averages_nothing_takes_no_outer_step"],
     "fingerprint-without-comm": [
         "tests/runtime/test_failures.py::test_resume_refuses_another_configuration_and_a_corrupt_checkpoint"],
+    "powersgd-cold-resume": [RS + "::test_all_reduce_s_powersgd_resumes_with_its_warm_start_and_each_worker_s_own_residual"],
+    "own-state-from-rank-0": [RS + "::test_all_reduce_s_powersgd_resumes_with_its_warm_start_and_each_worker_s_own_residual"],
+    "resume-with-nothing-left": ["tests/runtime/test_failures.py::test_resume_with_no_iterations_left_is_refused_in_one_line"],
     "free-collectives": [
         "tests/runtime/test_comm_protocols.py::test_a_group_average_holds_its_members_for_its_bytes_over_the_link"],
     "ingress-in-arrival-order": [

@@ -101,8 +101,8 @@ def _powersgd_resumed(ctx):
     train(model, optimizer, sync, 6)
     state = {"model": {k: v.clone() for k, v in model.state_dict().items()}, "optimizer": optimizer.state_dict(),
              "sampler": None, "rng": torch.get_rng_state(), "protocol": sync.state_dict()}
-    saved_error = {i: t.clone() for i, t in state["protocol"]["own"]["powersgd"]["error"].items()}
-    saved_q = {i: t.clone() for i, t in state["protocol"]["powersgd"]["q"].items()}
+    saved_error = {i: t.clone() for i, t in state["protocol"].get("own", {}).get("powersgd", {}).get("error", {}).items()}
+    saved_q = {i: t.clone() for i, t in state["protocol"].get("powersgd", {}).get("q", {}).items()}
     sync.finish()
 
     model, optimizer, sync = build()
