@@ -129,3 +129,36 @@ def test_nccl_under_torchrun_counts_this_node_s_ranks_against_its_gpus(monkeypat
     check_local_devices(config, workers_here=4)  # 4 ranks on this node, 4 GPUs: accepted
     with pytest.raises(UsageError, match="5 workers here, 4 GPU"):
         check_local_devices(config, workers_here=5)
+
+
+def test_the_torchrun_rank_counts_local_world_size_not_the_job_s_ranks(monkeypatch):
+    """The call site: a rank of an 8-rank job on a node of 4 GPUs (``LOCAL_WORLD_SIZE=4``) passes the device
+    check and goes on to its output; with 5 ranks on the node it is refused naming them."""
+    import torch
+    import torch.distributed as dist
+
+    from hetrain.config import RunConfig
+    from hetrain.errors import UsageError
+    from hetrain.jobs import run
+    from hetrain.transport import job
+
+    class Reached(Exception):
+        pass
+
+    def reached(out_dir):
+        raise Reached
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(job, "init", lambda *args, **kwargs: torch.device("cuda", 0))
+    monkeypatch.setattr(dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 8)
+    monkeypatch.setattr(run, "die_with_parent", lambda pid: None)
+    monkeypatch.setattr(run, "prepare_out_dir", reached)
+    config = RunConfig(protocol="hop", device="cuda", num_workers=8, iterations=10, on_failure="abort")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    with pytest.raises(Reached):
+        run.run_training_torchrun(config, "out")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "5")
+    with pytest.raises(UsageError, match="5 workers here, 4 GPU"):
+        run.run_training_torchrun(config, "out")
