@@ -656,7 +656,15 @@ def resume_with_nothing_left() -> None:
     checkpoint.iterations_left = lambda path, config, reached: None
 
 
-MUTANTS = {"no-comm": no_comm, "powersgd-cold-resume": powersgd_cold_resume,
+def replaced_edge_kept() -> None:
+    """A death and its replacement seen in one look keep the edge as it was (the dead process's queued
+    updates and spent tokens carried over to its replacement)."""
+    from hetrain.protocols.hop_logic import HopWorker
+
+    HopWorker.replace_neighbour = lambda self, peer: None
+
+
+MUTANTS = {"no-comm": no_comm, "replaced-edge-kept": replaced_edge_kept, "powersgd-cold-resume": powersgd_cold_resume,
            "own-state-from-rank-0": own_state_from_rank_0, "resume-with-nothing-left": resume_with_nothing_left, "late-updates-as-models": late_updates_as_models,
            "progress-with-the-mixing": progress_with_the_mixing,
            "loaded-weights-as-progress": loaded_weights_as_progress, "reanchor-outer-only": reanchor_outer_only, "replacements-admitted-together": replacements_admitted_together, "unsettled-replacements-kept": unsettled_replacements_kept,

@@ -97,6 +97,11 @@ def test_a_death_and_its_replacement_seen_in_one_look_still_listens_on_the_edges
     hop._public, hop._last_sent, hop._resend = None, None, None
     hop._channel_errors, hop._lost = [], LostPeers()
     hop.stats = ProtocolStats()
+    hop.logic.receive_update(5, 7, "the dead process's update of iteration 7")
+    hop.logic.tokens[5] = 0
     hop._check_deaths()
     assert set(hop.logic.in_weights) == {1, 5}  # its graph is the ring again
     assert 4 in hop.channels.listening["update"] and 4 in hop.channels.listening["token"]
+    # the kept edge to 5 starts afresh (replace_neighbour): the replacement's updates may start below 7, and
+    # a queue must stay in iteration order; its tokens are the edge's first ones again
+    assert not hop.logic.queues[5] and hop.logic.updates_dropped == 1 and hop.logic.tokens[5] == 4
