@@ -323,24 +323,20 @@ def test_resume_with_no_iterations_left_is_refused_in_one_line(tmp_path):
     assert checkpoint.prepare(by_time.checkpoint_dir, by_time, resume=True) is True
 
 
-def test_resume_ignores_settings_the_run_does_not_read(tmp_path):
+@pytest.mark.parametrize("written, resumed, differs", [
+    ({"workload": "mlp", "model_params": 1_000_000}, {"workload": "mlp", "model_params": 5_000}, None),
+    ({"optimizer": "adamw", "momentum": 0.9}, {"optimizer": "adamw", "momentum": 0.5}, None),
+    ({"workload": "synthetic", "model_params": 1_000_000}, {"workload": "synthetic", "model_params": 2_000_000},
+     "model_params"),
+    ({}, {"momentum": 0.5}, "momentum"),
+])
+def test_resume_ignores_settings_the_run_does_not_read(tmp_path, written, resumed, differs):
     """``--model-params`` sizes the synthetic model only and ``--momentum`` is SGD's: another value for either
     is the same run (it was refused as another configuration); where they are read they still count."""
-    checkpoint = _written_checkpoint(tmp_path, [1, 1, 1], workload="mlp", model_params=1_000_000)
-    same = RunConfig(protocol="hop", num_workers=3, checkpoint_dir=str(tmp_path / "ckpt"), workload="mlp",
-                     model_params=5_000)
-    assert checkpoint.prepare(same.checkpoint_dir, same, resume=True) is True
-    other_momentum = RunConfig(protocol="hop", num_workers=3, checkpoint_dir=str(tmp_path / "ckpt"), momentum=0.5)
-    with pytest.raises(OptionError, match="momentum"):
-        checkpoint.prepare(other_momentum.checkpoint_dir, other_momentum, resume=True)
-    (tmp_path / "ckpt").rename(tmp_path / "old")
-    checkpoint = _written_checkpoint(tmp_path, [1, 1, 1], workload="synthetic", model_params=1_000_000)
-    bigger = RunConfig(protocol="hop", num_workers=3, checkpoint_dir=str(tmp_path / "ckpt"), workload="synthetic",
-                       model_params=2_000_000)
-    with pytest.raises(OptionError, match="model_params"):
-        checkpoint.prepare(bigger.checkpoint_dir, bigger, resume=True)
-    (tmp_path / "ckpt").rename(tmp_path / "older")
-    checkpoint = _written_checkpoint(tmp_path, [1, 1, 1], optimizer="adamw", momentum=0.9)
-    adamw = RunConfig(protocol="hop", num_workers=3, checkpoint_dir=str(tmp_path / "ckpt"), optimizer="adamw",
-                      momentum=0.5)
-    assert checkpoint.prepare(adamw.checkpoint_dir, adamw, resume=True) is True
+    checkpoint = _written_checkpoint(tmp_path, [1, 1, 1], **written)
+    again = RunConfig(protocol="hop", num_workers=3, checkpoint_dir=str(tmp_path / "ckpt"), **resumed)
+    if differs is None:
+        assert checkpoint.prepare(again.checkpoint_dir, again, resume=True) is True
+    else:
+        with pytest.raises(OptionError, match=differs):
+            checkpoint.prepare(again.checkpoint_dir, again, resume=True)
