@@ -103,6 +103,8 @@ def parse_slowdown(spec: str, seed: int = 0) -> Slowdown:
             raise UsageError(
                 f"slowdown {part.strip()!r}: the worker must be >= 0 and the factor >= 1 (e.g. 2:5x)"
             )
+        if worker in fixed:
+            raise UsageError(f"slowdown {spec!r} names worker {worker} twice; give each worker one factor")
         fixed[worker] = factor
     return Slowdown(text, fixed=fixed, seed=seed)
 

@@ -48,6 +48,8 @@ def _bad(capsys, tmp_path, *args):
     (["--momentum", "nan"], "--momentum must be in [0, 1)"),
     (["--heartbeat-timeout", "0.5"], "at least 3 s"),  # killed healthy workers as hung
     (["--workers", "4", "--batch-size", "1024"], "more than a worker's 359 training examples"),
+    (["--slowdown", "0:5x,0:3x"], "names worker 0 twice"),  # the last factor won, silently
+    (["--fail", "1@checkpoint"], "this run writes none"),  # a kill that could never fire, silently
 ])
 def test_bad_input(capsys, tmp_path, args, message):
     assert message in _bad(capsys, tmp_path, *args)
@@ -152,3 +154,10 @@ def test_compare_refuses_a_later_protocols_checkpoints_before_the_first_runs(tmp
                  "--checkpoint-dir", str(tmp_path / "ckpt"), "--no-progress", "--out", str(out)])
     assert code == 2 and "pass --resume" in capsys.readouterr().err
     assert not out.exists() and not (tmp_path / "ckpt" / "allreduce").exists()  # allreduce did not run first
+
+
+def test_a_gossip_step_without_compression_is_said_to_be_ignored(tmp_path):
+    """``--gossip-step`` is compressed gossip's consensus step: without ``--compress`` it does nothing."""
+    with pytest.warns(UserWarning, match="--gossip-step is ignored"):
+        assert main(["train", "--workers", "2", "--iterations", "3", "--gossip-step", "0.5", "--no-progress",
+                     "--out", str(tmp_path / "run")]) == 0

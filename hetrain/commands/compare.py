@@ -15,6 +15,7 @@ from hetrain.commands.run_options import (
     add_protocol_options,
     add_run_options,
     add_runtime_options,
+    comm_values,
     config_from_args,
     parse_protocols,
     protocol_values,
@@ -45,7 +46,7 @@ def run(args) -> int:
     from hetrain.comparison import run_comparison
 
     protocols = parse_protocols(args.protocols, "--protocols")
-    warn_unused(protocol_values(args), protocols)
+    warn_unused(protocol_values(args), protocols, comm_values(args))
     if args.iterations is None and args.time_budget_s is None:
         args.time_budget_s = COMPARE_DEFAULTS.time_budget_s
     configs = [config_from_args(args, protocol=p) for p in protocols]

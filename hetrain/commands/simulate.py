@@ -8,6 +8,7 @@ import sys
 from hetrain.commands.run_options import (
     add_protocol_options,
     add_run_options,
+    comm_values,
     config_from_args,
     parse_protocols,
     protocol_values,
@@ -31,6 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_protocol_options(parser)
     parser.set_defaults(model_params=None)  # None: the digits MLP's size, as train's default workload
     parser.set_defaults(momentum=None)  # the simulated math is plain SGD: a --momentum would be ignored
+    parser.set_defaults(data_split=None)  # the simulated math samples the whole set: another split is refused
     s = parser.add_argument_group("simulator")
     s.add_argument("--bandwidth-gbps", type=float, default=DEFAULT_BANDWIDTH_GBPS,
                    help=f"per-worker link bandwidth in gigabits/s (default {DEFAULT_BANDWIDTH_GBPS:g}: loopback gloo)")
@@ -87,6 +89,10 @@ def run(args) -> int:
         raise UsageError(f"the simulator's model math is plain SGD without momentum; drop --momentum "
                          f"{args.momentum:g} (or give 0)")
     args.momentum = 0.0  # what the simulated math does, so the record's config says so
+    if args.data_split not in (None, "whole"):
+        raise UsageError(f"the simulator's math samples the whole training set for every worker; drop --data-split "
+                         f"{args.data_split} (or give whole)")
+    args.data_split = "whole"  # likewise
     options = SimOptions(NetworkParams(args.latency_us, args.bandwidth_gbps, gg_service_us=args.gg_service_us,
                                        collective_step_us=args.collective_step_us),
                          args.math, args.timelines,
@@ -94,7 +100,7 @@ def run(args) -> int:
     if args.sweep:
         return _run_sweep(args, options)
     get_spec(args.protocol)
-    warn_unused(protocol_values(args), [args.protocol])
+    warn_unused(protocol_values(args), [args.protocol], comm_values(args))
     config = _config(args, args.protocol, args.workers).validate()
     record = simulate(config, options, args.model_params)
     out = prepare_out_dir(args.out)
@@ -112,7 +118,7 @@ def _run_sweep(args, options) -> int:
 
     counts = parse_sweep(args.sweep)
     protocols = parse_protocols(args.protocol, "--protocol")
-    warn_unused(protocol_values(args), protocols)
+    warn_unused(protocol_values(args), protocols, comm_values(args))
     for protocol in protocols:  # every run's settings pass every check before the first one starts
         for n in counts:
             check_run(_config(args, protocol, n), options, args.model_params)

@@ -6,6 +6,7 @@ from hetrain.commands.run_options import (
     add_protocol_options,
     add_run_options,
     add_runtime_options,
+    comm_values,
     config_from_args,
     protocol_values,
     warn_unused,
@@ -41,7 +42,7 @@ def run(args) -> int:
     from hetrain.jobs.torchrun_env import under_torchrun
 
     get_spec(args.protocol)  # an unknown protocol fails here, before any work
-    warn_unused(protocol_values(args), [args.protocol])
+    warn_unused(protocol_values(args), [args.protocol], comm_values(args))
     config = config_from_args(args)
     if args.launcher == "ray":
         _check_ray_options(args)
