@@ -35,13 +35,16 @@ def failure_error(dead: dict[int, str], failures: dict[int, tuple[str, str, str 
 
 
 def _first_cause(failures: dict[int, tuple[str, str, str | None]]) -> int:
-    """With no death: a worker that waited out its timeout names whom it waited for (a hung peer); one that
-    lost a connection names only the survivor that gave up first. The first report otherwise."""
-    for rank, (_, summary, _) in failures.items():
-        line = first_line(summary)
-        if " waited " in line and "lost its connection" not in line:
-            return rank
-    return next(iter(failures))
+    """With no death: a worker whose own wait ran out its timeout names whom it waited for (a hung peer:
+    "waited 5 s for ...", "a send to worker 1 did not complete within 5 s"); one that lost a connection
+    because another wait timed out names only the survivor that gave up first. The first report otherwise."""
+    def rank_of(line: str) -> int:
+        if "lost its connection" in line or "another wait" in line:
+            return 0  # a consequence
+        return 2 if " waited " in line or "did not complete within" in line else 1
+
+    lines = {rank: first_line(summary) for rank, (_, summary, _) in failures.items()}
+    return max(lines, key=lambda rank: rank_of(lines[rank]))  # max keeps the first of the best
 
 
 def write_log(log_path, dead: dict[int, str], failures: dict[int, tuple[str, str, str | None]]) -> bool:
