@@ -178,10 +178,7 @@ class RunConfig:
         from hetrain.faults import parse_fail
         from hetrain.protocols.membership import ON_FAILURE
 
-        faults = parse_fail(self.fail, self.seed).check_workers(self.num_workers, repeats=self.on_failure == "respawn")
-        if any(f.phase == "checkpoint" for f in faults.events) and not (self.checkpoint_dir and self.checkpoint_every_s):
-            raise OptionError("{fail} W@checkpoint kills a worker as it writes a checkpoint while training, and this "
-                              "run writes none: add {checkpoint_dir} DIR {checkpoint_every_s} SECONDS")
+        parse_fail(self.fail, self.seed).check_workers(self.num_workers, repeats=self.on_failure == "respawn")
         if self.on_failure is not None and self.on_failure not in ON_FAILURE:
             raise OptionError(f"unknown {{on_failure}} {self.on_failure!r}; choose one of {', '.join(ON_FAILURE)}")
         if self.on_failure is not None:

@@ -33,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(model_params=None)  # None: the digits MLP's size, as train's default workload
     parser.set_defaults(momentum=None)  # the simulated math is plain SGD: a --momentum would be ignored
     parser.set_defaults(data_split=None)  # the simulated math samples the whole set: another split is refused
+    for action in parser._actions:
+        if action.dest == "data_split":
+            action.help = "the simulated math samples the whole training set for every worker: whole (another is refused)"
     s = parser.add_argument_group("simulator")
     s.add_argument("--bandwidth-gbps", type=float, default=DEFAULT_BANDWIDTH_GBPS,
                    help=f"per-worker link bandwidth in gigabits/s (default {DEFAULT_BANDWIDTH_GBPS:g}: loopback gloo)")

@@ -139,13 +139,18 @@ def prepare(directory: str, config, resume: bool) -> bool:
             warnings.warn(f"not resuming from {path}: {len(present)} of {config.num_workers} workers had "
                           "written a checkpoint when the run died; starting afresh", stacklevel=2)
         return False
-    states = [load_worker(path, rank) for rank in range(config.num_workers)]  # all readable, before anyone starts
-    iterations_left(path, config, [int(state.get("protocol", {}).get("iteration", 0)) for state in states])
+    reached = []  # every worker file readable, before anyone starts (one in memory at a time)
+    for rank in range(config.num_workers):
+        reached.append(int(load_worker(path, rank).get("protocol", {}).get("iteration", 0)))
+    if config.protocol_spec.runtime_class().steps_together:
+        reached = reached[:1]  # every replica resumes from rank 0's state
+    iterations_left(path, config, reached)
     return True
 
 
 def iterations_left(path: Path, config, reached: list[int]) -> None:
-    """Refuse a resume with nothing left to train: ``iterations`` is the job's total, every worker past it."""
+    """Refuse a resume with nothing left to train: ``iterations`` is the job's total, every worker (of those
+    whose state the workers resume from) past it."""
     if config.iterations is not None and min(reached) >= config.iterations:
         raise OptionError(f"{{resume}}: the checkpoints in {path} are at iteration {min(reached)} or later, and "
                           f"{{iterations}} {config.iterations} counts from the job's start, so nothing is left to "

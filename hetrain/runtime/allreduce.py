@@ -69,6 +69,7 @@ class _HookTimer:
                                                           min_compression_rate=POWERSGD_MIN_COMPRESSION_RATE)
         self.layouts: dict[int, list[tuple]] = {}  # PowerSGD: each bucket's gradient shapes as last compressed
         self.restored: dict[int, dict] = {}  # PowerSGD: a checkpoint's tensors by bucket, until put back
+        self.restored_iter = 0  # PowerSGD: the iteration the checkpoint's state was at
 
     def bucket_bytes(self, bucket) -> int:
         """Bytes one member's share of the bucket's all-reduce(s) carries, as the hook compresses it."""
@@ -95,23 +96,39 @@ class _HookTimer:
                for m in shapes]
         return (2 if any(low) else 0) + (0 if all(low) else 1)
 
-    def powersgd_state(self) -> tuple[dict, dict]:
-        """PowerSGD's state for a checkpoint: what every replica holds alike (iteration, warm-start P and Q,
-        each bucket's layout) and this worker's own error feedback. Without it a resumed run compressed from
-        a cold start: two more uncompressed iterations, random Q, and every worker's residual lost."""
+    def powersgd_state(self, rank: int) -> tuple[dict, dict]:
+        """PowerSGD's state for a checkpoint: what every replica holds alike (iteration, rank, warm-start P
+        and Q, each bucket's layout) and worker ``rank``'s own error feedback. Without it a resumed run
+        compressed from a cold start: two more uncompressed iterations, random Q, every worker's residual
+        lost. A checkpoint's tensors not put back yet (a save soon after a resume) are saved as loaded."""
         hook = self.hook_state
         copy = lambda tensors: {index: t.detach().cpu().clone() for index, t in tensors.items()}  # noqa: E731
-        return ({"iter": hook.iter, "p": copy(hook.p_memory_dict), "q": copy(hook.q_memory_dict),
-                 "layouts": {index: list(map(list, layout)) for index, layout in self.layouts.items()}},
-                {"error": copy(hook.error_dict)})
+        shared = {"iter": hook.iter, "rank": hook.matrix_approximation_rank, "p": copy(hook.p_memory_dict),
+                  "q": copy(hook.q_memory_dict),
+                  "layouts": {index: list(map(list, layout)) for index, layout in self.layouts.items()}}
+        own = {"rank": rank, "error": copy(hook.error_dict)}
+        if self.restored:
+            shared["iter"] = max(shared["iter"], self.restored_iter)
+            for index, saved in self.restored.items():
+                shared["layouts"][index] = list(map(list, saved["layout"]))
+                for name, into in (("p", shared["p"]), ("q", shared["q"]), ("error", own["error"])):
+                    if saved[name] is not None:
+                        into[index] = saved[name]
+        return shared, own
 
-    def load_powersgd_state(self, shared: dict, own: dict) -> None:
-        """Restore :meth:`powersgd_state`. DDP rebuilds its buckets after a fresh wrapper's first iteration,
-        so that one runs uncompressed (as torch's own first two do) and the saved tensors are put back at
-        the first compressed call of each bucket whose gradients have the saved shapes (others start cold)."""
-        self.hook_state.iter = max(0, min(int(shared["iter"]), self.hook_state.start_powerSGD_iter - 1))
+    def load_powersgd_state(self, shared: dict, own: dict, rank: int) -> None:
+        """Restore :meth:`powersgd_state` (worker ``rank``'s). DDP rebuilds its buckets after a fresh
+        wrapper's first iteration, so that one runs uncompressed (as torch's own first two do) and the saved
+        tensors are put back at the first compressed call of each bucket whose gradients have the saved
+        shapes (others start cold). A state of another PowerSGD rank starts cold, and so does another
+        worker's error feedback (a Lightning or Accelerate checkpoint holds rank 0's only)."""
+        if shared.get("rank") != self.hook_state.matrix_approximation_rank:
+            return
+        self.restored_iter = int(shared["iter"])
+        self.hook_state.iter = max(0, min(self.restored_iter, self.hook_state.start_powerSGD_iter - 1))
+        errors = own.get("error", {}) if own.get("rank") == rank else {}
         self.restored = {int(index): {"layout": [tuple(shape) for shape in layout], "p": shared["p"].get(index),
-                                      "q": shared["q"].get(index), "error": own.get("error", {}).get(index)}
+                                      "q": shared["q"].get(index), "error": errors.get(index)}
                          for index, layout in shared["layouts"].items()}
 
     def before_compressing(self, bucket) -> None:
@@ -277,12 +294,12 @@ class AllReduce(SyncProtocol):
     def _extra_state(self) -> dict:
         if self.compression.kind != "powersgd":
             return {}
-        shared, own = self._timer.powersgd_state()
+        shared, own = self._timer.powersgd_state(self.job.rank)
         return {"powersgd": shared, "own": {"powersgd": own}}  # "own": kept when the replicas load rank 0's state
 
     def _load_extra_state(self, state: dict) -> None:
         if self.compression.kind == "powersgd" and "powersgd" in state:
-            self._timer.load_powersgd_state(state["powersgd"], state.get("own", {}).get("powersgd", {}))
+            self._timer.load_powersgd_state(state["powersgd"], state.get("own", {}).get("powersgd", {}), self.job.rank)
 
     def _finish(self) -> None:
         self.stats.extra["consensus_distance"] = average_state(self.state, self.job)

@@ -296,10 +296,10 @@ def test_resume_accepts_the_same_settings_typed_another_way(tmp_path, written, r
         checkpoint.prepare(str(tmp_path / "ckpt"), config({**resumed, "options": {"backup": 0}}), resume=True)
 
 
-def _written_checkpoint(tmp_path, iterations_reached, **settings):
+def _written_checkpoint(tmp_path, iterations_reached, protocol="hop", **settings):
     from hetrain.jobs import checkpoint
 
-    config = RunConfig(protocol="hop", num_workers=3, checkpoint_dir=str(tmp_path / "ckpt"), **settings)
+    config = RunConfig(protocol=protocol, num_workers=3, checkpoint_dir=str(tmp_path / "ckpt"), **settings)
     checkpoint.start(config.checkpoint_dir, config, resumed=False)
     for rank, reached in enumerate(iterations_reached):
         checkpoint.save_worker(config.checkpoint_dir, rank, {"model": {}, "protocol": {"iteration": reached}})
@@ -321,6 +321,19 @@ def test_resume_with_no_iterations_left_is_refused_in_one_line(tmp_path):
     assert checkpoint.prepare(further.checkpoint_dir, further, resume=True) is True
     by_time = RunConfig(protocol="hop", num_workers=3, checkpoint_dir=str(tmp_path / "ckpt"), time_budget_s=5.0)
     assert checkpoint.prepare(by_time.checkpoint_dir, by_time, resume=True) is True
+
+
+@pytest.mark.parametrize("reached, refused", [([150, 100, 100], True), ([100, 150, 150], False)])
+def test_all_reduce_s_iterations_left_are_rank_0_s(tmp_path, reached, refused):
+    """All-Reduce's replicas resume from rank 0's state (files of two checkpoints after a death during a
+    write): what is left to train is rank 0's."""
+    checkpoint = _written_checkpoint(tmp_path, reached, protocol="allreduce", iterations=150)
+    again = RunConfig(protocol="allreduce", num_workers=3, checkpoint_dir=str(tmp_path / "ckpt"), iterations=150)
+    if refused:
+        with pytest.raises(OptionError, match="nothing is left to train"):
+            checkpoint.prepare(again.checkpoint_dir, again, resume=True)
+    else:
+        assert checkpoint.prepare(again.checkpoint_dir, again, resume=True) is True
 
 
 @pytest.mark.parametrize("written, resumed, differs", [

@@ -69,8 +69,8 @@ def test_every_protocol_test_fails_when_workers_never_communicate(tmp_path):
 
 # ----- the communication features (issue 36): each mutant removes one, and these tests must see it -------
 OC = "tests/runtime/test_outer_consensus.py"
-PT = "tests/planner/test_plan_train.py"
-RS = "tests/runtime/test_resume_state.py"  # training with a plan (issue 42)
+PT = "tests/planner/test_plan_train.py"  # training with a plan (issue 42)
+RS = "tests/runtime/test_resume_state.py"
 COMM_MUTANTS = {
     "outer-step-on-own-anchor": [
         f"{OC}::test_outer_nesterov_without_progress_is_plain_gossip_off_the_complete_graph[exponential]",

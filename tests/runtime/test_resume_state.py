@@ -79,56 +79,95 @@ def test_all_reduce_replicas_resume_as_one_model():
 def _powersgd_resumed(ctx):
     from hetrain.jobs.train_worker import _restore
 
-    def build():
+    def build(compression="powersgd:1"):
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(600, 600), torch.nn.Linear(600, 10))  # two buckets until DDP rebuilds them
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-        return model, optimizer, hetrain.AllReduce(model, optimizer, compression="powersgd:1")
+        return model, optimizer, hetrain.AllReduce(model, optimizer, compression=compression)
 
-    def train(model, optimizer, sync, steps):
-        for _ in range(steps):
+    steps = [0]
+
+    def train(model, optimizer, sync, count):
+        for _ in range(count):
             x = torch.randn(16, 600) + ctx.rank  # each worker its own data: its own residual
             optimizer.zero_grad()
             sync.module(x).square().mean().backward()
             optimizer.step()  # the protocol's step runs in the optimizer's hook
+            steps[0] += 1
 
     class Sampler:
         def load_state_dict(self, state):
             pass
 
+    def checkpoint(model, optimizer, sync):
+        return {"model": {k: v.clone() for k, v in model.state_dict().items()}, "optimizer": optimizer.state_dict(),
+                "sampler": None, "rng": torch.get_rng_state(), "protocol": sync.state_dict()}
+
+    def tensors(protocol_state, *path):
+        for key in path:
+            protocol_state = protocol_state.get(key, {})
+        return {i: t.clone() for i, t in protocol_state.items()}
+
+    def equal(a, b):
+        return bool(a) and a.keys() == b.keys() and all(torch.equal(a[i], b[i]) for i in a)
+
     torch.manual_seed(ctx.rank)
     model, optimizer, sync = build()
     train(model, optimizer, sync, 6)
-    state = {"model": {k: v.clone() for k, v in model.state_dict().items()}, "optimizer": optimizer.state_dict(),
-             "sampler": None, "rng": torch.get_rng_state(), "protocol": sync.state_dict()}
-    saved_error = {i: t.clone() for i, t in state["protocol"].get("own", {}).get("powersgd", {}).get("error", {}).items()}
-    saved_q = {i: t.clone() for i, t in state["protocol"].get("powersgd", {}).get("q", {}).items()}
+    state = checkpoint(model, optimizer, sync)
+    saved_error = tensors(state["protocol"], "own", "powersgd", "error")
+    saved_q = tensors(state["protocol"], "powersgd", "q")
     sync.finish()
 
+    facts = {}
     model, optimizer, sync = build()
     _restore(state, model, optimizer, Sampler(), sync)
+    facts["iter_after_restore"] = sync._timer.hook_state.iter
+    again = sync.state_dict()  # a checkpoint before anything was put back keeps what was loaded
+    facts["saved_again"] = (equal(tensors(again, "own", "powersgd", "error"), saved_error)
+                            and equal(tensors(again, "powersgd", "q"), saved_q))
     timer, put_back = sync._timer, {}
     original = timer.before_compressing
 
     def spy(bucket):
         original(bucket)
-        hook = timer.hook_state
-        put_back.setdefault(bucket.index(), (hook.error_dict.get(bucket.index()), hook.q_memory_dict.get(bucket.index())))
-        put_back[bucket.index()] = tuple(None if t is None else t.clone() for t in put_back[bucket.index()])
+        hook, index = timer.hook_state, bucket.index()
+        if index not in put_back:
+            put_back[index] = (steps[0], *(None if t is None else t.clone()
+                                           for t in (hook.error_dict.get(index), hook.q_memory_dict.get(index))))
 
     timer.before_compressing = spy
+    steps[0] = 0
     train(model, optimizer, sync, 3)  # the first runs uncompressed (DDP rebuilds its buckets), then PowerSGD
     sync.finish()
-    same = {i: (put_back[i][0] is not None and torch.equal(put_back[i][0], saved_error[i]),
-                put_back[i][1] is not None and torch.equal(put_back[i][1], saved_q[i])) for i in saved_error}
-    return same, {i: float(t.norm()) for i, t in saved_error.items()}
+    facts["put_back"] = {i: (step, error is not None and torch.equal(error, saved_error[i]),
+                             q is not None and torch.equal(q, saved_q[i])) for i, (step, error, q) in put_back.items()}
+    facts["error_norms"] = {i: float(t.norm()) for i, t in saved_error.items()}
+
+    # Lightning and Accelerate load rank 0's one state on every rank: its residual is rank 0's alone
+    model, optimizer, sync = build()
+    shared = [state["protocol"]]
+    torch.distributed.broadcast_object_list(shared, src=0, group=sync.job.group)
+    sync.load_state_dict(shared[0])
+    facts["residual_of_rank_0_taken"] = any(saved["error"] is not None for saved in sync._timer.restored.values())
+    sync.finish()
+    model, optimizer, sync = build("powersgd:2")  # P and Q of another rank would not fit: a cold start
+    sync.load_state_dict(state["protocol"])
+    facts["other_rank_restored"] = bool(sync._timer.restored) or sync._timer.hook_state.iter != 0
+    sync.finish()
+    return facts
 
 
 def test_all_reduce_s_powersgd_resumes_with_its_warm_start_and_each_worker_s_own_residual():
     """PowerSGD's state was not in the checkpoint: a resumed run started cold (random Q, the residuals of
     error feedback lost). Each worker's residual is its own, not rank 0's, though the replicas load rank 0's
-    protocol state."""
-    (same_0, norms_0), (same_1, norms_1) = run_local(_powersgd_resumed, 2, timeout_s=60)
-    assert same_0 and all(error and q for error, q in same_0.values()), same_0
-    assert all(error and q for error, q in same_1.values()), same_1
-    assert norms_0 != norms_1 and min(norms_0.values()) > 0
+    protocol state; one resumed iteration runs uncompressed (DDP rebuilds its buckets), and a checkpoint
+    taken before the state was put back keeps it."""
+    first, second = run_local(_powersgd_resumed, 2, timeout_s=60)
+    for facts in (first, second):
+        assert facts["iter_after_restore"] == 1 and facts["saved_again"], facts
+        assert facts["put_back"] and all(step == 1 and error and q for step, error, q in facts["put_back"].values()), \
+            facts["put_back"]
+    assert first["error_norms"] != second["error_norms"] and min(first["error_norms"].values()) > 0
+    assert first["residual_of_rank_0_taken"] and not second["residual_of_rank_0_taken"]
+    assert not first["other_rank_restored"] and not second["other_rank_restored"]

@@ -28,6 +28,7 @@ from hetrain.metrics import build_metrics
     (["--iterations", "5", "--workload", "lm"], "does not model --workload lm"),
     (["--iterations", "5", "--workload", "cnn", "--math", "digits"], "does not model --workload cnn"),
     (["--iterations", "5", "--data-split", "shard"], "drop --data-split shard"),  # was ignored
+    (["--iterations", "5", "--fail", "1@checkpoint"], "run it with hetrain train"),  # not train's advice
 ])
 def test_bad_input_is_a_one_line_error_with_exit_code_2(argv, words, tmp_path, capsys):
     assert main(["simulate", *argv, "--out", str(tmp_path / "out"), "--no-progress"]) == 2
