@@ -161,3 +161,9 @@ def test_a_gossip_step_without_compression_is_said_to_be_ignored(tmp_path):
     with pytest.warns(UserWarning, match="--gossip-step is ignored"):
         assert main(["train", "--workers", "2", "--iterations", "3", "--gossip-step", "0.5", "--no-progress",
                      "--out", str(tmp_path / "run")]) == 0
+
+
+def test_a_gossip_step_is_said_to_be_ignored_by_allreduce(tmp_path):
+    with pytest.warns(UserWarning, match="ignored by allreduce"):
+        assert main(["train", "--protocol", "allreduce", "--workers", "2", "--iterations", "3", "--compress",
+                     "powersgd:1", "--gossip-step", "0.5", "--no-progress", "--out", str(tmp_path / "run")]) == 0

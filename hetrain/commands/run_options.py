@@ -143,9 +143,13 @@ def protocol_values(args: argparse.Namespace) -> dict:
 def warn_unused(values: dict, protocols: list[str], comm: dict | None = None) -> None:
     """A flag none of ``protocols`` takes would silently do nothing: say so (and of the communication
     settings ``comm``, ``--gossip-step`` without compression: it is compressed gossip's consensus step)."""
-    if comm and comm.get("gossip_step") is not None and comm.get("compression", "none") == "none":
-        warnings.warn("--gossip-step is ignored: it is the consensus step of compressed gossip; add --compress",
-                      stacklevel=2)
+    if comm and comm.get("gossip_step") is not None:
+        if comm.get("compression", "none") == "none":
+            warnings.warn("--gossip-step is ignored: it is the consensus step of compressed gossip; add --compress",
+                          stacklevel=2)
+        elif "allreduce" in protocols:
+            warnings.warn("--gossip-step is ignored by allreduce (no gossip: DDP's hooks compress the gradients)",
+                          stacklevel=2)
     for name in values:
         takers = protocols_using(name)
         if not set(takers) & set(protocols):

@@ -74,11 +74,14 @@ def fingerprint(config) -> dict:
 
 def _without_unused(data: dict) -> dict:
     """Settings the run does not read, as None: ``model_params`` sizes the synthetic model only, ``momentum`` is
-    SGD's (a resume that types another value for either is the same run; it was refused)."""
+    SGD's, ``gossip_step`` is gossip's (a resume that types another value for either is the same run; it was
+    refused)."""
     if data.get("workload") != "synthetic":
         data["model_params"] = None
     if data.get("optimizer") != "sgd":
         data["momentum"] = None
+    if data.get("protocol") == "allreduce" and "gossip_step" in data:
+        data["gossip_step"] = None  # no gossip: DDP's hooks take no consensus step
     return data
 
 

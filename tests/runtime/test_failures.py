@@ -342,12 +342,14 @@ def test_all_reduce_s_iterations_left_are_rank_0_s(tmp_path, reached, refused):
     ({"workload": "synthetic", "model_params": 1_000_000}, {"workload": "synthetic", "model_params": 2_000_000},
      "model_params"),
     ({}, {"momentum": 0.5}, "momentum"),
+    ({"protocol": "allreduce", "comm": {"compression": "powersgd:1", "gossip_step": 0.5}},
+     {"protocol": "allreduce", "comm": {"compression": "powersgd:1"}}, None),  # DDP takes no gossip step
 ])
 def test_resume_ignores_settings_the_run_does_not_read(tmp_path, written, resumed, differs):
     """``--model-params`` sizes the synthetic model only and ``--momentum`` is SGD's: another value for either
     is the same run (it was refused as another configuration); where they are read they still count."""
     checkpoint = _written_checkpoint(tmp_path, [1, 1, 1], **written)
-    again = RunConfig(protocol="hop", num_workers=3, checkpoint_dir=str(tmp_path / "ckpt"), **resumed)
+    again = RunConfig(**{"protocol": "hop", **resumed}, num_workers=3, checkpoint_dir=str(tmp_path / "ckpt"))
     if differs is None:
         assert checkpoint.prepare(again.checkpoint_dir, again, resume=True) is True
     else:
