@@ -49,3 +49,29 @@ def test_a_worker_that_exits_with_code_0_and_no_result_is_a_death_not_a_wait(on_
             run_local(_exits_quietly, 2, timeout_s=20)
     else:
         assert run_local(_exits_quietly, 2, timeout_s=20, on_failure="continue") == [0, None]
+
+
+def _killed_mid_message(ctx):
+    import os
+    import signal
+    import threading
+    import time
+
+    if ctx.rank == 1:  # reports in a tight loop and is SIGKILLed meanwhile: most likely mid-message
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
+        while True:
+            ctx.report({"noise": "x" * 200})
+    time.sleep(1.0)  # rank 0: its messages and result go out after rank 1's death
+    for i in range(5):
+        ctx.report({"after": i})
+    return "rank 0's result"
+
+
+def test_a_worker_killed_mid_message_stops_only_its_own_messages():
+    """A multiprocessing queue's writers share one lock: rank 1 killed while writing held it for good, and
+    rank 0's messages and result never reached the launcher (the job waited out its timeout)."""
+    heard = []
+    results = run_local(_killed_mid_message, 2, timeout_s=10, job_timeout_s=20, on_failure="continue",
+                        on_message=lambda rank, message: heard.append((rank, message)))
+    assert results[0] == "rank 0's result" and results[1] is None
+    assert [m["after"] for rank, m in heard if rank == 0 and "after" in m] == [0, 1, 2, 3, 4]

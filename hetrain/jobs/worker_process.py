@@ -95,7 +95,9 @@ class JobChannels:
 
     @classmethod
     def create(cls, context, num_workers: int) -> JobChannels:
-        return cls(results=context.Queue(), messages=context.Queue(), stop=SharedFlag(context),
+        """The flags and arrays every process shares; the queues are each process's own (its launcher makes
+        them as it starts it: hetrain.jobs.mailboxes)."""
+        return cls(results=None, messages=None, stop=SharedFlag(context),
                    closing=SharedFlag(context), dead=context.Array("b", num_workers, lock=False),
                    incarnations=context.Array("i", num_workers, lock=False),
                    ready=context.Array("b", num_workers, lock=False), go=SharedFlag(context),

@@ -7,6 +7,7 @@ import os
 import signal
 import time
 
+from hetrain.jobs.mailboxes import MergedQueue
 from hetrain.jobs.warm_start import start_early, worker_context
 from hetrain.jobs.worker_process import JobChannels, WorkerSpec, worker_main
 
@@ -18,7 +19,11 @@ class WorkerProcesses:
         start_early()  # a no-op once the warm server runs
         self.context = worker_context()
         self.template = template
-        self.channels = JobChannels.create(self.context, template.world_size)
+        shared = JobChannels.create(self.context, template.world_size)
+        self.mailboxes: list[JobChannels] = []  # each process's channels, with queues of its own
+        self.channels = dataclasses.replace(shared, results=MergedQueue("results", self.mailboxes),
+                                            messages=MergedQueue("messages", self.mailboxes))
+        self._shared = shared
         self.procs: list = [None] * template.world_size
 
     @property
@@ -31,7 +36,9 @@ class WorkerProcesses:
         spec = dataclasses.replace(self.template, rank=rank, incarnation=incarnation, clock_offset_s=clock_offset_s,
                                    start_iteration=start_iteration, env=dict(os.environ), launched_at=time.time(),
                                    hold_phases=tuple(hold_phases))
-        proc = self.context.Process(target=worker_main, args=(spec, self.channels), name=spec.name, daemon=True)
+        own = dataclasses.replace(self._shared, results=self.context.Queue(), messages=self.context.Queue())
+        self.mailboxes.append(own)  # hetrain.jobs.mailboxes: a writer killed mid-message stops its own only
+        proc = self.context.Process(target=worker_main, args=(spec, own), name=spec.name, daemon=True)
         proc.start()
         self.procs[rank] = proc
 

@@ -664,7 +664,27 @@ def replaced_edge_kept() -> None:
     HopWorker.replace_neighbour = lambda self, peer: None
 
 
-MUTANTS = {"no-comm": no_comm, "replaced-edge-kept": replaced_edge_kept, "powersgd-cold-resume": powersgd_cold_resume,
+def one_queue_for_all() -> None:
+    """Every worker process writes to the same two queues (their writers share one lock)."""
+    from hetrain.jobs.workers import WorkerProcesses
+
+    original = WorkerProcesses.start
+
+    def start(self, rank, *args, **kwargs):
+        if not hasattr(self, "_one_pair"):
+            self._one_pair = (self.context.Queue(), self.context.Queue())
+        queues = iter(self._one_pair)
+        make = self.context.Queue
+        self.context.Queue = lambda: next(queues)
+        try:
+            original(self, rank, *args, **kwargs)
+        finally:
+            self.context.Queue = make
+
+    WorkerProcesses.start = start
+
+
+MUTANTS = {"no-comm": no_comm, "one-queue-for-all": one_queue_for_all, "replaced-edge-kept": replaced_edge_kept, "powersgd-cold-resume": powersgd_cold_resume,
            "own-state-from-rank-0": own_state_from_rank_0, "resume-with-nothing-left": resume_with_nothing_left, "late-updates-as-models": late_updates_as_models,
            "progress-with-the-mixing": progress_with_the_mixing,
            "loaded-weights-as-progress": loaded_weights_as_progress, "reanchor-outer-only": reanchor_outer_only, "replacements-admitted-together": replacements_admitted_together, "unsettled-replacements-kept": unsettled_replacements_kept,
