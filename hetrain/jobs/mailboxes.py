@@ -16,6 +16,11 @@ import time
 _POLL_S = 0.002
 
 
+def own_queues(context) -> tuple:
+    """A new process's own (results, messages) queues."""
+    return context.Queue(), context.Queue()
+
+
 class MergedQueue:
     """The ``which`` queue (``results`` or ``messages``) of every process started, read as one: each
     process's messages in its order; among processes, whichever has one first."""

@@ -7,6 +7,7 @@ import os
 import signal
 import time
 
+from hetrain.jobs import mailboxes
 from hetrain.jobs.mailboxes import MergedQueue
 from hetrain.jobs.warm_start import start_early, worker_context
 from hetrain.jobs.worker_process import JobChannels, WorkerSpec, worker_main
@@ -36,7 +37,8 @@ class WorkerProcesses:
         spec = dataclasses.replace(self.template, rank=rank, incarnation=incarnation, clock_offset_s=clock_offset_s,
                                    start_iteration=start_iteration, env=dict(os.environ), launched_at=time.time(),
                                    hold_phases=tuple(hold_phases))
-        own = dataclasses.replace(self._shared, results=self.context.Queue(), messages=self.context.Queue())
+        results, messages = mailboxes.own_queues(self.context)
+        own = dataclasses.replace(self._shared, results=results, messages=messages)
         self.mailboxes.append(own)  # hetrain.jobs.mailboxes: a writer killed mid-message stops its own only
         proc = self.context.Process(target=worker_main, args=(spec, own), name=spec.name, daemon=True)
         proc.start()

@@ -666,22 +666,16 @@ def replaced_edge_kept() -> None:
 
 def one_queue_for_all() -> None:
     """Every worker process writes to the same two queues (their writers share one lock)."""
-    from hetrain.jobs.workers import WorkerProcesses
+    from hetrain.jobs import mailboxes
 
-    original = WorkerProcesses.start
+    shared = {}
 
-    def start(self, rank, *args, **kwargs):
-        if not hasattr(self, "_one_pair"):
-            self._one_pair = (self.context.Queue(), self.context.Queue())
-        queues = iter(self._one_pair)
-        make = self.context.Queue
-        self.context.Queue = lambda: next(queues)
-        try:
-            original(self, rank, *args, **kwargs)
-        finally:
-            self.context.Queue = make
+    def the_same_queues(context):
+        if "pair" not in shared:
+            shared["pair"] = (context.Queue(), context.Queue())
+        return shared["pair"]
 
-    WorkerProcesses.start = start
+    mailboxes.own_queues = the_same_queues
 
 
 MUTANTS = {"no-comm": no_comm, "one-queue-for-all": one_queue_for_all, "replaced-edge-kept": replaced_edge_kept, "powersgd-cold-resume": powersgd_cold_resume,
