@@ -678,7 +678,15 @@ def one_queue_for_all() -> None:
     mailboxes.own_queues = the_same_queues
 
 
-MUTANTS = {"no-comm": no_comm, "one-queue-for-all": one_queue_for_all, "replaced-edge-kept": replaced_edge_kept, "powersgd-cold-resume": powersgd_cold_resume,
+def results_whole_through_the_pipe() -> None:
+    """A worker's result goes down its queue's pipe whole, megabytes in pieces (the rule before the file)."""
+    from hetrain.jobs import worker_process
+
+    worker_process.post_result = lambda results, message, directory, name: results.put(message)
+
+
+MUTANTS = {"no-comm": no_comm, "one-queue-for-all": one_queue_for_all,
+           "results-whole-through-the-pipe": results_whole_through_the_pipe, "replaced-edge-kept": replaced_edge_kept, "powersgd-cold-resume": powersgd_cold_resume,
            "own-state-from-rank-0": own_state_from_rank_0, "resume-with-nothing-left": resume_with_nothing_left, "late-updates-as-models": late_updates_as_models,
            "progress-with-the-mixing": progress_with_the_mixing,
            "loaded-weights-as-progress": loaded_weights_as_progress, "reanchor-outer-only": reanchor_outer_only, "replacements-admitted-together": replacements_admitted_together, "unsettled-replacements-kept": unsettled_replacements_kept,
