@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hetrain.errors import HetrainError, UsageError
+from hetrain.jobs import mailboxes
 from hetrain.jobs.heartbeat import start_heartbeat
-from hetrain.jobs.mailboxes import post_result
 from hetrain.jobs.process_guard import die_with_parent
 from hetrain.jobs.shared_flag import SharedFlag
 
@@ -128,14 +128,14 @@ def worker_main(spec: WorkerSpec, channels: JobChannels) -> None:
         report = lambda message: channels.messages.put((rank, message))  # noqa: E731
         ctx = join_job(spec, rank, dist.FileStore(spec.store_path, spec.world_size), channels, report, imported)
         result = spec.fn(ctx, *spec.args)
-        post_result(channels.results, (rank, "ok", result, None), os.path.dirname(spec.store_path), spec.name)
+        mailboxes.post_result(channels.results, (rank, "ok", result, None), os.path.dirname(spec.store_path), spec.name)
         if spec.on_failure == "abort":
             dist.barrier()  # nobody leaves while another rank may still talk to it (a dead rank never would)
     except BaseException as exc:  # report every failure to the parent, then die
         kind = "usage" if isinstance(exc, UsageError) else "error"
         detail = traceback.format_exc()
         summary = str(exc) if isinstance(exc, HetrainError) else last_line(detail)
-        post_result(channels.results, (rank, kind, summary, detail), os.path.dirname(spec.store_path), spec.name)
+        mailboxes.post_result(channels.results, (rank, kind, summary, detail), os.path.dirname(spec.store_path), spec.name)
         _exit_now(1, channels.results, channels.messages)
     _exit_now(0, channels.results, channels.messages)
 

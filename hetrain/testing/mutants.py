@@ -680,9 +680,9 @@ def one_queue_for_all() -> None:
 
 def results_whole_through_the_pipe() -> None:
     """A worker's result goes down its queue's pipe whole, megabytes in pieces (the rule before the file)."""
-    from hetrain.jobs import worker_process
+    from hetrain.jobs import mailboxes
 
-    worker_process.post_result = lambda results, message, directory, name: results.put(message)
+    mailboxes.post_result = lambda results, message, directory, name: results.put(message)
 
 
 MUTANTS = {"no-comm": no_comm, "one-queue-for-all": one_queue_for_all,
