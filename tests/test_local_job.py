@@ -151,6 +151,10 @@ def test_a_result_goes_through_a_file_and_whole_through_the_queue_where_no_file_
     box.results.put(spilled)
     assert merged.get(timeout=10) == message
     assert os.listdir(tmp_path) == []  # read once, then removed
+    error = (1, "error", "the barrier after the result failed", "traceback")  # "ok", then an error: both kept
+    post_result(box.results, message, str(tmp_path), "hetrain-w1")
+    post_result(box.results, error, str(tmp_path), "hetrain-w1")
+    assert [merged.get(timeout=10), merged.get(timeout=10)] == [message, error]
     post_result(box.results, message, str(tmp_path / "no such folder"), "hetrain-w1")  # a full disk, say
     assert merged.get(timeout=10) == message
     with pytest.raises(queue_module.Empty):

@@ -17,6 +17,7 @@ kill while the file is written leaves no result, which the launcher reads as tha
 
 from __future__ import annotations
 
+import itertools
 import os
 import pickle
 import queue
@@ -24,6 +25,7 @@ import time
 from dataclasses import dataclass
 
 _POLL_S = 0.002
+_POSTED = itertools.count()  # this process's results posted (a file each)
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,7 @@ class Spilled:
 def post_result(results, message: tuple, directory: str, name: str) -> None:
     """Put ``message`` on ``results`` through a file in ``directory`` (see the module); where the file
     cannot be written (a full disk), the message goes whole through the queue, as it did before."""
-    path = os.path.join(directory, f"result-{name}.pkl")
+    path = os.path.join(directory, f"result-{name}-{next(_POSTED)}.pkl")  # its own name: an error may follow "ok"
     try:
         with open(path + ".part", "wb") as handle:
             pickle.dump(message, handle, protocol=pickle.HIGHEST_PROTOCOL)
