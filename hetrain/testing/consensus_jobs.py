@@ -22,8 +22,14 @@ def start_model(rank: int, size: int = 8) -> torch.nn.Module:
     return model
 
 
-def gossip_only(ctx, topology: str, exchanges: int, outer: bool):
-    """``sync_every=1``, with outer Nesterov or none; ``topology`` "prague": Prague's groups of two."""
+def gossip_only(ctx, topology: str, exchanges: int, outer: bool, until_groups: bool = False):
+    """``sync_every=1``, with outer Nesterov or none; ``topology`` "prague": Prague's groups of two.
+
+    ``until_groups`` (Prague): step until every worker has been in ``exchanges`` groups (the workers agree
+    on it after each step, so they stay in step), not for ``exchanges`` steps: under load a worker finds
+    no partner at more of its steps, and a fixed count of steps then mixed too little for the test's
+    bound (2 of 9 loaded runs), while more steps let the mutant it must catch pass (150: 0.04 falls
+    below 1e-4). A worker at its count keeps stepping, a partner for the others, until all are."""
     model = start_model(ctx.rank)
     start = model.w.detach().clone()
     optimizer = torch.optim.SGD(model.parameters(), **NESTEROV) if outer else None
@@ -33,13 +39,38 @@ def gossip_only(ctx, topology: str, exchanges: int, outer: bool):
         sync = hetrain.Prague(model, None, group_size=2, sync_every=1, outer_optimizer=optimizer or "none", preduce_overlap=0)
     else:
         sync = hetrain.DPSGD(model, None, topology=topology, sync_every=1, outer_optimizer=optimizer or "none")
-    for _ in range(exchanges):
+    steps = 0
+    while True:
         if topology == "prague":
             time.sleep(0.005)  # a step's compute: workers that sprint find no partner and form no group
         sync.step()  # no gradient: the model changes only by the exchange (and the outer step)
+        steps += 1
+        if not (until_groups and topology == "prague"):
+            if steps >= exchanges:
+                break
+            continue
+        fewest = _fewest_groups(ctx, sync.metrics()["groups_formed"])
+        if fewest >= exchanges:
+            break
+        if steps >= 20 * exchanges:
+            raise AssertionError(f"worker {ctx.rank}: a worker was in {fewest} groups after {steps} steps")
     before = model.w.detach().clone()
     sync.finish()
     return start.numpy(), before.numpy()
+
+
+def _fewest_groups(ctx, mine: int) -> int:
+    """Publish this worker's groups so far in the job's store; the fewest any worker has published (0 for
+    one that has not yet). Through the store, not a collective: a collective between steps deadlocked
+    against the group averages (a worker in one waits for a partner that waits in the other)."""
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    store = _get_default_store()
+    store.set(f"consensus-groups/{ctx.rank}", str(mine))
+    keys = [f"consensus-groups/{rank}" for rank in range(ctx.world_size)]
+    if not store.check(keys):
+        return 0
+    return min(int(store.get(key)) for key in keys)
 
 
 def auto_gossip(ctx, topology: str, exchanges: int):
