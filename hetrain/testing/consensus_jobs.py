@@ -25,8 +25,8 @@ def start_model(rank: int, size: int = 8) -> torch.nn.Module:
 def gossip_only(ctx, topology: str, exchanges: int, outer: bool, until_groups: bool = False):
     """``sync_every=1``, with outer Nesterov or none; ``topology`` "prague": Prague's groups of two.
 
-    ``until_groups`` (Prague): step until every worker has been in ``exchanges`` groups (the workers agree
-    on it after each step, so they stay in step), not for ``exchanges`` steps: under load a worker finds
+    ``until_groups`` (Prague): step until every worker has been in ``exchanges`` groups (each reads the
+    others' counts from the job's store after each step), not for ``exchanges`` steps: under load a worker finds
     no partner at more of its steps, and a fixed count of steps then mixed too little for the test's
     bound (2 of 9 loaded runs), while more steps let the mutant it must catch pass (150: 0.04 falls
     below 1e-4). A worker at its count keeps stepping, a partner for the others, until all are."""
