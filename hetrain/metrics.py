@@ -261,7 +261,7 @@ def format_summary(m: dict) -> str:
                      f"  RSS all workers at 1 min {_fmt(m['rss_mb_all_workers_at_1min'], '.0f')} MB"
                      f"  at end {_fmt(m['rss_mb_all_workers_at_end'], '.0f')} MB")
     if m.get("interrupted"):
-        lines.append("  interrupted (Ctrl-C): figures cover the run up to the stop")
+        lines.append(f"  interrupted ({m.get('interrupted_by') or 'Ctrl-C'}): figures cover the run up to the stop")
     if m.get("workers_lost"):
         recoveries = [d.get("recovery_s") for d in m.get("deaths") or m.get("recoveries") or []]
         shown = ", ".join("-" if r is None else f"{r:.2f} s" for r in recoveries)

@@ -21,7 +21,7 @@ from hetrain.commands.run_options import (
     protocol_values,
     warn_unused,
 )
-from hetrain.commands.train import INTERRUPTED_EXIT_CODE
+from hetrain.commands.train import interrupted_exit_code
 from hetrain.config import RunConfig
 from hetrain.registry import PROTOCOL_NAMES
 
@@ -55,5 +55,4 @@ def run(args) -> int:
     summary = run_comparison(configs, args.out, progress=not args.no_progress)
     print(summary["table_markdown"])
     print(f"wrote {args.out}/summary.json, summary.md, over_time.png")
-    interrupted = any(run.get("interrupted") for run in summary["runs"])
-    return INTERRUPTED_EXIT_CODE if interrupted else 0
+    return interrupted_exit_code(summary["runs"])

@@ -16,7 +16,6 @@ from hetrain.errors import UsageError
 from hetrain.registry import PROTOCOL_NAMES, get_spec
 
 HELP = "train with one protocol on local worker processes (or as a rank under torchrun, or on a Ray cluster)"
-INTERRUPTED_EXIT_CODE = 130  # Ctrl-C: what the run had is written, and the shell learns it was cut short
 
 
 def add_arguments(parser) -> None:
@@ -70,7 +69,16 @@ def run(args) -> int:
         from hetrain.jobs.worker_process import exit_without_teardown
 
         exit_without_teardown(0)
-    return INTERRUPTED_EXIT_CODE if metrics is not None and metrics.get("interrupted") else 0
+    return interrupted_exit_code([metrics] if metrics is not None else [])
+
+
+def interrupted_exit_code(records: list[dict]) -> int:
+    """0, or 128 + the stopping signal's number (130 Ctrl-C, 143 SIGTERM) if one stopped a run: what the runs had
+    is written, and the shell learns they were cut short."""
+    from hetrain.jobs.interrupts import exit_code_for  # hetrain.jobs imports torch: not for `--help`
+
+    stopped = [r for r in records if r.get("interrupted")]
+    return exit_code_for(stopped[0].get("interrupted_by")) if stopped else 0
 
 
 def _check_ray_options(args) -> None:

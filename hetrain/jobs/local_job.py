@@ -12,9 +12,9 @@ temporary directory (no ports to pick). The launcher watches the workers:
   worker's full traceback goes to ``log_path`` when one is given;
 - workers die with the launcher (:mod:`hetrain.jobs.process_guard`), so a
   killed launcher leaves no orphans;
-- Ctrl-C (SIGINT) asks the workers to stop at their next iteration
+- Ctrl-C (SIGINT) or SIGTERM asks the workers to stop at their next iteration
   (``ctx.stop_requested()``) and returns what they have, marked
-  ``interrupted``; a second Ctrl-C kills them (:mod:`hetrain.jobs.interrupts`);
+  ``interrupted_by`` the signal; a second one kills them (:mod:`hetrain.jobs.interrupts`);
 - with ``on_failure="continue"`` a worker that *dies* (exits without a
   result) does not end the job: the launcher records the death
   (:mod:`hetrain.jobs.deaths`), publishes it to the survivors through shared
@@ -56,7 +56,7 @@ from hetrain.jobs.deaths import DeathRecords, Replacements
 from hetrain.jobs.failure_report import failure_error, write_log
 from hetrain.jobs.fault_injection import FaultSchedule
 from hetrain.jobs.heartbeat import DEFAULT_HEARTBEAT_TIMEOUT_S, SilenceWatch
-from hetrain.jobs.interrupts import CtrlC
+from hetrain.jobs.interrupts import StopSignals
 from hetrain.jobs.process_guard import describe_exit
 from hetrain.jobs.start_gate import open_if_ready
 from hetrain.jobs.worker_process import WorkerSpec
@@ -69,19 +69,24 @@ ON_FAILURE_MODES = ("abort", "continue", "respawn")
 
 
 class JobResults(list):
-    """Results by rank (None for a worker that died); ``interrupted`` when Ctrl-C stopped the job early;
+    """Results by rank (None for a worker that died); ``interrupted_by``: the signal's name when Ctrl-C or
+    SIGTERM stopped the job early (``interrupted``: whether one did);
     ``joins``: each replacement that joined (rank, incarnation, training time);
     ``deaths``: one dict per worker lost (rank, how, training time, recovery time of the survivors);
     ``last_progress``: each worker's last progress report; ``finished_at``: the ``time.time()`` at which
     the last result came in; ``launcher``: what the launcher adds to the run's record (a Ray job: where each
     worker ran)."""
 
-    interrupted: bool = False
+    interrupted_by: str | None = None
     launcher: dict = {}
     finished_at: float | None = None
     deaths: list = []
     joins: list = []
     last_progress: dict = {}
+
+    @property
+    def interrupted(self) -> bool:
+        return self.interrupted_by is not None
 
 
 def run_local(
@@ -162,7 +167,7 @@ class LocalJob:
         self.gone: set[int] = set()  # ranks dead for good (no replacement)
         self.started_t_s: dict[int, float] = {}  # rank -> training time its current process started
         self.progress: dict[int, dict] = {}  # rank -> its last progress report (with "at": launcher clock)
-        self.interrupt = CtrlC(self.channels.stop, grace_s=timeout_s)
+        self.interrupt = StopSignals(self.channels.stop, grace_s=timeout_s)
         self.finished_at: float | None = None
 
     def _make_workers(self, template: WorkerSpec):
@@ -185,7 +190,7 @@ class LocalJob:
                                           f"workers {self._missing()}")
                     if self.interrupt.overdue(now):
                         raise WorkerError(f"interrupted: workers {self._missing()} did not stop within "
-                                          f"{self.timeout_s:.0f} s of Ctrl-C")
+                                          f"{self.timeout_s:.0f} s of {self.interrupt.received}")
                 self.finished_at = time.time()
                 self._drain_messages()
                 self.workers.join(self.timeout_s)
@@ -215,7 +220,7 @@ class LocalJob:
 
     def _results(self) -> JobResults:
         results = JobResults(self.done.get(rank) for rank in range(self.n))
-        results.interrupted = self.interrupt.count > 0
+        results.interrupted_by = self.interrupt.received
         results.deaths = self.deaths.public()
         results.joins = list(self.replacements.joined)
         results.last_progress = dict(self.progress)

@@ -4,7 +4,8 @@
 writes nothing), starts ``config.num_workers`` warm local gloo/NCCL processes with
 a progress bar, evaluates the models the workers snapshotted along the way,
 and writes ``OUT/metrics.json`` (atomically) plus ``OUT/summary.txt``. A job
-stopped by Ctrl-C still writes what it has (``"interrupted": true``); a failed
+stopped by Ctrl-C or SIGTERM still writes what it has (``"interrupted": true``, ``"interrupted_by"``
+the signal); a failed
 job writes every worker's traceback to ``OUT/errors.log``.
 Under torchrun, ``run_training_torchrun`` does the same from inside the job.
 The record times the job's start and end (``startup_s``, ``teardown_s`` and each
@@ -176,7 +177,7 @@ def _run_local_job(config: RunConfig, out, data: Dataset, bar, logger, launched_
         bar.close()
         if gg is not None:
             gg.close()
-    metrics = finalize_run(config, results, out, interrupted=results.interrupted, deaths=results.deaths,
+    metrics = finalize_run(config, results, out, interrupted_by=results.interrupted_by, deaths=results.deaths,
                            joins=results.joins, gg_stats=gg.scheduler.stats() if gg is not None else None,
                            data=data, launched_at=launched_at, results_at=results.finished_at,
                            launcher_record=results.launcher)
@@ -253,7 +254,7 @@ def run_training_torchrun(config: RunConfig, out_dir: str | None) -> dict | None
     return metrics
 
 
-def finalize_run(config: RunConfig, results: list[dict | None], out, interrupted: bool = False,
+def finalize_run(config: RunConfig, results: list[dict | None], out, interrupted_by: str | None = None,
                  deaths: list[dict] | None = None, joins: list[dict] | None = None,
                  gg_stats: dict | None = None, data: Dataset | None = None, launched_at: float | None = None,
                  results_at: float | None = None, launcher_record: dict | None = None) -> dict:
@@ -287,7 +288,8 @@ def finalize_run(config: RunConfig, results: list[dict | None], out, interrupted
         final_accuracy_worst_worker=min(w["local_accuracy"] for w in workers),
         final_loss_avg_model=workers[0]["consensus_loss"],
         consensus_distance=workers[0].get("consensus_distance"),
-        extra={"interrupted": interrupted, "resumed": config.resume, "on_failure": config.resolved_on_failure(),
+        extra={"interrupted": interrupted_by is not None, "interrupted_by": interrupted_by, "resumed": config.resume,
+               "on_failure": config.resolved_on_failure(),
                "workers_lost": len(deaths), "deaths": deaths,
                "workers_joined": sum(not j.get("stopped_before_settling") for j in joins or []),  # trained
                "joins": joins or [], "num_workers": config.num_workers, **(gg_stats or {}),

@@ -14,6 +14,7 @@ since until it is gone it holds the launcher's stdout and stderr open, and a
 
 import atexit
 import os
+import signal
 import sys
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -40,3 +41,8 @@ def _leave_quickly() -> None:
 
 if os.environ.pop("HETRAIN_WARM_SERVER", None) == "1":  # hetrain.jobs.warm_start.SERVER_ENV: the server only
     atexit.register(_leave_quickly)
+    # A SIGTERM to the whole job (systemd, Slurm's scancel) asks the launcher to stop the workers
+    # (hetrain.jobs.interrupts); it must not take the server, and with it every worker (they die with their
+    # parent). The server still leaves when the launcher does (its pipe closes). multiprocessing's
+    # forkserver ignores SIGINT itself.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -31,6 +31,7 @@ from typing import Any
 from hetrain.errors import HetrainError, UsageError
 from hetrain.jobs import mailboxes
 from hetrain.jobs.heartbeat import start_heartbeat
+from hetrain.jobs.interrupts import STOP_SIGNALS
 from hetrain.jobs.process_guard import die_with_parent
 from hetrain.jobs.shared_flag import SharedFlag
 
@@ -114,7 +115,8 @@ def worker_main(spec: WorkerSpec, channels: JobChannels) -> None:
     os.environ.update(LOCAL_RANK=str(spec.rank), LOCAL_WORLD_SIZE=str(spec.world_size))  # one node, as torchrun
     name_process(spec.name)
     die_with_parent(spec.launcher_pid)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher handles Ctrl-C and asks us to stop
+    for stop_signal in STOP_SIGNALS:  # the launcher handles Ctrl-C and SIGTERM, and asks us to stop
+        signal.signal(stop_signal, signal.SIG_IGN)
     rank = spec.rank
     start_heartbeat(lambda: channels.messages.put((rank, {"heartbeat": True})))
     try:

@@ -685,7 +685,15 @@ def results_whole_through_the_pipe() -> None:
     mailboxes.post_result = lambda results, message, directory, name: results.put(message)
 
 
-MUTANTS = {"no-comm": no_comm, "one-queue-for-all": one_queue_for_all,
+def workers_die_on_sigterm() -> None:
+    """A worker dies of a SIGTERM sent to every process of the job (the rule before the launcher stopped
+    them on SIGTERM as on Ctrl-C)."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+MUTANTS = {"no-comm": no_comm, "one-queue-for-all": one_queue_for_all, "workers-die-on-sigterm": workers_die_on_sigterm,
            "results-whole-through-the-pipe": results_whole_through_the_pipe, "replaced-edge-kept": replaced_edge_kept, "powersgd-cold-resume": powersgd_cold_resume,
            "own-state-from-rank-0": own_state_from_rank_0, "resume-with-nothing-left": resume_with_nothing_left, "late-updates-as-models": late_updates_as_models,
            "progress-with-the-mixing": progress_with_the_mixing,

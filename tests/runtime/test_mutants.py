@@ -149,6 +149,8 @@ COMM_MUTANTS = {
         "test_a_death_and_its_replacement_seen_in_one_look_still_listens_on_the_edges_others_repaired",
         "tests/runtime/test_respawn.py::test_edges_a_repair_made_and_a_join_unmade_neither_hang_nor_end_the_job"],
     "one-queue-for-all": ["tests/test_local_job.py::test_a_worker_killed_mid_message_stops_only_its_own_messages"],
+    "workers-die-on-sigterm": ["tests/runtime/test_soundness.py::"
+                               "test_sigterm_stops_the_workers_and_writes_what_the_run_had_and_its_checkpoint[every-process]"],
     "results-whole-through-the-pipe": [
         "tests/test_local_job.py::test_a_worker_killed_while_its_result_is_written_is_a_death_not_a_hang",
         "tests/test_local_job.py::test_a_result_goes_through_a_file_and_whole_through_the_queue_where_no_file_can_be_written"],

@@ -240,3 +240,29 @@ def test_ctrl_c_stops_the_workers_and_writes_what_the_run_had(tmp_path):
     assert 0 < metrics["wall_time_s"] < 50  # stopped long before the 60 s budget
     assert metrics["total_iterations"] > 0 and len(metrics["workers"]) == 3
     assert not [p for p in workers if _alive(p)]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("to", ["launcher", "every-process"])
+def test_sigterm_stops_the_workers_and_writes_what_the_run_had_and_its_checkpoint(tmp_path, to):
+    """A scheduler's stop: Kubernetes and ``docker stop`` signal the launcher alone; systemd and Slurm's
+    ``scancel`` every process of the job (the warm server and the workers too), which must not kill them."""
+    job = _Launch(tmp_path, "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "600")
+    job.wait_until_training()
+    workers = _workers_of(job.pid)
+    assert len(workers) == 3
+    began = time.monotonic()
+    if to == "launcher":
+        os.kill(job.pid, signal.SIGTERM)
+    else:
+        for pid in [job.pid, *_descendants(job.pid)]:
+            os.kill(pid, signal.SIGTERM)
+    assert job.finish() == 128 + signal.SIGTERM, job.err
+    assert time.monotonic() - began < 30
+    assert "hetrain: SIGTERM: stopping the workers" in job.err
+    metrics = json.loads((job.out / "metrics.json").read_text())
+    assert metrics["interrupted"] is True and metrics["interrupted_by"] == "SIGTERM"
+    assert metrics["workers_lost"] == 0 and len(metrics["workers"]) == 3, job.err
+    assert 0 < metrics["wall_time_s"] < 50  # stopped long before the 60 s budget
+    assert len(list((tmp_path / "ckpt").glob("worker-*.pt"))) == 3  # the final checkpoint, never a periodic one
+    assert not [p for p in workers if _alive(p)]
