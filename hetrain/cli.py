@@ -14,7 +14,7 @@ import os
 import sys
 
 from hetrain.config import FLAG_NAMES
-from hetrain.errors import UsageError, WorkerError
+from hetrain.errors import Terminated, UsageError, WorkerError
 from hetrain.protocols.options import OptionError
 
 COMMANDS = {
@@ -68,7 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     except WorkerError as exc:
         print(f"hetrain: job failed: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        if isinstance(exc, Terminated):
+            print("hetrain: terminated (SIGTERM)", file=sys.stderr)
+            return 143
         print("hetrain: interrupted", file=sys.stderr)
         return 130
 

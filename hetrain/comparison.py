@@ -46,7 +46,10 @@ def run_comparison(configs: list[RunConfig], out_dir: str, progress: bool = True
 
     start_early()  # the warm server imports torch while this process does
     from hetrain.jobs import checkpoint
+    from hetrain.jobs.interrupts import forget_stops, stop_received
     from hetrain.jobs.run import check_run_config, run_training
+
+    forget_stops()
 
     for config in configs:
         check_run_config(config)
@@ -58,7 +61,7 @@ def run_comparison(configs: list[RunConfig], out_dir: str, progress: bool = True
         label = f"[{index + 1}/{len(configs)}] {config.protocol}"
         runs.append(run_training(config, str(out / config.protocol), progress=progress, label=label,
                                  log_shared_dir=str(out)))  # --log mlflow: one store, a run per protocol
-        if runs[-1].get("interrupted"):
+        if runs[-1].get("interrupted") or stop_received():  # stopped, or asked to as its record was written
             break
     summary = summarize(runs)
     write_json_atomic(out / "summary.json", summary)

@@ -16,3 +16,8 @@ class UsageError(HetrainError, ValueError):
 
 class WorkerError(HetrainError, RuntimeError):
     """A running job failed: the message names the worker and what it waited for."""
+
+
+class Terminated(KeyboardInterrupt):
+    """A SIGTERM outside a job's watch loop (start-up, between a comparison's runs): the launcher leaves as
+    Ctrl-C leaves there, through its ``finally`` blocks, with exit code 143 (:mod:`hetrain.jobs.interrupts`)."""

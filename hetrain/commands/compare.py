@@ -44,6 +44,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from hetrain.comparison import run_comparison
+    from hetrain.jobs.interrupts import stop_on_sigterm
 
     protocols = parse_protocols(args.protocols, "--protocols")
     warn_unused(protocol_values(args), protocols, comm_values(args))
@@ -52,6 +53,7 @@ def run(args) -> int:
     configs = [config_from_args(args, protocol=p) for p in protocols]
     if args.checkpoint_dir:  # one checkpoint directory per protocol
         configs = [c.replace(checkpoint_dir=os.path.join(args.checkpoint_dir, c.protocol)) for c in configs]
+    stop_on_sigterm()  # a scheduler's stop: during a run it stops that run, and the summary has the runs so far
     summary = run_comparison(configs, args.out, progress=not args.no_progress)
     print(summary["table_markdown"])
     print(f"wrote {args.out}/summary.json, summary.md, over_time.png")

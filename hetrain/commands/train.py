@@ -47,6 +47,10 @@ def run(args) -> int:
         _check_ray_options(args)
     elif args.ray_address is not None or args.ray_worker_resources is not None:
         raise UsageError("--ray-address and --ray-worker-resources go with --launcher ray")
+    if not under_torchrun():
+        from hetrain.jobs.interrupts import stop_on_sigterm
+
+        stop_on_sigterm()  # a scheduler's stop in start-up leaves as Ctrl-C does; in training it stops the job
     if not under_torchrun() and args.launcher == "local":
         from hetrain.jobs.warm_start import start_early
 
@@ -73,12 +77,16 @@ def run(args) -> int:
 
 
 def interrupted_exit_code(records: list[dict]) -> int:
-    """0, or 128 + the stopping signal's number (130 Ctrl-C, 143 SIGTERM) if one stopped a run: what the runs had
-    is written, and the shell learns they were cut short."""
-    from hetrain.jobs.interrupts import exit_code_for  # hetrain.jobs imports torch: not for `--help`
+    """0, or 128 + the stopping signal's number (130 Ctrl-C, 143 SIGTERM) if one stopped a run, or came while
+    its record was written: what the runs had is written, and the shell learns they were cut short."""
+    from hetrain.jobs.interrupts import (  # hetrain.jobs imports torch: not for --help
+        exit_code_for,
+        stop_received,
+    )
 
-    stopped = [r for r in records if r.get("interrupted")]
-    return exit_code_for(stopped[0].get("interrupted_by")) if stopped else 0
+    stopped = [r.get("interrupted_by") or "SIGINT" for r in records if r.get("interrupted")]
+    signal_name = stopped[0] if stopped else stop_received()  # or one that came as the record was written
+    return exit_code_for(signal_name) if signal_name else 0
 
 
 def _check_ray_options(args) -> None:

@@ -8,23 +8,40 @@ workers' current state written (``metrics.json``, and the final checkpoint under
 
 from __future__ import annotations
 
+import math
 import signal
 import sys
 import threading
 import time
 
+from hetrain.errors import Terminated
+
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_received: list[str] = []  # the stop signals this process took since :func:`forget_stops`, by name
+
+
+def stop_received() -> str | None:
+    """The first stop signal (``"SIGINT"``, ``"SIGTERM"``) taken since :func:`forget_stops`, or None: a
+    comparison runs no further protocol after one, and the command's exit code says it came."""
+    return _received[0] if _received else None
+
+
+def forget_stops() -> None:
+    _received.clear()
 
 
 class StopSignals:
     """While installed (main thread only), SIGINT or SIGTERM sets ``stop`` (an event the workers poll) and
     starts a deadline of ``grace_s`` for them to stop; a second one raises KeyboardInterrupt.
 
-    ``received``: the first signal's name (``"SIGINT"``, ``"SIGTERM"``), None if none came."""
+    ``received``: the first signal's name (``"SIGINT"``, ``"SIGTERM"``), None if none came; ``doing``: what
+    the first one starts, in the line printed."""
 
-    def __init__(self, stop, grace_s: float):
+    def __init__(self, stop, grace_s: float, doing: str = "stopping the workers at their next iteration",
+                 again: str = "to kill them"):
         self.stop = stop
         self.grace_s = grace_s
+        self.doing, self.again = doing, again
         self.count = 0
         self.received: str | None = None
         self.deadline: float | None = None
@@ -48,11 +65,33 @@ class StopSignals:
         if self.count > 1:
             raise KeyboardInterrupt
         self.received = signal.Signals(signum).name
+        _received.append(self.received)
         self.stop.set()
         self.deadline = time.monotonic() + self.grace_s
         again = "Ctrl-C" if signum == signal.SIGINT else self.received
-        print(f"\nhetrain: {self.received}: stopping the workers at their next iteration ({again} again to kill "
-              f"them)", file=sys.stderr, flush=True)
+        print(f"\nhetrain: {self.received}: {self.doing} ({again} again {self.again})", file=sys.stderr, flush=True)
+
+
+def held_while_writing() -> StopSignals:
+    """For the launcher's work after its workers ended (evaluating their snapshots, writing the record): a
+    first stop signal lets the record be written whole (and a comparison start no further run), a second
+    leaves at once."""
+    return StopSignals(threading.Event(), grace_s=math.inf, doing="the workers have ended; writing the run's "
+                       "record", again="to leave now")
+
+
+def _raise_terminated(signum, frame) -> None:
+    _received.append("SIGTERM")
+    raise Terminated
+
+
+def stop_on_sigterm() -> None:
+    """From now on a SIGTERM raises :class:`Terminated` in this process (main thread only), where it would
+    end it at once; a job's watch loop takes it as a stop instead (:class:`StopSignals`). Not for a rank
+    under torchrun, whose agent stops ranks by SIGTERM and expects them gone."""
+    forget_stops()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_terminated)
 
 
 def exit_code_for(signal_name: str | None) -> int:

@@ -28,6 +28,7 @@ from hetrain.data import Dataset, check_batch_fits, load_dataset
 from hetrain.jobs import checkpoint
 from hetrain.jobs.capacity import efficiency_basis, lost_worker_iteration_s
 from hetrain.jobs.evaluation import evaluation_curve
+from hetrain.jobs.interrupts import held_while_writing
 from hetrain.jobs.local_job import JobResults, run_local
 from hetrain.jobs.meter import process_started_at
 from hetrain.jobs.phases import job_phases
@@ -177,10 +178,11 @@ def _run_local_job(config: RunConfig, out, data: Dataset, bar, logger, launched_
         bar.close()
         if gg is not None:
             gg.close()
-    metrics = finalize_run(config, results, out, interrupted_by=results.interrupted_by, deaths=results.deaths,
-                           joins=results.joins, gg_stats=gg.scheduler.stats() if gg is not None else None,
-                           data=data, launched_at=launched_at, results_at=results.finished_at,
-                           launcher_record=results.launcher)
+    with held_while_writing():
+        metrics = finalize_run(config, results, out, interrupted_by=results.interrupted_by, deaths=results.deaths,
+                               joins=results.joins, gg_stats=gg.scheduler.stats() if gg is not None else None,
+                               data=data, launched_at=launched_at, results_at=results.finished_at,
+                               launcher_record=results.launcher)
     if logger is not None:
         logger.finish(metrics)
     return metrics

@@ -17,6 +17,16 @@ import os
 import signal
 import sys
 
+_SERVER = os.environ.pop("HETRAIN_WARM_SERVER", None) == "1"  # hetrain.jobs.warm_start.SERVER_ENV: the server only
+if _SERVER:
+    # A SIGTERM to the whole job (systemd, Slurm's scancel) asks the launcher to stop the workers
+    # (hetrain.jobs.interrupts); it must not take the server, and with it every worker (they die with their
+    # parent). So it is ignored from here, before the imports' seconds: a SIGTERM in the interpreter's
+    # start-up before this line finds the launcher itself in start-up, which leaves (exit 143) on it.
+    # The server still leaves when the launcher does (its pipe closes). multiprocessing's forkserver
+    # ignores SIGINT itself.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -39,10 +49,5 @@ def _leave_quickly() -> None:
     os._exit(0)
 
 
-if os.environ.pop("HETRAIN_WARM_SERVER", None) == "1":  # hetrain.jobs.warm_start.SERVER_ENV: the server only
+if _SERVER:
     atexit.register(_leave_quickly)
-    # A SIGTERM to the whole job (systemd, Slurm's scancel) asks the launcher to stop the workers
-    # (hetrain.jobs.interrupts); it must not take the server, and with it every worker (they die with their
-    # parent). The server still leaves when the launcher does (its pipe closes). multiprocessing's
-    # forkserver ignores SIGINT itself.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -185,6 +185,14 @@ def _workers_of(pid: int) -> list[int]:
     return [p for p in _descendants(pid) if _comm(p).startswith("hetrain-w")]
 
 
+def _maps_torch(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/maps") as handle:
+            return "libtorch" in handle.read()
+    except OSError:
+        return False
+
+
 def _comm(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/comm") as handle:
@@ -266,3 +274,37 @@ def test_sigterm_stops_the_workers_and_writes_what_the_run_had_and_its_checkpoin
     assert 0 < metrics["wall_time_s"] < 50  # stopped long before the 60 s budget
     assert len(list((tmp_path / "ckpt").glob("worker-*.pt"))) == 3  # the final checkpoint, never a periodic one
     assert not [p for p in workers if _alive(p)]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_sigterm_to_the_warm_server_while_it_imports_does_not_end_it(tmp_path):
+    """The server takes seconds to import torch; a group SIGTERM in that time once ended it, and a worker
+    start racing its end failed the job (BrokenPipeError): the launcher must take the stop, not the server."""
+    job = _Launch(tmp_path, "--time-budget", "2")
+    deadline = time.monotonic() + 60
+    while not (server := [p for p in _descendants(job.pid) if _maps_torch(p)]):  # into its imports: torch's
+        assert job.proc.poll() is None and time.monotonic() < deadline, job.err  # libraries loaded, seconds to go
+        time.sleep(0.01)
+    for pid in server:
+        os.kill(pid, signal.SIGTERM)
+    time.sleep(0.5)  # (multiprocessing would start a new server for the next worker: the same one must live)
+    assert [p for p in server if _alive(p)] == server, "the warm server died of a SIGTERM during its imports"
+    assert job.finish(timeout_s=120) == 0, job.err
+    assert len(json.loads((job.out / "metrics.json").read_text())["workers"]) == 3
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_sigterm_in_start_up_ends_the_launcher_and_everything_it_started(tmp_path):
+    job = _Launch(tmp_path)
+    deadline = time.monotonic() + 60
+    while not _descendants(job.pid):  # the warm server is up: start-up is under way
+        assert job.proc.poll() is None and time.monotonic() < deadline, job.err
+        time.sleep(0.05)
+    started = _descendants(job.pid)
+    os.kill(job.pid, signal.SIGTERM)
+    assert job.finish() == 128 + signal.SIGTERM, job.err
+    assert "Traceback" not in job.err
+    deadline = time.monotonic() + 15
+    while [p for p in started if _alive(p)]:
+        assert time.monotonic() < deadline, "the launcher's processes outlived it"
+        time.sleep(0.2)
