@@ -91,12 +91,15 @@ class RayJob(LocalJob):
     def _start(self, rank: int, *args) -> None:
         super()._start(rank, *args)
         self.silence.last_heard.pop(rank, None)  # clocked once its actor runs (it may wait for capacity)
+        self.phases[rank] = set()  # and in start-up from then too (see _find_hung)
 
     def _find_hung(self) -> None:
         """An actor's silence counts from when it runs, with one heartbeat timeout more for its first beat
         (the payload's imports, the store's connections): counted from its first beat, as before, an actor
         stopped or frozen before that beat was never found hung, and its peers failed the job at their
-        timeout, even under continue."""
+        timeout, even under continue. A ``--fail R@startup`` fault fires from then as well: sent at once, its
+        SIGSTOP froze the actor, in one loaded run, before the answer of its ``where()`` call had left it, so
+        the actor never read as running, and its neighbour failed the job at its timeout again."""
         for rank in range(self.n):
             key = self.workers.pid(rank)
             if key in self._clocked or rank in self.silence.last_heard or not self.workers.alive(rank):
@@ -104,6 +107,7 @@ class RayJob(LocalJob):
             if self.workers.running(rank):
                 self._clocked.add(key)
                 self.silence.last_heard[rank] = time.monotonic() + self.silence.timeout_s
+                self.phases.setdefault(rank, set()).add("startup")
         super()._find_hung()
 
     def _how(self, rank: int) -> tuple[str, str]:

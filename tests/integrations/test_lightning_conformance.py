@@ -91,7 +91,9 @@ def test_max_steps_with_a_rank_ten_times_slower_ends_in_consensus_soon_after_the
     ranks = run(tmp_path, strategy, "maxsteps", "--steps", str(steps), "--slow-ms", str(SLOW_MS))
     assert ranks[0]["params"] == ranks[1]["params"]
     own = steps * SLOW_MS / 1000  # the slow rank's own work
-    assert max(r["fit_s"] for r in ranks) <= own + 10
+    # far below the strategy's 60 s timeout, which a rank waiting on a peer that stopped would wait out (not
+    # a speed bound: under a loaded suite DDP's 200 lockstep steps took 24 s once, against 14 s allowed then)
+    assert max(r["fit_s"] for r in ranks) <= own + 30
     assert all(r["global_step"] <= steps for r in ranks)
 
 
