@@ -130,6 +130,19 @@ def run_training(config: RunConfig, out_dir: str | None, progress: bool = True, 
             logger.close()
 
 
+def _final_model_scores(workers: list[dict], curve: list[dict]) -> tuple[float | None, float | None]:
+    """(accuracy, loss) of the model ``finish()`` left on every worker, as the one worker that evaluated it
+    scored it (the lowest live rank); if that worker died after its finish, the averaged model of the
+    curve's last point (the workers' models as their loops ended, averaged: what the final average
+    averages, short of what it does about late updates)."""
+    scored = next((w for w in workers if w.get("consensus_accuracy") is not None), None)
+    if scored is not None:
+        return scored["consensus_accuracy"], scored["consensus_loss"]
+    if curve:
+        return curve[-1]["accuracy_avg_model"], curve[-1]["loss_avg_model"]
+    return None, None
+
+
 def _run_logger(config: RunConfig, out, shared_dir: str | None):
     """The launcher's writer of ``config.log`` (None without an output directory or kinds)."""
     if out is None or not config.log:
@@ -273,6 +286,7 @@ def finalize_run(config: RunConfig, results: list[dict | None], out, interrupted
     timing = job_phases(workers, launched_at)
     curve, worst_worker_at_target_s = evaluation_curve(config, [r["snapshots"] for r in survivors], data)
     lost = _lost_workers(config, workers, deaths, wall_s)
+    final = _final_model_scores(workers, curve)
     metrics = build_metrics(
         protocol=config.protocol,
         workers=workers + lost,
@@ -286,9 +300,9 @@ def finalize_run(config: RunConfig, results: list[dict | None], out, interrupted
         target_loss=config.resolved_target_loss(),
         time_to_target_worst_worker_s=worst_worker_at_target_s,
         efficiency_basis=efficiency_basis(config),
-        final_accuracy_avg_model=workers[0]["consensus_accuracy"],
+        final_accuracy_avg_model=final[0],
         final_accuracy_worst_worker=min(w["local_accuracy"] for w in workers),
-        final_loss_avg_model=workers[0]["consensus_loss"],
+        final_loss_avg_model=final[1],
         consensus_distance=workers[0].get("consensus_distance"),
         extra={"interrupted": interrupted_by is not None, "interrupted_by": interrupted_by, "resumed": config.resume,
                "on_failure": config.resolved_on_failure(),

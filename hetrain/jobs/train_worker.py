@@ -163,7 +163,10 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
     if checkpoints is not None:  # the consensus model: a later --resume trains on from it
         _save(config, ctx.rank, model, optimizer, sampler, protocol)
         checkpoints.mark()
-    consensus_accuracy, consensus_loss = evaluate(model, x_test, y_test)
+    fingerprint = model_fingerprint(state.gather_model())
+    consensus_accuracy = consensus_loss = None
+    if ctx.rank == _first_live_rank(ctx):  # the one model finish() left on every worker (see the fingerprint)
+        consensus_accuracy, consensus_loss = evaluate(model, x_test, y_test)
     if ctx.report is not None:
         ctx.report({"iteration": protocol.stats.iteration, "computed": computed, "t_s": loop_s, "done": True,
                     "figures": worker_figures(protocol)})
@@ -171,7 +174,7 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
     standalone_s = standalone_iteration_s(config, slowdown, ctx.rank, math_s, worker["compute_s"], worker["iterations"])
     worker.update(rank=ctx.rank, standalone_iteration_s=standalone_s, math_s=math_s, loop_s=loop_s,
                   local_accuracy=local_accuracy, local_loss=local_loss, consensus_accuracy=consensus_accuracy,
-                  consensus_loss=consensus_loss,
+                  consensus_loss=consensus_loss, model_fingerprint=fingerprint,
                   tcp_connections_training=connections_training, tcp_connections_end=tcp_connections(),
                   throughput_series=meter.finish(loop_s), checkpoints_saved=checkpoints.saved if checkpoints else 0,
                   incarnation=ctx.incarnation, started_t_s=ctx.clock_offset_s)
@@ -217,3 +220,18 @@ def _restore(state: dict, model, optimizer, sampler, protocol) -> None:
     if "cuda_rng" in state and model_device(model).type == "cuda":
         torch.cuda.set_rng_state(state["cuda_rng"], model_device(model))
     protocol.load_state_dict(state["protocol"])
+
+
+def _first_live_rank(ctx) -> int:
+    """The lowest rank not known dead: the one worker that evaluates the final model. Every worker holds
+    that model after ``finish()`` (``model_fingerprint`` shows it), and at 25M parameters an evaluation on
+    4 workers sharing 2 cores took 8 s of each worker's end (docs/decisions.md, "One evaluation of the
+    final model")."""
+    dead = ctx.dead_workers() if ctx.dead_workers is not None else set()
+    return min(set(range(ctx.world_size)) - set(dead), default=ctx.rank)
+
+
+def model_fingerprint(flat: torch.Tensor) -> list[float]:
+    """(sum, L2 norm) of a flat model in float64: equal on workers that hold the same model, and read
+    without a copy of it."""
+    return [float(torch.sum(flat, dtype=torch.float64)), float(torch.linalg.vector_norm(flat, dtype=torch.float64))]

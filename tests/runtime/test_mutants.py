@@ -27,6 +27,7 @@ PROTOCOL_TESTS = [
     "tests/runtime/test_group_protocols.py",
     "tests/runtime/test_respawn.py::test_a_replacement_joins_reaches_the_others_and_ends_in_consensus",
     "tests/integrations/test_lightning_conformance.py::test_hop_schedulers_fractional_validation_accumulation_test_and_predict",
+    "tests/jobs/test_final_model.py::test_one_worker_evaluates_the_final_model_that_every_worker_holds",
     "tests/runtime/test_thread_tier.py",  # the fast tier: thread-ranks in the test process (the mutant applies there)
 ]
 
@@ -58,8 +59,8 @@ def _run_under_mutant(tmp_path: Path, mutant: str | None) -> dict[str, str | Non
 @pytest.mark.timeout(1200)
 def test_every_protocol_test_fails_when_workers_never_communicate(tmp_path):
     mutated = _run_under_mutant(tmp_path, "no-comm")
-    assert len(mutated) >= 37, sorted(mutated)  # 6 of test_protocols_mp (with parameters), 12 group, 5 respawn,
-    # 1 Lightning, 13 of the thread tier
+    assert len(mutated) >= 39, sorted(mutated)  # 6 of test_protocols_mp (with parameters), 12 group, 5 respawn,
+    # 1 Lightning, 2 of the final model, 13 of the thread tier
     passed = [name for name, message in mutated.items() if message is None]
     assert not passed, f"these pass with no communication at all, so they test none: {passed}"
     not_assertions = {name: message[:200] for name, message in mutated.items()
