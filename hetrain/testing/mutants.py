@@ -693,7 +693,14 @@ def workers_die_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-MUTANTS = {"no-comm": no_comm, "one-queue-for-all": one_queue_for_all, "workers-die-on-sigterm": workers_die_on_sigterm,
+def every_worker_scores_the_final_model() -> None:
+    """Every worker evaluates the final model, not only the first live one (the rule before)."""
+    from hetrain.jobs import train_worker
+
+    train_worker._first_live_rank = lambda ctx: ctx.rank
+
+
+MUTANTS = {"no-comm": no_comm, "every-worker-scores-the-final-model": every_worker_scores_the_final_model, "one-queue-for-all": one_queue_for_all, "workers-die-on-sigterm": workers_die_on_sigterm,
            "results-whole-through-the-pipe": results_whole_through_the_pipe, "replaced-edge-kept": replaced_edge_kept, "powersgd-cold-resume": powersgd_cold_resume,
            "own-state-from-rank-0": own_state_from_rank_0, "resume-with-nothing-left": resume_with_nothing_left, "late-updates-as-models": late_updates_as_models,
            "progress-with-the-mixing": progress_with_the_mixing,
