@@ -7,7 +7,8 @@ The loss panel shows what accuracy hides on a long run: a model whose loss climb
 while its accuracy holds is drifting (docs/decisions.md, "Hop uses late updates");
 the table says the same in two columns, the averaged model's loss at a quarter of
 the run and its loss at the end over that one (above 1: worse the longer it trains).
-A Ctrl-C during one protocol ends the comparison after that protocol's record.
+A Ctrl-C or SIGTERM during one protocol ends the comparison after that protocol's record; one in a
+protocol's start-up ends it with the runs before that one summarized.
 """
 
 from __future__ import annotations
@@ -56,13 +57,22 @@ def run_comparison(configs: list[RunConfig], out_dir: str, progress: bool = True
         if config.checkpoint_dir:  # every protocol's, before the first runs (it writes nothing)
             checkpoint.prepare(config.checkpoint_dir, config, config.resume)
     out = prepare_out_dir(out_dir)
-    runs = []
-    for index, config in enumerate(configs):
-        label = f"[{index + 1}/{len(configs)}] {config.protocol}"
-        runs.append(run_training(config, str(out / config.protocol), progress=progress, label=label,
-                                 log_shared_dir=str(out)))  # --log mlflow: one store, a run per protocol
-        if runs[-1].get("interrupted") or stop_received():  # stopped, or asked to as its record was written
-            break
+    runs: list[dict] = []
+    try:
+        for index, config in enumerate(configs):
+            label = f"[{index + 1}/{len(configs)}] {config.protocol}"
+            runs.append(run_training(config, str(out / config.protocol), progress=progress, label=label,
+                                     log_shared_dir=str(out)))  # --log mlflow: one store, a run per protocol
+            if runs[-1].get("interrupted") or stop_received():  # stopped, or asked to as its record was written
+                break
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM in a run's start-up: the runs before it are still compared
+        if runs:
+            _write_summary(runs, out)
+        raise
+    return _write_summary(runs, out)
+
+
+def _write_summary(runs: list[dict], out: Path) -> dict:
     summary = summarize(runs)
     write_json_atomic(out / "summary.json", summary)
     write_text_atomic(out / "summary.md", summary["table_markdown"] + "\n")

@@ -70,3 +70,33 @@ def test_exit_codes_follow_the_shell_convention():
     assert interrupted_exit_code([{"interrupted": True, "interrupted_by": "SIGTERM"}]) == 143
     assert interrupted_exit_code([{"interrupted": True, "interrupted_by": "SIGINT"}]) == 130
     assert interrupted_exit_code([{"interrupted": True}]) == 130  # a record from before interrupted_by
+
+
+def test_a_stop_in_a_later_run_s_start_up_still_summarizes_the_runs_before_it(tmp_path, monkeypatch):
+    """`hetrain compare`: a SIGTERM (or Ctrl-C) while the second protocol starts ends the comparison, and the
+    first protocol's run is compared in summary.json and summary.md, not lost with the second."""
+    import json
+
+    from hetrain.comparison import run_comparison
+    from hetrain.config import RunConfig
+    from hetrain.jobs import run
+
+    real_run_training, calls = run.run_training, []
+
+    def second_run_stopped_in_start_up(config, *args, **kwargs):
+        calls.append(config.protocol)
+        if len(calls) == 2:
+            raise Terminated
+        return real_run_training(config, *args, **kwargs)
+
+    monkeypatch.setattr(run, "run_training", second_run_stopped_in_start_up)
+    base = RunConfig(num_workers=2, compute_ms=5.0, time_budget_s=1.5)
+    configs = [base.replace(protocol="hop"), base.replace(protocol="dpsgd"), base.replace(protocol="prague")]
+    with pytest.raises(Terminated):
+        run_comparison(configs, str(tmp_path / "cmp"), progress=False)
+    assert calls == ["hop", "dpsgd"]
+    assert (tmp_path / "cmp" / "summary.json").exists(), "the first protocol's run was not summarized"
+    summary = json.loads((tmp_path / "cmp" / "summary.json").read_text())
+    assert [r["protocol"] for r in summary["runs"]] == ["hop"]
+    assert "| hop |" in (tmp_path / "cmp" / "summary.md").read_text()
+    assert (tmp_path / "cmp" / "over_time.png").exists()
