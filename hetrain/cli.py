@@ -11,7 +11,9 @@ import argparse
 import atexit
 import importlib
 import os
+import signal
 import sys
+import threading
 
 from hetrain.config import FLAG_NAMES
 from hetrain.errors import Terminated, UsageError, WorkerError
@@ -50,6 +52,7 @@ def _build_parser(command: str | None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv[0] if argv and argv[0] in COMMANDS else None
+    sigterm = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
     try:
         parser = _build_parser(command)
         if not argv:
@@ -74,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
             return 143
         print("hetrain: interrupted", file=sys.stderr)
         return 130
+    finally:  # train and compare take SIGTERM as a stop while they run (a caller in-process gets its own back)
+        if sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
 
 
 def console_main() -> None:

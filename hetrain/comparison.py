@@ -73,10 +73,13 @@ def run_comparison(configs: list[RunConfig], out_dir: str, progress: bool = True
 
 
 def _write_summary(runs: list[dict], out: Path) -> dict:
-    summary = summarize(runs)
-    write_json_atomic(out / "summary.json", summary)
-    write_text_atomic(out / "summary.md", summary["table_markdown"] + "\n")
-    plot_over_time(runs, out / "over_time.png")
+    from hetrain.jobs.interrupts import held_while_writing
+
+    with held_while_writing("the comparison's summary"):  # a stop now lets it be written whole
+        summary = summarize(runs)
+        write_json_atomic(out / "summary.json", summary)
+        write_text_atomic(out / "summary.md", summary["table_markdown"] + "\n")
+        plot_over_time(runs, out / "over_time.png")
     return summary
 
 

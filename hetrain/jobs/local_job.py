@@ -106,6 +106,7 @@ def run_local(
     heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
     on_death: Callable[[int], None] | None = None,
     on_join: Callable[[int, int], None] | None = None,
+    stoppable: bool = True,
 ) -> JobResults:
     """Run ``fn(ctx, *args)`` on ``num_workers`` processes; return their results by rank.
 
@@ -124,6 +125,8 @@ def run_local(
     ``on_death(rank)``
     runs in the launcher when a worker is found dead (e.g. to tell a Group Generator),
     ``on_join(rank, incarnation)`` when its replacement has joined.
+    ``stoppable=False``: ``fn`` never polls ``stop_requested()`` (the planner's jobs), so a first Ctrl-C or
+    SIGTERM ends the job at once, its workers killed, as a second one does.
     """
     if on_failure not in ON_FAILURE_MODES:
         raise ValueError(f"on_failure must be abort, continue or respawn, got {on_failure!r}")
@@ -132,7 +135,7 @@ def run_local(
                     on_failure=on_failure, log_path=log_path,
                     faults=[Fault(rank, "train", t) for t, rank in kills or []] + list(faults or []),
                     heartbeat_timeout_s=heartbeat_timeout_s, on_message=on_message,
-                    on_death=on_death, on_join=on_join).run()
+                    on_death=on_death, on_join=on_join, stoppable=stoppable).run()
 
 
 class LocalJob:
@@ -140,7 +143,7 @@ class LocalJob:
 
     def __init__(self, fn, args: tuple, num_workers: int, *, backend: str, timeout_s: float, device: str = "cpu",
                  job_timeout_s: float | None, on_failure: str, log_path, faults: list[Fault],
-                 heartbeat_timeout_s: float, on_message, on_death, on_join):
+                 heartbeat_timeout_s: float, on_message, on_death, on_join, stoppable: bool = True):
         self.n = num_workers
         self.on_failure = on_failure
         self.continue_on_death = on_failure != "abort"
@@ -167,7 +170,7 @@ class LocalJob:
         self.gone: set[int] = set()  # ranks dead for good (no replacement)
         self.started_t_s: dict[int, float] = {}  # rank -> training time its current process started
         self.progress: dict[int, dict] = {}  # rank -> its last progress report (with "at": launcher clock)
-        self.interrupt = StopSignals(self.channels.stop, grace_s=timeout_s)
+        self.interrupt = StopSignals(self.channels.stop, grace_s=timeout_s, stoppable=stoppable)
         self.finished_at: float | None = None
 
     def _make_workers(self, template: WorkerSpec):

@@ -28,7 +28,7 @@ from hetrain.data import Dataset, check_batch_fits, load_dataset
 from hetrain.jobs import checkpoint
 from hetrain.jobs.capacity import efficiency_basis, lost_worker_iteration_s
 from hetrain.jobs.evaluation import evaluation_curve
-from hetrain.jobs.interrupts import held_while_writing
+from hetrain.jobs.interrupts import held_after_the_job
 from hetrain.jobs.local_job import JobResults, run_local
 from hetrain.jobs.meter import process_started_at
 from hetrain.jobs.phases import job_phases
@@ -123,11 +123,12 @@ def run_training(config: RunConfig, out_dir: str | None, progress: bool = True, 
         checkpoint.start(config.checkpoint_dir, config, config.resume)
     bar = _ProgressBar(config, label or config.protocol, enabled=progress)
     logger = _run_logger(config, out, log_shared_dir)
-    try:
-        return _run_local_job(config, out, data, bar, logger, launched_at, launch or run_local, service_host)
-    finally:
-        if logger is not None:
-            logger.close()
+    with held_after_the_job():  # a stop once the workers ended lets the record and the logs be written whole
+        try:
+            return _run_local_job(config, out, data, bar, logger, launched_at, launch or run_local, service_host)
+        finally:
+            if logger is not None:
+                logger.close()
 
 
 def _final_model_scores(workers: list[dict], curve: list[dict]) -> tuple[float | None, float | None]:
@@ -191,11 +192,10 @@ def _run_local_job(config: RunConfig, out, data: Dataset, bar, logger, launched_
         bar.close()
         if gg is not None:
             gg.close()
-    with held_while_writing():
-        metrics = finalize_run(config, results, out, interrupted_by=results.interrupted_by, deaths=results.deaths,
-                               joins=results.joins, gg_stats=gg.scheduler.stats() if gg is not None else None,
-                               data=data, launched_at=launched_at, results_at=results.finished_at,
-                               launcher_record=results.launcher)
+    metrics = finalize_run(config, results, out, interrupted_by=results.interrupted_by, deaths=results.deaths,
+                           joins=results.joins, gg_stats=gg.scheduler.stats() if gg is not None else None,
+                           data=data, launched_at=launched_at, results_at=results.finished_at,
+                           launcher_record=results.launcher)
     if logger is not None:
         logger.finish(metrics)
     return metrics

@@ -131,7 +131,7 @@ def measure(net, batch: int, plan, devices, steps: int = 3, timeout_s: float = 6
         raise UsageError(f"--measure runs one process per device; {world} is too many for one machine (at most 8)")
     program = Program(net, batch, plan)
     results = run_local(worker, world, (program, "float32", steps, check, calibrate_s), backend="gloo",
-                        timeout_s=timeout_s, job_timeout_s=timeout_s)
+                        timeout_s=timeout_s, job_timeout_s=timeout_s, stoppable=False)
     levels = len(results[0]["steps"][0]["level_s"])
     per_step = []
     for k in range(steps):

@@ -90,7 +90,8 @@ def profile_local(workers: int, seconds: float = 2.0, timeout_s: float = 120.0) 
         raise UsageError(f"--workers must be between 2 and 64, got {workers}")
     from hetrain.jobs import run_local
 
-    results = run_local(_worker, workers, (seconds,), backend="gloo", timeout_s=timeout_s, job_timeout_s=timeout_s)
+    results = run_local(_worker, workers, (seconds,), backend="gloo", timeout_s=timeout_s, job_timeout_s=timeout_s,
+                        stoppable=False)
     flops = min(r["flops_per_s"] for r in results)
     link = min(r["recv_bytes_per_s"] for r in results)
     latency = max(r["round_s"] for r in results)

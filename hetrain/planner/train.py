@@ -170,7 +170,7 @@ def train_with_plan(module, data, sample_shape, devices, batch: int = 64, steps:
     bar, on_message = _progress(steps, scheme, progress)
     try:
         results = run_local(plan_worker, len(devs), (job, program), timeout_s=timeout_s, job_timeout_s=timeout_s,
-                            on_message=on_message)
+                            on_message=on_message, stoppable=False)
     finally:
         if bar is not None:
             bar.close()
@@ -183,7 +183,7 @@ def train_with_plan(module, data, sample_shape, devices, batch: int = 64, steps:
     ddp = None
     if ddp_steps > 0:
         ddp = run_local(ddp_worker, len(devs), (job, shares, flops, grad_bytes, ddp_steps), timeout_s=timeout_s,
-                        job_timeout_s=timeout_s)
+                        job_timeout_s=timeout_s, stoppable=False)
     return _report(scheme, devs, batch, steps, time_scale, plan, dp, results, ddp, predicted_levels, _leaves)
 
 

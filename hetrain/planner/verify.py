@@ -156,7 +156,8 @@ def verify(world: int, timeout_s: float = 120.0) -> list[VerifyReport]:
     if any(len(b) != world for b in case_blocks):
         raise ValueError(f"every case must have {world} leaves")
     start = time.monotonic()
-    results = run_local(_worker, world, (case_blocks,), timeout_s=timeout_s, job_timeout_s=timeout_s)[0]
+    results = run_local(_worker, world, (case_blocks,), timeout_s=timeout_s, job_timeout_s=timeout_s,
+                        stoppable=False)[0]
     seconds = time.monotonic() - start
     return [VerifyReport(name, world, r["loss_err"], r["grad_err"], seconds) for (name, _), r in zip(named, results)]
 

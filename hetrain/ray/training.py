@@ -20,7 +20,7 @@ def run_training_ray(config: RunConfig, out_dir: str | None, address: str | None
     from hetrain.ray.connection import actor_env, connect
 
     check_run_config(config, devices_here=False)  # bad input is refused before the cluster is joined
-    host, joined = connect(address)
+    host, joined = _connect_keeping_sigterm(connect, address)
     try:
         from hetrain.ray.actors import RayPlacement
         from hetrain.ray.job import run_ray
@@ -35,3 +35,18 @@ def run_training_ray(config: RunConfig, out_dir: str | None, address: str | None
             import ray
 
             ray.shutdown()
+
+
+def _connect_keeping_sigterm(connect, address: str | None):
+    """``ray.init`` makes a SIGTERM ``sys.exit(15)``; the command's own handling (a stop, exit 143:
+    :mod:`hetrain.jobs.interrupts`) is put back, and Ray's shutdown still runs as the command leaves."""
+    import signal
+    import threading
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        return connect(address)
+    finally:
+        if main and previous is not None:
+            signal.signal(signal.SIGTERM, previous)

@@ -99,7 +99,7 @@ def staged_transfer_64mb(out: Path) -> str:
     _need_gpus(1)
     from hetrain.jobs.local_job import run_local
 
-    results = run_local(_staged_transfer_worker, 2, backend="gloo", device="cuda", timeout_s=120)
+    results = run_local(_staged_transfer_worker, 2, backend="gloo", device="cuda", timeout_s=120, stoppable=False)
     for rank, r in enumerate(results):
         assert r["layout"] == "shared" and r["staged"] and r["pinned"], f"worker {rank}: not staged: {r}"
         assert r["errors"] == [], f"worker {rank}: {r['errors']}"
@@ -233,7 +233,7 @@ def nccl_preduce_2gpus(out: Path) -> str:
     _need_gpus(2)
     from hetrain.jobs.local_job import run_local
 
-    means = run_local(_preduce_worker, 2, backend="nccl", device="cuda", timeout_s=60)
+    means = run_local(_preduce_worker, 2, backend="nccl", device="cuda", timeout_s=60, stoppable=False)
     assert all(abs(mean - 0.5) < 1e-6 for mean in means), means
     return "2 ranks averaged to 0.5"
 

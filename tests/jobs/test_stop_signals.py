@@ -15,6 +15,7 @@ from hetrain.errors import Terminated
 from hetrain.jobs.interrupts import (
     StopSignals,
     forget_stops,
+    held_after_the_job,
     held_while_writing,
     stop_on_sigterm,
     stop_received,
@@ -54,6 +55,42 @@ def test_a_signal_while_the_record_is_written_lets_it_be_written_and_is_remember
     assert interrupted_exit_code([{"interrupted": False}]) == 143  # the run was whole; the shell still learns it
     with pytest.raises(KeyboardInterrupt), held_while_writing():
         os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_a_second_sigterm_leaves_as_sigterm_not_as_ctrl_c():
+    """Two SIGTERMs (a scheduler's stop, then its kill escalated by hand) end the command with 143, not 130."""
+    with pytest.raises(Terminated), StopSignals(threading.Event(), grace_s=5):
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)
+    with pytest.raises(Terminated), held_while_writing():
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_around_a_job_a_stop_in_start_up_leaves_and_one_after_its_watch_loop_is_held(capfd):
+    """run_training holds stop signals from its start to its record's end: before the job's watch loop
+    began a SIGTERM leaves at once (start-up); from the loop's end on, at no moment between the loop and
+    the record does one find the command unprotected."""
+    stop_on_sigterm()
+    with pytest.raises(Terminated), held_after_the_job():
+        os.kill(os.getpid(), signal.SIGTERM)  # start-up: no watch loop yet
+    forget_stops()
+    with held_after_the_job():
+        with StopSignals(threading.Event(), grace_s=5):  # the job's watch loop, which ends normally
+            pass
+        os.kill(os.getpid(), signal.SIGTERM)  # between the loop and the record: held
+        written = True
+    assert written and stop_received() == "SIGTERM"
+    assert "writing the run's record" in capfd.readouterr().err
+    assert signal.getsignal(signal.SIGTERM).__name__ == "_raise_terminated"  # put back as it was
+
+
+def test_a_job_whose_workers_never_poll_the_stop_ends_at_the_first_signal():
+    """The planner's jobs (stoppable=False) do not wait out their work on a first Ctrl-C or SIGTERM."""
+    with pytest.raises(Terminated), StopSignals(threading.Event(), grace_s=5, stoppable=False):
+        os.kill(os.getpid(), signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt), StopSignals(threading.Event(), grace_s=5, stoppable=False):
         os.kill(os.getpid(), signal.SIGINT)
 
 
