@@ -163,7 +163,7 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
     if checkpoints is not None:  # the consensus model: a later --resume trains on from it
         _save(config, ctx.rank, model, optimizer, sampler, protocol)
         checkpoints.mark()
-    fingerprint = model_fingerprint(state.gather_model())
+    fingerprint = model_fingerprint(state.model_tensors)
     consensus_accuracy = consensus_loss = None
     if ctx.rank == _first_live_rank(ctx):  # the one model finish() left on every worker (see the fingerprint)
         consensus_accuracy, consensus_loss = evaluate(model, x_test, y_test)
@@ -231,7 +231,12 @@ def _first_live_rank(ctx) -> int:
     return min(set(range(ctx.world_size)) - set(dead), default=ctx.rank)
 
 
-def model_fingerprint(flat: torch.Tensor) -> list[float]:
-    """(sum, L2 norm) of a flat model in float64: equal on workers that hold the same model, and read
-    without a copy of it."""
-    return [float(torch.sum(flat, dtype=torch.float64)), float(torch.linalg.vector_norm(flat, dtype=torch.float64))]
+def model_fingerprint(tensors: list[torch.Tensor]) -> list[float]:
+    """(sum, L2 norm) of a model's tensors, accumulated in float64: equal on workers that hold the same
+    model, and read tensor by tensor, with no flat copy of the model."""
+    total = squares = 0.0
+    with torch.no_grad():
+        for t in tensors:
+            total += float(torch.sum(t, dtype=torch.float64))
+            squares += float(torch.linalg.vector_norm(t, dtype=torch.float64)) ** 2
+    return [total, squares**0.5]

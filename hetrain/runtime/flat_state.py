@@ -35,6 +35,7 @@ class FlatState:
         self.tensors = [p for p in module.parameters()]
         self.tensors += [b for b in module.buffers() if b.is_floating_point()]
         self.model_numel = sum(t.numel() for t in self.tensors)
+        self.model_tensors = list(self.tensors)  # the module's part alone, the model's own tensors
         self.tensors += list(extra)
         if not self.tensors:
             raise ValueError("the model has no parameters or floating-point buffers to average")
