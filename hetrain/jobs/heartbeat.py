@@ -41,11 +41,15 @@ class SilenceWatch:
     def __init__(self, timeout_s: float):
         self.timeout_s = timeout_s
         self.last_heard: dict[int, float] = {}
+        self.beating: set[int] = set()  # ranks whose current process has sent a message since it started
 
     def started(self, rank: int) -> None:
         self.last_heard[rank] = time.monotonic()
+        self.beating.discard(rank)
 
-    heard = started
+    def heard(self, rank: int) -> None:
+        self.last_heard[rank] = time.monotonic()
+        self.beating.add(rank)
 
     def silent(self, ranks) -> dict[int, float]:
         """The ranks among ``ranks`` silent for longer than the timeout, with their seconds of silence."""

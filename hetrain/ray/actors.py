@@ -61,6 +61,7 @@ class RayWorkers:
         self.reasons: list[str | None] = [None] * n
         self.incarnations = [0] * n
         self.where: dict[tuple[int, int], object] = {}  # (rank, incarnation) -> its actor's where() call
+        self.pings: dict[tuple[int, int], tuple[object, float]] = {}  # -> the last ping's call, when sent
         self.group = placement_group([dict(placement.resources)] * n, strategy="SPREAD")
         try:
             ray.get(self.group.ready(), timeout=placement.placement_timeout_s)
@@ -95,6 +96,19 @@ class RayWorkers:
         """Whether ``rank``'s current actor has started (its ``where`` call returned): it is placed and runs."""
         ref = self.where.get((rank, self.incarnations[rank]))
         return ref is not None and bool(ray.wait([ref], timeout=0, fetch_local=False)[0])
+
+    def answered_ping(self, rank: int, every_s: float) -> bool:
+        """Whether ``rank``'s current actor answered the last ping (its ``where``, on the actor's second
+        thread); a new one goes once that one is answered, at most one every ``every_s``. An actor whose
+        process runs answers while its payload still imports (before its first heartbeat); a stopped or
+        frozen one does not."""
+        key = self.pid(rank)
+        ref, sent_at = self.pings.get(key, (None, -float("inf")))
+        if ref is not None and not ray.wait([ref], timeout=0, fetch_local=False)[0]:
+            return False
+        if time.monotonic() - sent_at >= every_s:
+            self.pings[key] = (self.actors[rank].where.remote(), time.monotonic())
+        return ref is not None
 
     def exitcode(self, rank: int) -> int | None:
         return self.codes[rank]

@@ -9,7 +9,8 @@ the rank's placement-group bundle, wherever Ray places it, and joins as a local 
 What differs from a local job:
 
 * a worker is silent (for ``heartbeat_timeout_s``) only once its actor has run: a replacement
-  waiting for capacity is not hung;
+  waiting for capacity is not hung; until its first heartbeat (the payload's imports, which take
+  seconds more on a loaded machine) it is heard by answering the driver's pings;
 * a death is described with Ray's reason (``its node has died``, ``killed by ray.kill``) and the
   node it ran on;
 * the job ends by killing every actor and removing the placement group, whatever happened (the
@@ -25,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hetrain.faults import Fault
-from hetrain.jobs.heartbeat import DEFAULT_HEARTBEAT_TIMEOUT_S
+from hetrain.jobs.heartbeat import DEFAULT_HEARTBEAT_TIMEOUT_S, HEARTBEAT_INTERVAL_S
 from hetrain.jobs.local_job import ON_FAILURE_MODES, JobResults, LocalJob
 from hetrain.jobs.worker_process import WorkerSpec
 from hetrain.ray.actors import RayPlacement, RayWorkers
@@ -91,23 +92,31 @@ class RayJob(LocalJob):
     def _start(self, rank: int, *args) -> None:
         super()._start(rank, *args)
         self.silence.last_heard.pop(rank, None)  # clocked once its actor runs (it may wait for capacity)
+        self.silence.beating.discard(rank)
         self.phases[rank] = set()  # and in start-up from then too (see _find_hung)
 
     def _find_hung(self) -> None:
-        """An actor's silence counts from when it runs, with one heartbeat timeout more for its first beat
-        (the payload's imports, the store's connections): counted from its first beat, as before, an actor
-        stopped or frozen before that beat was never found hung, and its peers failed the job at their
-        timeout, even under continue. A ``--fail R@startup`` fault fires from then as well: sent at once, its
-        SIGSTOP froze the actor, in one loaded run, before the answer of its ``where()`` call had left it, so
-        the actor never read as running, and its neighbour failed the job at its timeout again."""
+        """An actor's silence counts from when it runs; until its first heartbeat, an answer to the driver's
+        ping counts as one. Counted from its first beat (an earlier rule), an actor stopped or
+        frozen before that beat was never found hung, and its peers failed the job at their timeout, even
+        under continue; with one heartbeat timeout more for the first beat in its place, every actor of a
+        loaded machine (torch's import alone took longer than 6 s) was found hung at ``--heartbeat-timeout
+        3``. A ``--fail R@startup`` fault fires from then as well: sent at once, its SIGSTOP froze the
+        actor, in one loaded run, before the answer of its ``where()`` call had left it, so the actor never
+        read as running, and its neighbour failed the job at its timeout again."""
+        now = time.monotonic()
         for rank in range(self.n):
             key = self.workers.pid(rank)
-            if key in self._clocked or rank in self.silence.last_heard or not self.workers.alive(rank):
+            if not self.workers.alive(rank):
                 continue
-            if self.workers.running(rank):
-                self._clocked.add(key)
-                self.silence.last_heard[rank] = time.monotonic() + self.silence.timeout_s
-                self.phases.setdefault(rank, set()).add("startup")
+            if key not in self._clocked:
+                heard = rank in self.silence.last_heard  # its first beat may come before running() reads true
+                if heard or self.workers.running(rank):
+                    self._clocked.add(key)
+                    self.silence.last_heard.setdefault(rank, now)
+                    self.phases.setdefault(rank, set()).add("startup")
+            elif rank not in self.silence.beating and self.workers.answered_ping(rank, HEARTBEAT_INTERVAL_S):
+                self.silence.last_heard[rank] = max(self.silence.last_heard[rank], now)
         super()._find_hung()
 
     def _how(self, rank: int) -> tuple[str, str]:

@@ -31,6 +31,10 @@ class WorkerActor:
     def __init__(self, env: dict):
         os.environ.update(env)
         os.environ.setdefault("OMP_NUM_THREADS", "1")
+        # torch, the protocols and the training app, imported before the actor reads as running (its
+        # where() answers after this): the driver clocks its silence from then, and torch's import, seconds
+        # on a loaded machine with the GIL held, would leave it unable to beat or answer a ping
+        import hetrain.jobs.warm  # noqa: F401
 
     def where(self) -> dict:
         """This actor's node and process (for the job's record)."""
