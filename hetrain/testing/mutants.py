@@ -700,7 +700,24 @@ def every_worker_scores_the_final_model() -> None:
     train_worker._first_live_rank = lambda ctx: ctx.rank
 
 
-MUTANTS = {"no-comm": no_comm, "every-worker-scores-the-final-model": every_worker_scores_the_final_model, "one-queue-for-all": one_queue_for_all, "workers-die-on-sigterm": workers_die_on_sigterm,
+def record_unheld() -> None:
+    """A stop signal after the workers ended finds the launcher unprotected (the gap before the hold)."""
+    import contextlib
+
+    from hetrain.jobs import run
+
+    run.held_after_the_job = contextlib.nullcontext
+
+
+def comparison_goes_on_after_a_stop() -> None:
+    """A comparison runs its next protocol after a stop that came as the last record was written."""
+    from hetrain.jobs import interrupts
+
+    interrupts.stop_received = lambda: None
+
+
+MUTANTS = {"no-comm": no_comm, "record-unheld": record_unheld,
+           "comparison-goes-on-after-a-stop": comparison_goes_on_after_a_stop, "every-worker-scores-the-final-model": every_worker_scores_the_final_model, "one-queue-for-all": one_queue_for_all, "workers-die-on-sigterm": workers_die_on_sigterm,
            "results-whole-through-the-pipe": results_whole_through_the_pipe, "replaced-edge-kept": replaced_edge_kept, "powersgd-cold-resume": powersgd_cold_resume,
            "own-state-from-rank-0": own_state_from_rank_0, "resume-with-nothing-left": resume_with_nothing_left, "late-updates-as-models": late_updates_as_models,
            "progress-with-the-mixing": progress_with_the_mixing,

@@ -137,3 +137,33 @@ def test_a_stop_in_a_later_run_s_start_up_still_summarizes_the_runs_before_it(tm
     assert [r["protocol"] for r in summary["runs"]] == ["hop"]
     assert "| hop |" in (tmp_path / "cmp" / "summary.md").read_text()
     assert (tmp_path / "cmp" / "over_time.png").exists()
+
+
+def test_a_sigterm_as_the_record_is_written_lets_it_be_written_and_the_comparison_stops(tmp_path, monkeypatch):
+    """A scheduler's stop that comes after the workers ended (here: as the first protocol's record is
+    begun) lets that record and the summary be written, and no further protocol is run."""
+    import json
+
+    from hetrain.comparison import run_comparison
+    from hetrain.config import RunConfig
+    from hetrain.jobs import run
+
+    real_finalize, finalized = run.finalize_run, []
+
+    def stopped_as_it_begins(*args, **kwargs):
+        finalized.append(True)
+        os.kill(os.getpid(), signal.SIGTERM)  # without the hold: Terminated (stop_on_sigterm below), no record
+        return real_finalize(*args, **kwargs)
+
+    monkeypatch.setattr(run, "finalize_run", stopped_as_it_begins)
+    stop_on_sigterm()
+    base = RunConfig(num_workers=2, compute_ms=5.0, time_budget_s=1.5)
+    try:
+        summary = run_comparison([base.replace(protocol="hop"), base.replace(protocol="dpsgd")],
+                                 str(tmp_path / "cmp"), progress=False)
+    except Terminated:
+        raise AssertionError("a SIGTERM as the record was begun ended the comparison, the record unwritten") from None
+    assert len(finalized) == 1 and stop_received() == "SIGTERM"
+    assert [r["protocol"] for r in summary["runs"]] == ["hop"]
+    assert json.loads((tmp_path / "cmp" / "hop" / "metrics.json").read_text())["protocol"] == "hop"
+    assert not (tmp_path / "cmp" / "dpsgd").exists()

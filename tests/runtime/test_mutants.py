@@ -151,6 +151,11 @@ COMM_MUTANTS = {
         "tests/runtime/test_respawn.py::test_edges_a_repair_made_and_a_join_unmade_neither_hang_nor_end_the_job"],
     "every-worker-scores-the-final-model": [
         "tests/jobs/test_final_model.py::test_one_worker_evaluates_the_final_model_that_every_worker_holds"],
+    "record-unheld": ["tests/jobs/test_stop_signals.py::"
+                      "test_a_sigterm_as_the_record_is_written_lets_it_be_written_and_the_comparison_stops"],
+    "comparison-goes-on-after-a-stop": [
+        "tests/jobs/test_stop_signals.py::"
+        "test_a_sigterm_as_the_record_is_written_lets_it_be_written_and_the_comparison_stops"],
     "one-queue-for-all": ["tests/test_local_job.py::test_a_worker_killed_mid_message_stops_only_its_own_messages"],
     "workers-die-on-sigterm": ["tests/runtime/test_soundness.py::"
                                "test_sigterm_stops_the_workers_and_writes_what_the_run_had_and_its_checkpoint[every-process]"],
