@@ -15,8 +15,8 @@ def test_one_worker_evaluates_the_final_model_that_every_worker_holds(tmp_path, 
     live = [w for w in workers if w.get("model_fingerprint") is not None]
     assert len(live) == (3 if fail is None else 2)
     assert all(w["model_fingerprint"] == pytest.approx(live[0]["model_fingerprint"], rel=1e-9) for w in live)
-    # the workers' models as their loops ended differed (slowed rank 1, own shards): the fingerprint sees it
-    assert metrics["consensus_distance"] > 0
+    if fail is None:  # the workers' models as their loops ended differed (slowed rank 1, own shards)
+        assert metrics["consensus_distance"] > 0  # (two survivors whose last step was a mix may end equal)
     scored = [w for w in live if w["consensus_accuracy"] is not None]
     assert [w["rank"] for w in scored] == [live[0]["rank"]]  # the lowest live rank, alone
     assert metrics["final_accuracy_avg_model"] == scored[0]["consensus_accuracy"] > 0.5
