@@ -234,6 +234,7 @@ def test_a_worker_killed_from_outside_fails_the_cli_in_one_line_naming_it(tmp_pa
     assert "was killed by SIGKILL" in (job.out / "errors.log").read_text()
 
 
+@pytest.mark.slow  # CI time: the SIGTERM test below runs the same stop end to end (tests/jobs/test_stop_signals.py: SIGINT's)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_ctrl_c_stops_the_workers_and_writes_what_the_run_had(tmp_path):
     job = _Launch(tmp_path)
