@@ -48,7 +48,7 @@ class SilenceWatch:
         self.beating.discard(rank)
 
     def heard(self, rank: int) -> None:
-        self.last_heard[rank] = time.monotonic()
+        self.started(rank)
         self.beating.add(rank)
 
     def silent(self, ranks) -> dict[int, float]:

@@ -92,7 +92,6 @@ class RayJob(LocalJob):
     def _start(self, rank: int, *args) -> None:
         super()._start(rank, *args)
         self.silence.last_heard.pop(rank, None)  # clocked once its actor runs (it may wait for capacity)
-        self.silence.beating.discard(rank)
         self.phases[rank] = set()  # and in start-up from then too (see _find_hung)
 
     def _find_hung(self) -> None:
