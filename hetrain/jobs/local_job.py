@@ -44,7 +44,6 @@ import os
 import queue
 import shutil
 import signal
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -57,6 +56,7 @@ from hetrain.jobs.failure_report import failure_error, write_log
 from hetrain.jobs.fault_injection import FaultSchedule
 from hetrain.jobs.heartbeat import DEFAULT_HEARTBEAT_TIMEOUT_S, SilenceWatch
 from hetrain.jobs.interrupts import StopSignals
+from hetrain.jobs.job_dirs import make_job_dir
 from hetrain.jobs.process_guard import describe_exit
 from hetrain.jobs.start_gate import open_if_ready
 from hetrain.jobs.worker_process import WorkerSpec
@@ -157,7 +157,7 @@ class LocalJob:
         self._quiet_exits: dict[int, float] = {}  # pid -> when it was first seen exited with code 0 and no result
         self.launched = time.monotonic()
         self.on_message, self.on_death, self.on_join = on_message, on_death, on_join
-        self.tmp = tempfile.mkdtemp(prefix="hetrain-job-")
+        self.tmp = make_job_dir()
         self.workers = self._make_workers(WorkerSpec(
             fn=fn, args=args, rank=0, world_size=num_workers, store_path=os.path.join(self.tmp, "store"),
             backend=backend, device=device, timeout_s=timeout_s, on_failure=on_failure, launcher_pid=os.getpid(),

@@ -359,6 +359,22 @@ class Prague(GroupProtocol):
             self._apply_background()
         return due
 
+    def _load_extra_state(self, state: dict) -> None:
+        """The static schedule: every worker goes on from the lowest iteration any worker's file holds (a
+        collective: every worker loads its state at the same point). Each writes its file on its own timer, so
+        a kill can leave files of different exchanges; the workers then leave together at the first stop vote
+        any wants, and one that went on from an older file ended short of ``--iterations``
+        (docs/decisions.md, "Known limits")."""
+        if not self.options.local_schedule or self.job.world_size == 1:
+            return
+        lowest = torch.tensor([float(self.stats.iteration)], dtype=torch.float64, device=self.job.device)
+        try:
+            wait_work(self.job.all_reduce(lowest, dist.ReduceOp.MIN), self.job.timeout, self.job.nccl,
+                      "the resumed iteration")
+        except Exception as exc:
+            raise WorkerError(f"worker {self.job.rank} waited for the others' resumed iteration: {exc}") from None
+        self.stats.iteration = int(lowest.item())
+
     def _stop_wanted(self, local_done: bool) -> bool:
         """GG modes: each worker stops on its own (``finish`` drains). Static: agree at period boundaries.
 

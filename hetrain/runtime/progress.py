@@ -13,7 +13,8 @@ in a long validation for instance, needs a larger ``timeout_s``.)
 
 Arrival: a worker entering the final average writes ``finished/<rank>`` and waits until every
 rank not known dead has, which takes the wait out of the collective (whose own timeout is the
-process group's fixed one).
+process group's fixed one). There an arrival counts as progress too: the ranks still missing may
+have waited for the one that just arrived (Hop's neighbours of a straggler wait for its STOP).
 """
 
 from __future__ import annotations
@@ -46,10 +47,11 @@ class ProgressBeacon:
             return None
         return cls(job.store, job.rank, job.world_size, job.timeout_s)
 
-    def beat(self, steps: int) -> None:
-        """Record ``steps`` (throttled: one write every ``beat_s``, BEAT_S or a quarter of the timeout)."""
+    def beat(self, steps: int, *, now_or_never: bool = False) -> None:
+        """Record ``steps`` (throttled: one write every ``beat_s``, BEAT_S or a quarter of the timeout);
+        ``now_or_never``: write it now (the last count, as the worker finishes: the others read it)."""
         now = time.monotonic()
-        if now - self._last_beat >= self.beat_s:
+        if now_or_never or now - self._last_beat >= self.beat_s:
             self._last_beat = now
             self.store.set(f"steps/{self.rank}", str(steps))
 
@@ -69,6 +71,10 @@ class ProgressBeacon:
         seen = self._seen.get(peer)
         return seen[0].decode() if seen and seen[0] else "none yet"
 
+    @staticmethod
+    def _someone_arrived(missing: list[int], before: list[int] | None) -> bool:
+        return before is not None and len(missing) < len(before)
+
     def wait_for_arrivals(self, dead_workers: Callable[[], set[int]] | None, what: str,
                           last: int | None = None) -> None:
         """Say this worker reached ``what``, then wait until every rank not known dead has too, for as
@@ -79,12 +85,16 @@ class ProgressBeacon:
         is waited for ``timeout_s`` more (it may still be a straggler itself: then while it steps)."""
         self.store.set(f"finished/{self.rank}", "1")
         alone_since = None
+        last_missing, arrival_seen = None, float("-inf")
         while True:
             dead = set(dead_workers()) if dead_workers is not None else set()
             missing = [r for r in range(self.world_size)
                        if r != self.rank and r not in dead and not self.store.check([f"finished/{r}"])]
             if not missing:
                 return
+            if self._someone_arrived(missing, last_missing):
+                arrival_seen = time.monotonic()  # an arrival is progress: those still missing may have waited on it
+            last_missing = missing
             if missing == [last] and not self.progressing(last):  # the others have arrived; it serves them
                 alone_since = alone_since if alone_since is not None else time.monotonic()
                 if time.monotonic() - alone_since > self.timeout_s:
@@ -94,9 +104,11 @@ class ProgressBeacon:
                 continue
             alone_since = None
             moving = [peer for peer in missing if self.progressing(peer)]  # every one looked at
-            if not moving:  # one still missing may be waiting for another (the parameter server): all stuck
+            # one still missing may be waiting for another: for one still stepping (the parameter server), or for
+            # one that just arrived (a neighbour's STOP: Hop's join); all stuck only when nothing moved
+            if not moving and time.monotonic() - arrival_seen > self.timeout_s:
                 steps = ", ".join(f"worker {p} at step {self.last_steps(p)}" for p in missing)
                 raise WorkerError(f"worker {self.rank} waited for workers {missing} to reach {what}: none made a "
-                                  f"step for {self.timeout_s:.0f} s ({steps}); raise timeout_s if a rank spends "
-                                  "longer than that between steps")
+                                  f"step, and no other worker arrived, for {self.timeout_s:.0f} s ({steps}); raise "
+                                  "timeout_s if a rank spends longer than that between steps")
             time.sleep(POLL_S)

@@ -355,6 +355,8 @@ class SyncProtocol:
             return
         self._finished = True
         try:
+            if self._beacon is not None:
+                self._beacon.beat(self.stats.iterations, now_or_never=True)  # the count the others name, exact
             self._finish()
         finally:
             self.close()

@@ -693,6 +693,20 @@ def workers_die_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+def resumed_from_own_iteration() -> None:
+    """Prague's static schedule goes on from each worker's own file's iteration, not the lowest (the rule before)."""
+    from hetrain.runtime.prague import Prague
+
+    Prague._load_extra_state = lambda self, state: None
+
+
+def arrivals_not_progress() -> None:
+    """A worker waiting at the end counts only steps as progress, not the others' arrivals (the rule before)."""
+    from hetrain.runtime.progress import ProgressBeacon
+
+    ProgressBeacon._someone_arrived = staticmethod(lambda missing, before: False)
+
+
 def every_worker_scores_the_final_model() -> None:
     """Every worker evaluates the final model, not only the first live one (the rule before)."""
     from hetrain.jobs import train_worker
@@ -715,7 +729,8 @@ def comparison_goes_on_after_a_stop() -> None:
     interrupts.stop_received = lambda: None
 
 
-MUTANTS = {"no-comm": no_comm, "record-unheld": record_unheld,
+MUTANTS = {"no-comm": no_comm, "arrivals-not-progress": arrivals_not_progress,
+           "resumed-from-own-iteration": resumed_from_own_iteration, "record-unheld": record_unheld,
            "comparison-goes-on-after-a-stop": comparison_goes_on_after_a_stop, "every-worker-scores-the-final-model": every_worker_scores_the_final_model, "one-queue-for-all": one_queue_for_all, "workers-die-on-sigterm": workers_die_on_sigterm,
            "results-whole-through-the-pipe": results_whole_through_the_pipe, "replaced-edge-kept": replaced_edge_kept, "powersgd-cold-resume": powersgd_cold_resume,
            "own-state-from-rank-0": own_state_from_rank_0, "resume-with-nothing-left": resume_with_nothing_left, "late-updates-as-models": late_updates_as_models,

@@ -42,10 +42,6 @@ def _straggler_job(ctx, protocol, straggler_s, hang):
     return [v for p in model.parameters() for v in p.detach().flatten().tolist()], steps  # floats: no shared memory
 
 
-# Run once more only on the one failure seen and not explained (twice, both in whole-suite runs, never
-# in 48 runs of this test alone): a worker stalled in its second step, gloo's first lazy connection of
-# a pair refused (docs/decisions.md, "One failure seen once and not explained"). Any other failure fails.
-@pytest.mark.flaky(reruns=1, only_rerun=[r"none made a step for \S+ s \(worker \d+ at step 1[,)]"])
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("protocol", ["hop", "prague", "ps", *(pytest.param(p, marks=pytest.mark.slow)  # CI time
                                                        for p in ("dpsgd", "adpsgd"))])

@@ -121,12 +121,12 @@ def test_a_worker_killed_by_sigkill_is_named_with_its_signal(tmp_path):
 class _Launch:
     """``hetrain train`` in its own process group (like a shell job), its stderr read as it comes."""
 
-    def __init__(self, tmp_path, *extra):
+    def __init__(self, tmp_path, *extra, env=None):
         self.out = tmp_path / "run"
         cmd = [sys.executable, "-m", "hetrain", "train", "--protocol", "hop", "--workers", "3",
                "--compute-ms", "50", "--time-budget", "60", "--out", str(self.out), *extra]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     start_new_session=True)
+                                     start_new_session=True, env=env)
         self.pid = self.proc.pid
         self._err = bytearray()
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -309,3 +309,33 @@ def test_sigterm_in_start_up_ends_the_launcher_and_everything_it_started(tmp_pat
     while [p for p in started if _alive(p)]:
         assert time.monotonic() < deadline, "the launcher's processes outlived it"
         time.sleep(0.2)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_next_job_removes_the_folder_a_killed_launcher_left(tmp_path):
+    """A SIGKILLed launcher runs nothing that could remove its job folder (the workers' store, their
+    results); the next job's launcher does. It leaves a live launcher's folder and one it cannot judge,
+    and removes one whose pid now names another process."""
+    from hetrain.jobs.job_dirs import OWNER_FILE, PREFIX, _process_identity, sweep_orphaned_job_dirs
+
+    folders = tmp_path / "tmp"
+    folders.mkdir()
+    job = _Launch(tmp_path, env={**os.environ, "TMPDIR": str(folders)})
+    try:
+        job.wait_until_training()
+        (left,) = folders.glob(PREFIX + "*")
+        assert (left / OWNER_FILE).read_text() == _process_identity(job.pid)
+        others = {name: folders / (PREFIX + name) for name in ("live", "no-record", "pid-reused")}
+        for folder in others.values():
+            folder.mkdir()
+        (others["live"] / OWNER_FILE).write_text(_process_identity(os.getpid()))  # this test: a live launcher
+        (others["pid-reused"] / OWNER_FILE).write_text(f"{os.getpid()} 1")  # the pid, but started at boot
+        assert sweep_orphaned_job_dirs(folders) == [str(others["pid-reused"])]
+        os.kill(job.pid, signal.SIGKILL)
+        job.finish(timeout_s=10)
+        assert left.exists()
+        assert sweep_orphaned_job_dirs(folders) == [str(left)]
+        assert not left.exists() and others["live"].exists() and others["no-record"].exists()
+    finally:
+        for pid in _descendants(job.pid):
+            os.kill(pid, signal.SIGKILL)
