@@ -202,13 +202,28 @@ def _comm(pid: int) -> str:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_killing_the_launcher_leaves_no_worker_behind(tmp_path):
-    job = _Launch(tmp_path)
+def test_killing_the_launcher_leaves_no_worker_behind_and_the_next_job_removes_its_folder(tmp_path):
+    """No process outlives a SIGKILLed launcher. Nor can one remove its job folder (the workers' store,
+    their results): the next job's launcher does, leaving a live launcher's folder and one it cannot
+    judge, and removing one whose pid now names another process."""
+    from hetrain.jobs.job_dirs import OWNER_FILE, PREFIX, _process_identity, sweep_orphaned_job_dirs
+
+    folders = tmp_path / "tmp"
+    folders.mkdir()
+    job = _Launch(tmp_path, env={**os.environ, "TMPDIR": str(folders)})
     try:
         job.wait_until_training()
         workers = _workers_of(job.pid)
         assert len(workers) == 3
         helpers = [p for p in _descendants(job.pid) if p not in workers]  # the warm server, the resource tracker
+        (left,) = folders.glob(PREFIX + "*")
+        assert (left / OWNER_FILE).read_text() == _process_identity(job.pid)
+        others = {name: folders / (PREFIX + name) for name in ("live", "no-record", "pid-reused")}
+        for folder in others.values():
+            folder.mkdir()
+        (others["live"] / OWNER_FILE).write_text(_process_identity(os.getpid()))  # this test: a live launcher
+        (others["pid-reused"] / OWNER_FILE).write_text(f"{os.getpid()} 1")  # the pid, but started at boot
+        assert sweep_orphaned_job_dirs(folders) == [str(others["pid-reused"])]
         os.kill(job.pid, signal.SIGKILL)
         job.finish(timeout_s=10)
         deadline = time.monotonic() + 10
@@ -216,6 +231,9 @@ def test_killing_the_launcher_leaves_no_worker_behind(tmp_path):
             time.sleep(0.2)
         assert not [p for p in workers if _alive(p)], "workers outlived their killed launcher"
         assert not [p for p in helpers if _alive(p)], "the launcher's helper processes outlived it"
+        assert left.exists()
+        assert sweep_orphaned_job_dirs(folders) == [str(left)]
+        assert not left.exists() and others["live"].exists() and others["no-record"].exists()
     finally:
         for pid in _descendants(job.pid):
             os.kill(pid, signal.SIGKILL)
@@ -309,33 +327,3 @@ def test_sigterm_in_start_up_ends_the_launcher_and_everything_it_started(tmp_pat
     while [p for p in started if _alive(p)]:
         assert time.monotonic() < deadline, "the launcher's processes outlived it"
         time.sleep(0.2)
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_the_next_job_removes_the_folder_a_killed_launcher_left(tmp_path):
-    """A SIGKILLed launcher runs nothing that could remove its job folder (the workers' store, their
-    results); the next job's launcher does. It leaves a live launcher's folder and one it cannot judge,
-    and removes one whose pid now names another process."""
-    from hetrain.jobs.job_dirs import OWNER_FILE, PREFIX, _process_identity, sweep_orphaned_job_dirs
-
-    folders = tmp_path / "tmp"
-    folders.mkdir()
-    job = _Launch(tmp_path, env={**os.environ, "TMPDIR": str(folders)})
-    try:
-        job.wait_until_training()
-        (left,) = folders.glob(PREFIX + "*")
-        assert (left / OWNER_FILE).read_text() == _process_identity(job.pid)
-        others = {name: folders / (PREFIX + name) for name in ("live", "no-record", "pid-reused")}
-        for folder in others.values():
-            folder.mkdir()
-        (others["live"] / OWNER_FILE).write_text(_process_identity(os.getpid()))  # this test: a live launcher
-        (others["pid-reused"] / OWNER_FILE).write_text(f"{os.getpid()} 1")  # the pid, but started at boot
-        assert sweep_orphaned_job_dirs(folders) == [str(others["pid-reused"])]
-        os.kill(job.pid, signal.SIGKILL)
-        job.finish(timeout_s=10)
-        assert left.exists()
-        assert sweep_orphaned_job_dirs(folders) == [str(left)]
-        assert not left.exists() and others["live"].exists() and others["no-record"].exists()
-    finally:
-        for pid in _descendants(job.pid):
-            os.kill(pid, signal.SIGKILL)
