@@ -117,7 +117,8 @@ class RunConfig:
             unknown = sorted(set(self.comm) - set(names))
             if unknown:
                 raise OptionError(f"no communication setting {unknown[0]!r}; they are {', '.join(names)}")
-            return comm_carrier.CommSettings(**self.comm).validate(self.num_workers)
+            # an outer lr and momentum not given follow the workload's optimizer (SlowMo's with SGD, DiLoCo's with AdamW)
+            return comm_carrier.CommSettings(**self.comm).for_inner(self.resolved_optimizer()).validate(self.num_workers)
 
         return self._once("comm", make)
 

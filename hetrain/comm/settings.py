@@ -8,8 +8,9 @@
   compression (CHOCO-SGD's consensus step; None: 1 for the quantizers, the compressed
   fraction for topk and powersgd, :meth:`CompressionSpec.default_gossip_step`);
 * ``outer_optimizer``: the outer optimizer applied to the averaged pseudo-gradient (``none``,
-  ``sgd`` or ``nesterov``, with ``outer_lr`` and ``outer_momentum``; DiLoCo's convention is
-  nesterov, lr 0.7, momentum 0.9; from Python also a ``torch.optim.Optimizer`` over the model);
+  ``sgd`` or ``nesterov``, with ``outer_lr`` and ``outer_momentum``, whose defaults follow the
+  optimizer inside (:func:`outer_defaults`: DiLoCo's lr 0.7, momentum 0.9 with AdamW; SlowMo's lr 1,
+  momentum 0.5 with SGD); from Python also a ``torch.optim.Optimizer`` over the model);
 * ``link_mbps``, ``link_latency_ms``: the emulated network (:mod:`hetrain.transport.link_spec`).
 
 **Each setting is declared once, here**: its field carries its default, its help text, its flag and
@@ -37,8 +38,20 @@ from hetrain.protocols.options import OptionError
 from hetrain.transport.link_spec import LinkSpec
 
 OUTER_OPTIMIZERS = ("none", "sgd", "nesterov")
-DILOCO_OUTER_LR = 0.7
+DILOCO_OUTER_LR = 0.7  # DiLoCo (Douillard et al., 2023): AdamW inside, hundreds of local steps
 DILOCO_OUTER_MOMENTUM = 0.9
+SLOWMO_OUTER_LR = 1.0  # SlowMo (Wang et al., ICLR 2020), fairscale's SlowMoDistributedDataParallel defaults: SGD inside
+SLOWMO_OUTER_MOMENTUM = 0.5
+
+
+def outer_defaults(inner: str | None) -> tuple[float, float]:
+    """The outer (lr, momentum) of a run that names neither: SlowMo's with SGD inside (``inner`` "sgd"), else
+    DiLoCo's (Adam-family inside, or none known). With SGD inside, DiLoCo's momentum 0.9 multiplied each outer
+    step by about 7 and ended at 3-5x plain averaging's loss on the digits MLP (docs/decisions.md, "The outer
+    defaults follow the optimizer inside")."""
+    if inner is not None and inner.lower() == "sgd":
+        return SLOWMO_OUTER_LR, SLOWMO_OUTER_MOMENTUM
+    return DILOCO_OUTER_LR, DILOCO_OUTER_MOMENTUM
 
 
 def comm_option(default: Any, *, help: str, type: type = int, choices: tuple | None = None,  # noqa: A002
@@ -63,8 +76,10 @@ class CommSettings:
     outer_optimizer: Any = comm_option(
         "none", type=str, choices=OUTER_OPTIMIZERS,
         help="optimizer applied to the averaged pseudo-gradient (DiLoCo: nesterov); none: plain averaging")
-    outer_lr: float | None = comm_option(None, type=float, help="outer learning rate (default 0.7)")
-    outer_momentum: float | None = comm_option(None, type=float, help="outer momentum (default 0.9)")
+    outer_lr: float | None = comm_option(
+        None, type=float, help="outer learning rate (default: 1 with SGD inside, SlowMo's; 0.7 with AdamW, DiLoCo's)")
+    outer_momentum: float | None = comm_option(
+        None, type=float, help="outer momentum (default: 0.5 with SGD inside, SlowMo's; 0.9 with AdamW, DiLoCo's)")
     compression: CompressionSpec = comm_option(
         "none", type=str, flag="--compress",
         help="none | bf16 | int8 | int4 | topk:FRACTION | powersgd:RANK, with error feedback (allreduce: none, bf16, "
@@ -101,6 +116,15 @@ class CommSettings:
     def outer_named(self) -> str:
         """The outer optimizer's name: none, sgd, nesterov, or ``custom`` (an optimizer object given from Python)."""
         return self.outer_optimizer if isinstance(self.outer_optimizer, str) else "custom"
+
+    def for_inner(self, inner: str | None) -> CommSettings:
+        """These settings with the outer lr and momentum not given set to ``inner``'s defaults (the optimizer
+        inside: ``sgd``, ``adamw``, ...; :func:`outer_defaults`); unchanged without a named outer optimizer."""
+        if self.outer_named not in ("sgd", "nesterov") or None not in (self.outer_lr, self.outer_momentum):
+            return self
+        lr, momentum = outer_defaults(inner)
+        return dataclasses.replace(self, outer_lr=lr if self.outer_lr is None else self.outer_lr,
+                                   outer_momentum=momentum if self.outer_momentum is None else self.outer_momentum)
 
     @property
     def resolved_outer_lr(self) -> float:

@@ -97,8 +97,15 @@ class ProtocolStats:
         return data
 
 
+def _inner_kind(optimizer: torch.optim.Optimizer | None) -> str | None:
+    """``sgd`` for torch's SGD (with or without momentum), else the optimizer's class name (None: none given)."""
+    if optimizer is None:
+        return None
+    return "sgd" if isinstance(optimizer, torch.optim.SGD) else type(optimizer).__name__.lower()
+
+
 def _outer_step(model: nn.Module, comm: CommSettings) -> OuterStep | None:
-    """The outer optimizer ``comm`` names (DiLoCo's SGD with Nesterov momentum over the model's parameters),
+    """The outer optimizer ``comm`` names (SGD, with Nesterov momentum for DiLoCo's, over the model's parameters),
     or the optimizer object given from Python; None for plain averaging."""
     if not isinstance(comm.outer_optimizer, str):
         return OuterStep(model, comm.outer_optimizer)
@@ -150,7 +157,8 @@ class SyncProtocol:
             # Taken as an original, it was waited on for tokens while it waited for a model (Ray, start-up
             # kills: "worker 1 waited 60 s for a token from worker(s) [0]", docs/decisions.md)
             self.incarnations = [0] * self.job.world_size
-        self.comm = (comm or comm_carrier.CommSettings()).validate(self.job.world_size)
+        # an outer lr and momentum not given follow the optimizer inside (SlowMo's with SGD, DiLoCo's else)
+        self.comm = (comm or comm_carrier.CommSettings()).for_inner(_inner_kind(optimizer)).validate(self.job.world_size)
         self._outer = _outer_step(model, self.comm)
         gossip = self._outer is not None and self.outer_gossips_anchors
         extra = []  # what travels with the model: the anchors (combine, then adapt) or the outer momentum

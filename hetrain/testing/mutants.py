@@ -693,6 +693,13 @@ def workers_die_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+def outer_defaults_diloco_always() -> None:
+    """The outer lr and momentum not given are DiLoCo's whatever the optimizer inside (the rule before)."""
+    from hetrain.comm import settings
+
+    settings.outer_defaults = lambda inner: (settings.DILOCO_OUTER_LR, settings.DILOCO_OUTER_MOMENTUM)
+
+
 def orphaned_job_dirs_kept() -> None:
     """No job removes the folders SIGKILLed launchers left (the rule before)."""
     from hetrain.jobs import job_dirs
@@ -737,6 +744,7 @@ def comparison_goes_on_after_a_stop() -> None:
 
 
 MUTANTS = {"no-comm": no_comm, "arrivals-not-progress": arrivals_not_progress, "orphaned-job-dirs-kept": orphaned_job_dirs_kept,
+           "outer-defaults-diloco-always": outer_defaults_diloco_always,
            "resumed-from-own-iteration": resumed_from_own_iteration, "record-unheld": record_unheld,
            "comparison-goes-on-after-a-stop": comparison_goes_on_after_a_stop, "every-worker-scores-the-final-model": every_worker_scores_the_final_model, "one-queue-for-all": one_queue_for_all, "workers-die-on-sigterm": workers_die_on_sigterm,
            "results-whole-through-the-pipe": results_whole_through_the_pipe, "replaced-edge-kept": replaced_edge_kept, "powersgd-cold-resume": powersgd_cold_resume,

@@ -76,3 +76,37 @@ def test_every_setting_has_a_flag_help_and_a_default_that_changes_nothing():
     flags = [settings.flag_of(f) for f in fields]
     assert len(set(flags)) == len(flags) and "--compress" in flags
     assert CommSettings().default
+
+
+def test_the_outer_defaults_follow_the_optimizer_inside():
+    """SlowMo's lr 1 and momentum 0.5 with SGD inside, DiLoCo's 0.7 and 0.9 with AdamW (or none known); a value
+    given wins; the run's record, its fingerprint and the protocol's own optimizer all hold the resolved values."""
+    import torch
+
+    import hetrain
+    from hetrain.config import RunConfig
+    from hetrain.jobs.checkpoint import comm_fingerprint
+
+    def outer(workload, **comm):
+        settings = RunConfig(workload=workload, comm={"outer_optimizer": "nesterov", **comm}).comm_settings()
+        return settings.as_dict()["outer_lr"], settings.as_dict()["outer_momentum"]
+
+    assert outer("mlp") == (1.0, 0.5)  # the digits MLP: SGD inside
+    assert outer("lm") == (0.7, 0.9)  # the byte-level LM: AdamW inside
+    assert outer("mlp", outer_lr=0.7) == (0.7, 0.5) and outer("lm", outer_momentum=0.5) == (0.7, 0.5)
+    config = RunConfig(workload="mlp", comm={"outer_optimizer": "nesterov"})
+    assert comm_fingerprint(config.comm_settings())["outer_momentum"] == 0.5
+    assert RunConfig(workload="mlp").comm_settings().outer_lr is None  # no outer optimizer: nothing filled in
+
+    def built(optimizer_class, **comm):
+        model = torch.nn.Linear(3, 1)
+        sync = hetrain.DPSGD(model, optimizer_class(model.parameters(), lr=0.1) if optimizer_class else None,
+                             outer_optimizer="nesterov", sync_every=2, **comm)
+        group = sync._outer.optimizer.param_groups[0]
+        sync.close()
+        return group["lr"], group["momentum"], group["nesterov"]
+
+    assert built(torch.optim.SGD) == (1.0, 0.5, True)
+    assert built(torch.optim.AdamW) == (0.7, 0.9, True)
+    assert built(None) == (0.7, 0.9, True)
+    assert built(torch.optim.SGD, outer_lr=0.7, outer_momentum=0.9) == (0.7, 0.9, True)

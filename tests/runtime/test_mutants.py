@@ -152,6 +152,7 @@ COMM_MUTANTS = {
     "resumed-from-own-iteration": [  # seen once under load in the slow suite, 2026-12-06
         "tests/runtime/test_failures.py::test_a_killed_job_resumes_from_its_checkpoints_and_finishes_its_iterations"
         "[prague-extra4]"],
+    "outer-defaults-diloco-always": ["tests/comm/test_comm_carrier.py::test_the_outer_defaults_follow_the_optimizer_inside"],
     "orphaned-job-dirs-kept": ["tests/runtime/test_soundness.py::"
                                "test_killing_the_launcher_leaves_no_worker_behind_and_the_next_job_removes_its_folder"],
     "arrivals-not-progress": [  # the finish-straggler test's failure under load, 2026-12-06
