@@ -19,9 +19,13 @@ its speed-up, whatever the link.
 decentralized protocol with ``--outer-optimizer nesterov`` and with ``none`` (issue 36). Goal:
 nesterov reaches 95% no later than none, by the averaged model and by the worst worker's own model.
 
+``outer``'s nesterov runs take the outer defaults for SGD inside: SlowMo's lr 1 and momentum 0.5
+(since 2026-12-06; DiLoCo's 0.7 and 0.9 before).
+
 ``outer-complete``: the control of ``outer``: D-PSGD on the complete graph (every worker averages with
 all, so each exchange is DiLoCo's outer step on the averaged pseudo-gradient, as the outer-step test
-checks to 1e-12; here with int8 and ``local_work="auto"`` as in ``outer``), nesterov and none.
+checks to 1e-12; here with int8 and ``local_work="auto"`` as in ``outer``), nesterov at DiLoCo's own
+lr 0.7 and momentum 0.9 (given), and none.
 
 ``consensus``: no gradients, the runtime's own D-PSGD (issue 36): with outer Nesterov (lr 0.7,
 momentum 0.9), the spread after 60 exchanges over its start on exponential and torus graphs of 8
@@ -206,8 +210,11 @@ def plan(bench: str) -> list[tuple[str, dict]]:
         return [(f"{p}-{outer}", dict(DIGITS, protocol=p, sync_every=8, compression="int8", local_work="auto",
                                       outer_optimizer=outer)) for p in DECENTRALIZED for outer in ("nesterov", "none")]
     if bench == "outer-complete":  # the same on the complete graph: DiLoCo's own outer step, the control
+        diloco = {"nesterov": dict(outer_lr=0.7, outer_momentum=0.9), "none": {}}  # its published settings, given:
+        # with SGD inside the defaults are SlowMo's (hetrain.comm.settings.outer_defaults)
         return [(f"dpsgd-complete-{outer}", dict(DIGITS, protocol="dpsgd", options={"topology": "complete"}, sync_every=8,
-                                                 compression="int8", local_work="auto", outer_optimizer=outer))
+                                                 compression="int8", local_work="auto", outer_optimizer=outer,
+                                                 **diloco[outer]))
                 for outer in ("nesterov", "none")]
     if bench == "table":
         return [(f"{p}-h{h}-{c.replace(':', '')}", dict(DIGITS, protocol=p, sync_every=h, compression=c))
