@@ -4,11 +4,14 @@ when the launcher dies, the dead worker named, Ctrl-C that stops cleanly and wri
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -208,8 +211,9 @@ def test_killing_the_launcher_leaves_no_worker_behind_and_the_next_job_removes_i
     judge, and removing one whose pid now names another process."""
     from hetrain.jobs.job_dirs import OWNER_FILE, PREFIX, _process_identity, sweep_orphaned_job_dirs
 
-    folders = tmp_path / "tmp"
-    folders.mkdir()
+    # a short TMPDIR of the test's own: the warm server's socket goes there, and an AF_UNIX path is at most 107
+    # bytes (pytest's tmp_path under xdist, plus multiprocessing's names, was longer in 1 of 4 CI runs)
+    folders = Path(tempfile.mkdtemp(prefix="hj-", dir="/tmp"))
     job = _Launch(tmp_path, env={**os.environ, "TMPDIR": str(folders)})
     try:
         job.wait_until_training()
@@ -237,6 +241,7 @@ def test_killing_the_launcher_leaves_no_worker_behind_and_the_next_job_removes_i
     finally:
         for pid in _descendants(job.pid):
             os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(folders, ignore_errors=True)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
