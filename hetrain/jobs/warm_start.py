@@ -15,26 +15,52 @@ CUDA; the launcher, by then, runs threads (the Group Generator's server, the
 progress bar's monitor, queue feeders) whose locks a fork would copy held.
 
 ``HETRAIN_START_METHOD=spawn`` starts workers the old way (for comparison, or
-where a forkserver is unavailable: then spawn is the fallback anyway).
+where a forkserver is unavailable: then spawn is the fallback anyway, as it is
+when the temp dir's path is too long for the server's AF_UNIX socket).
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import sys
+import tempfile
 
 from hetrain.errors import UsageError
 
 WARM_MODULES = ("hetrain.jobs.warm",)
 START_METHOD_ENV = "HETRAIN_START_METHOD"
 SERVER_ENV = "HETRAIN_WARM_SERVER"  # set in the server's environment only: it then leaves quickly (warm.py)
+# The forkserver listens on an AF_UNIX socket at <tempdir>/pymp-XXXXXXXX/listener-XXXXXXXX (32 bytes
+# after the temp dir); Linux takes a socket path of at most 107 bytes.
+SOCKET_PATH_MAX = 107
+SOCKET_SUFFIX_LEN = len("/pymp-XXXXXXXX/listener-XXXXXXXX")
+_warned_long_tempdir = False
+
+
+def _tempdir_fits_a_socket() -> bool:
+    global _warned_long_tempdir
+    tempdir = os.fsencode(tempfile.gettempdir())
+    if len(tempdir) + SOCKET_SUFFIX_LEN <= SOCKET_PATH_MAX:
+        return True
+    if not _warned_long_tempdir:
+        _warned_long_tempdir = True
+        print(
+            f"hetrain: the temp dir ({len(tempdir)} bytes) is too long for the warm server's socket "
+            f"(at most {SOCKET_PATH_MAX - SOCKET_SUFFIX_LEN}); workers start by spawn, which is slower. "
+            "Set TMPDIR to a shorter path to start them warm.",
+            file=sys.stderr,
+        )
+    return False
 
 
 def start_method() -> str:
     chosen = os.environ.get(START_METHOD_ENV, "forkserver")
     if chosen not in ("forkserver", "spawn"):
         raise UsageError(f"{START_METHOD_ENV} must be forkserver or spawn, got {chosen!r}; unset it for forkserver")
-    return chosen if chosen in mp.get_all_start_methods() else "spawn"
+    if chosen == "forkserver" and (chosen not in mp.get_all_start_methods() or not _tempdir_fits_a_socket()):
+        return "spawn"
+    return chosen
 
 
 def worker_context():

@@ -69,6 +69,28 @@ def test_start_method_is_forkserver_unless_asked_otherwise(monkeypatch):
         start_method()
 
 
+def test_a_temp_dir_too_long_for_the_servers_socket_falls_back_to_spawn_saying_so(monkeypatch, capsys):
+    """Linux takes an AF_UNIX path of at most 107 bytes; the forkserver's is the temp dir + 32. Past
+    that, multiprocessing's forkserver fails at start-up with a traceback ("AF_UNIX path too long")."""
+    import tempfile
+
+    from hetrain.jobs import warm_start
+
+    monkeypatch.delenv(START_METHOD_ENV, raising=False)
+    monkeypatch.setattr(warm_start, "_warned_long_tempdir", False)
+    fits = "/tmp/" + "x" * (warm_start.SOCKET_PATH_MAX - warm_start.SOCKET_SUFFIX_LEN - len("/tmp/"))
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: fits)
+    assert start_method() == ("forkserver" if sys.platform != "win32" else "spawn")
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: fits + "x")
+    assert start_method() == "spawn"
+    warning = capsys.readouterr().err
+    assert "too long for the warm server's socket" in warning and "TMPDIR" in warning
+    assert len(warning.splitlines()) == 1
+    start_method()
+    assert capsys.readouterr().err == "", "the warning is given once"
+
+
 def _environment_variable(ctx, name):
     return os.environ.get(name)
 
