@@ -707,6 +707,13 @@ def orphaned_job_dirs_kept() -> None:
     job_dirs.sweep_orphaned_job_dirs = lambda parent=None: []
 
 
+def long_tempdir_forkserver() -> None:
+    """The warm server's socket is made whatever the temp dir's length (the rule before: a traceback)."""
+    from hetrain.jobs import warm_start
+
+    warm_start._tempdir_fits_a_socket = lambda: True
+
+
 def resumed_from_own_iteration() -> None:
     """Prague's static schedule goes on from each worker's own file's iteration, not the lowest (the rule before)."""
     from hetrain.runtime.prague import Prague
@@ -744,6 +751,7 @@ def comparison_goes_on_after_a_stop() -> None:
 
 
 MUTANTS = {"no-comm": no_comm, "arrivals-not-progress": arrivals_not_progress, "orphaned-job-dirs-kept": orphaned_job_dirs_kept,
+           "long-tempdir-forkserver": long_tempdir_forkserver,
            "outer-defaults-diloco-always": outer_defaults_diloco_always,
            "resumed-from-own-iteration": resumed_from_own_iteration, "record-unheld": record_unheld,
            "comparison-goes-on-after-a-stop": comparison_goes_on_after_a_stop, "every-worker-scores-the-final-model": every_worker_scores_the_final_model, "one-queue-for-all": one_queue_for_all, "workers-die-on-sigterm": workers_die_on_sigterm,

@@ -153,6 +153,8 @@ COMM_MUTANTS = {
         "tests/runtime/test_failures.py::test_a_killed_job_resumes_from_its_checkpoints_and_finishes_its_iterations"
         "[prague-extra4]"],
     "outer-defaults-diloco-always": ["tests/comm/test_comm_carrier.py::test_the_outer_defaults_follow_the_optimizer_inside"],
+    "long-tempdir-forkserver": ["tests/jobs/test_startup.py::"
+                                "test_a_temp_dir_too_long_for_the_servers_socket_falls_back_to_spawn_saying_so"],
     "orphaned-job-dirs-kept": ["tests/runtime/test_soundness.py::"
                                "test_killing_the_launcher_leaves_no_worker_behind_and_the_next_job_removes_its_folder"],
     "arrivals-not-progress": [  # the finish-straggler test's failure under load, 2026-12-06
