@@ -120,7 +120,8 @@ def markdown(rows: list[dict]) -> str:
              "| bytes/sample | compression ratio | final loss | final accuracy |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['name']} | {r['protocol']} | {r['sync_every']} | {r['compression']} | {r['local_work']} "
+        label = f"{r['name']} (round {r['round']})" if "round" in r else r["name"]
+        lines.append(f"| {label} | {r['protocol']} | {r['sync_every']} | {r['compression']} | {r['local_work']} "
                      f"| {r.get('outer_optimizer') or 'none'} "
                      f"| {_f(r['samples_per_s'], '.1f')} | {_f(r['heterogeneity_efficiency'], '.3f')} "
                      f"| {_f(r['time_to_target_s'], '.1f')} | {_f(r.get('time_to_target_worst_worker_s'), '.1f')} "
@@ -198,6 +199,40 @@ def _digits_plain(runs: dict, protocol: str) -> dict | None:
     return runs.get(("digits", f"{protocol}-plain"))
 
 
+def outer_rounds(rows: list[dict]) -> list[str]:
+    """``outer`` over several rounds: for each protocol and each model (averaged, worst worker), the
+    median time to 95% with nesterov and with none, and in how many rounds nesterov was no later.
+    One pair is one draw: runs of one setting spread by seconds (docs/benchmarks.md)."""
+    times: dict = {}
+    for r in rows:
+        protocol, _, arm = r["name"].rpartition("-")
+        times.setdefault((protocol, arm), {})[r.get("round", 1)] = r
+    lines = []
+    for protocol in DECENTRALIZED:
+        nesterov, none = times.get((protocol, "nesterov"), {}), times.get((protocol, "none"), {})
+        paired = sorted(set(nesterov) & set(none))
+        if len(paired) < 2:
+            continue
+        parts = []
+        for key, what in (("time_to_target_s", "averaged model"), ("time_to_target_worst_worker_s", "worst worker")):
+            a = [nesterov[k].get(key) for k in paired]
+            b = [none[k].get(key) for k in paired]
+            won = sum(x is not None and (y is None or x <= y) for x, y in zip(a, b))
+            med_a, med_b = _median(a), _median(b)
+            met = med_a is not None and (med_b is None or med_a <= med_b)
+            parts.append(f"{what}: median {_f(med_a, '.1f')} s vs {_f(med_b, '.1f')} s "
+                         f"({'met' if met else 'MISSED'} by the median), no later in {won} of {len(paired)} rounds")
+        lines.append(f"{protocol} over {len(paired)} rounds, nesterov vs none to 95%: " + "; ".join(parts))
+    return lines
+
+
+def _median(values: list) -> float | None:
+    """The median, a run that never reached the target counting as the slowest (None if half or more never did)."""
+    ranked = sorted(values, key=lambda v: float("inf") if v is None else v)
+    middle = ranked[(len(ranked) - 1) // 2: len(ranked) // 2 + 1]
+    return None if None in middle else sum(middle) / len(middle)
+
+
 def plan(bench: str) -> list[tuple[str, dict]]:
     """(run name, RunConfig fields) for a benchmark."""
     if bench == "digits-auto":
@@ -235,7 +270,12 @@ def main() -> int:
     parser.add_argument("--only", default=None, help="comma-separated run names to run (default: all)")
     parser.add_argument("--skip-done", action="store_true", help="reuse runs whose metrics.json exists")
     parser.add_argument("--timeout", type=float, default=120.0, help="per-wait timeout of the runs (seconds)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="outer: run every pair this many times, round by round (runs in OUT/outer/rK/), and "
+                             "report each protocol's medians and the rounds nesterov was no later (default 1)")
     args = parser.parse_args()
+    if args.rounds < 1 or (args.rounds > 1 and args.bench != "outer"):
+        parser.error("--rounds must be at least 1, and above 1 only with the outer benchmark")
     budget = args.budget or (300.0 if args.bench == "lm" else 120.0)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -254,10 +294,10 @@ def main() -> int:
             if path.exists():
                 runs[("digits", f"{protocol}-plain")] = row_of("digits", f"{protocol}-plain",
                                                                json.loads(path.read_text()))
-    for name, fields in plan(args.bench):
-        if wanted is not None and name not in wanted:
-            continue
-        run_dir = out / args.bench / name
+    planned = [(name, fields, k) for k in range(1, args.rounds + 1) for name, fields in plan(args.bench)
+               if wanted is None or name in wanted]
+    for name, fields, round_ in planned:
+        run_dir = out / args.bench / (f"r{round_}" if args.rounds > 1 else "") / name
         if args.skip_done and (run_dir / "metrics.json").exists():
             metrics = json.loads((run_dir / "metrics.json").read_text())
         else:
@@ -265,16 +305,17 @@ def main() -> int:
             config = RunConfig(time_budget_s=budget, timeout_s=args.timeout, comm=comm,
                                **{k: v for k, v in fields.items() if k not in COMM_NAMES})
             began = time.time()
-            print(f"== {args.bench}/{name}: {budget:.0f} s", file=sys.stderr)
+            print(f"== {args.bench}/{name}" + (f", round {round_} of {args.rounds}" if args.rounds > 1 else "")
+                  + f": {budget:.0f} s", file=sys.stderr)
             metrics = run_training(config, str(run_dir), progress=True, label=name)
             print(f"   done in {time.time() - began:.0f} s", file=sys.stderr)
         runs[name] = metrics
-        rows.append(row_of(args.bench, name, metrics))
-        text = markdown(rows) + "\n" + "\n".join(f"- {line}" for line in goals(args.bench, rows, runs)) + "\n"
-        (out / f"{args.bench}.json").write_text(json.dumps({"rows": rows, "goals": goals(args.bench, rows, runs)},
-                                                           indent=2) + "\n")
+        rows.append({**row_of(args.bench, name, metrics), **({"round": round_} if args.rounds > 1 else {})})
+        verdicts = outer_rounds(rows) if args.rounds > 1 else goals(args.bench, rows, runs)
+        text = markdown(rows) + "\n" + "\n".join(f"- {line}" for line in verdicts) + "\n"
+        (out / f"{args.bench}.json").write_text(json.dumps({"rows": rows, "goals": verdicts}, indent=2) + "\n")
         (out / f"{args.bench}.md").write_text(text)
-    print(markdown(rows) + "\n" + "\n".join(goals(args.bench, rows, runs)))
+    print(markdown(rows) + "\n" + "\n".join(outer_rounds(rows) if args.rounds > 1 else goals(args.bench, rows, runs)))
     return 0
 
 

@@ -83,3 +83,24 @@ def test_soak_bench_routes_communication_settings_to_comm():
     assert options == {"max_ig": 4} and comm == {"compression": "int8", "sync_every": 8}
     from hetrain.config import RunConfig
     RunConfig(protocol="hop", num_workers=2, time_budget_s=1.0, options=options, comm=comm).validate()
+
+
+def test_comm_bench_rounds_report_medians_and_rounds_won():
+    """``comm_bench.py outer --rounds N``: each protocol's median time to 95% with nesterov and with none,
+    a run that never reached it counting as the slowest, and the rounds in which nesterov was no later."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import comm_bench
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    worst = {"nesterov": [10.0, None, 12.0], "none": [11.0, 9.0, 13.0]}
+    averaged = {"nesterov": [5.0, 6.0, 7.0], "none": [6.0, 6.5, 6.0]}
+    rows = [{"name": f"hop-{arm}", "round": k + 1, "time_to_target_s": averaged[arm][k],
+             "time_to_target_worst_worker_s": worst[arm][k]} for k in range(3) for arm in ("nesterov", "none")]
+    rows.append({"name": "prague-nesterov", "round": 1, "time_to_target_s": 1.0, "time_to_target_worst_worker_s": 1.0})
+    (line,) = comm_bench.outer_rounds(rows)  # prague: one side of one round only, no line
+    assert line.startswith("hop over 3 rounds")
+    assert "averaged model: median 6.0 s vs 6.0 s (met by the median), no later in 2 of 3 rounds" in line
+    assert "worst worker: median 12.0 s vs 11.0 s (MISSED by the median), no later in 2 of 3 rounds" in line
+    assert comm_bench._median([None, None, 3.0]) is None
+    assert comm_bench._median([4.0, 2.0, 3.0, 1.0]) == 2.5
