@@ -728,6 +728,13 @@ def arrivals_not_progress() -> None:
     ProgressBeacon._someone_arrived = staticmethod(lambda missing, before: False)
 
 
+def arrivals_progress_forever() -> None:
+    """A worker waiting at the end counts every look as an arrival: it never gives up on the stuck."""
+    from hetrain.runtime.progress import ProgressBeacon
+
+    ProgressBeacon._someone_arrived = staticmethod(lambda missing, before: True)
+
+
 def every_worker_scores_the_final_model() -> None:
     """Every worker evaluates the final model, not only the first live one (the rule before)."""
     from hetrain.jobs import train_worker
@@ -750,7 +757,8 @@ def comparison_goes_on_after_a_stop() -> None:
     interrupts.stop_received = lambda: None
 
 
-MUTANTS = {"no-comm": no_comm, "arrivals-not-progress": arrivals_not_progress, "orphaned-job-dirs-kept": orphaned_job_dirs_kept,
+MUTANTS = {"no-comm": no_comm, "arrivals-not-progress": arrivals_not_progress,
+           "arrivals-progress-forever": arrivals_progress_forever, "orphaned-job-dirs-kept": orphaned_job_dirs_kept,
            "long-tempdir-forkserver": long_tempdir_forkserver,
            "outer-defaults-diloco-always": outer_defaults_diloco_always,
            "resumed-from-own-iteration": resumed_from_own_iteration, "record-unheld": record_unheld,
