@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from hetrain.protocols.comm_budget import cache_entries, check_comm_memory, comm_memory_option
 from hetrain.protocols.ledger import Group, GroupLedger
 from hetrain.protocols.options import OptionError, ProtocolOptions, option
-from hetrain.protocols.prague_options import preduce_overlap_option
 
 
 @dataclass(frozen=True)
@@ -28,7 +27,6 @@ class ADPSGDOptions(ProtocolOptions):
 
     communicator_cache: int = option(60, help="prague/adpsgd: communicators kept per worker (default 60)")
     comm_memory_mb: int = comm_memory_option()
-    preduce_overlap: int = preduce_overlap_option()
 
     def validate(self, num_workers: int) -> ADPSGDOptions:
         if self.communicator_cache < 1:

@@ -17,14 +17,6 @@ from hetrain.protocols.options import TOLERANT, OptionError, ProtocolOptions, ch
 from hetrain.protocols.sharded_gg import ShardedGroupGenerator, check_sharding
 
 
-def preduce_overlap_option():
-    """The ``preduce_overlap`` field of Prague and AD-PSGD (one help text)."""
-    return option(1, choices=(0, 1),
-                  help="prague/adpsgd: 1 runs each step's group averages while the next step computes, applying "
-                       "the average one step late, as AD-PSGD's paper does (default 1; 0: block on them; "
-                       "docs/prague.md)")
-
-
 @dataclass(frozen=True)
 class PragueOptions(ProtocolOptions):
     """Prague's arguments: the Group Generator mode, the group size, the communicator cache."""
@@ -41,7 +33,10 @@ class PragueOptions(ProtocolOptions):
     gg_shards: int = option(1, help="prague: Group Generators, each over a shard of the workers redrawn every "
                                     "--gg-epoch-s (default 1: one for the job; docs/prague.md)")
     gg_epoch_s: float = option(1.0, type=float, help="prague: seconds between redraws of the shards (default 1)")
-    preduce_overlap: int = preduce_overlap_option()
+    preduce_overlap: int = option(1, choices=(0, 1),
+                                  help="prague: 1 runs each step's P-Reduces while the next step computes, "
+                                       "applying the average one step late (default 1; 0: block on them; "
+                                       "docs/prague.md)")
 
     def validate(self, num_workers: int) -> PragueOptions:
         validate_gg(num_workers, self.group_size, self.gg, self.communicator_cache, self.workers_per_node)

@@ -4,16 +4,8 @@ After each local step an active (even-rank) worker averages its model with a
 random passive (odd-rank) worker; a passive worker, at each of its syncs,
 serves the pairs actives queued for it, one after another. The pairing is pure
 logic (:mod:`hetrain.protocols.adpsgd_pairing`), served beside rank 0 like
-Prague's GG; each pair runs as a P-Reduce of two.
-
-The paper computes each gradient while the worker's averaging runs (its
-Algorithm 1: the gradient is taken at the model read before the average and
-applied to the averaged model). ``preduce_overlap=1`` (the default, as in
-Prague: :mod:`hetrain.groups.background_average`) does the same: a sync's pairs
-run on a thread while the next local step computes, and the average lands one
-step late as ``x <- x + (average - snapshot)``. ``preduce_overlap=0`` blocks on
-the pairs, as hetrain's AD-PSGD did before 2026-12-06 (docs/decisions.md,
-"AD-PSGD overlaps its averaging").
+Prague's GG; each pair runs as a P-Reduce of two. As in Prague, the local step
+comes before the averaging (the paper overlaps them; the averaging is the same).
 """
 
 from __future__ import annotations
@@ -58,7 +50,6 @@ class ADPSGD(GroupProtocol):
         super().__init__(model, optimizer, scheduler, communicator_cache=fitted.communicator_cache,
                          local_scheduler=False, process_group=process_group, timeout_s=timeout_s,
                          on_failure=on_failure, dead_workers=dead_workers, gg_address=gg_address, options=options,
-                         preduce_overlap=bool(options.preduce_overlap),
                          comm=comm, transport=transport)
         self.stats.extra["role"] = "active" if scheduler.is_active(self.job.rank) else "passive"
 

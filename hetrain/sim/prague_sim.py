@@ -306,5 +306,4 @@ def make_adpsgd_sim(setup: SimSetup, options, seed: int) -> GroupSim:
     """AD-PSGD from its :class:`~hetrain.protocols.adpsgd_pairing.ADPSGDOptions`."""
     from hetrain.protocols.adpsgd_pairing import scheduler_for
 
-    return GroupSim(setup, scheduler_for(setup.num_workers, options, seed), name="adpsgd",
-                    overlap=bool(options.preduce_overlap))
+    return GroupSim(setup, scheduler_for(setup.num_workers, options, seed), name="adpsgd")

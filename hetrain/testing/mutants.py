@@ -728,18 +728,6 @@ def arrivals_not_progress() -> None:
     ProgressBeacon._someone_arrived = staticmethod(lambda missing, before: False)
 
 
-def adpsgd_blocks() -> None:
-    """AD-PSGD blocks on its pairs whatever ``preduce_overlap`` says (the rule before 2026-12-06)."""
-    from hetrain.runtime.prague import GroupProtocol
-
-    build = GroupProtocol.__init__
-
-    def blocking(self, *args, preduce_overlap=False, **kwargs):
-        build(self, *args, preduce_overlap=preduce_overlap and self.name != "adpsgd", **kwargs)
-
-    GroupProtocol.__init__ = blocking
-
-
 def arrivals_progress_forever() -> None:
     """A worker waiting at the end counts every look as an arrival: it never gives up on the stuck."""
     from hetrain.runtime.progress import ProgressBeacon
@@ -770,8 +758,7 @@ def comparison_goes_on_after_a_stop() -> None:
 
 
 MUTANTS = {"no-comm": no_comm, "arrivals-not-progress": arrivals_not_progress,
-           "arrivals-progress-forever": arrivals_progress_forever,
-           "adpsgd-blocks": adpsgd_blocks, "orphaned-job-dirs-kept": orphaned_job_dirs_kept,
+           "arrivals-progress-forever": arrivals_progress_forever, "orphaned-job-dirs-kept": orphaned_job_dirs_kept,
            "long-tempdir-forkserver": long_tempdir_forkserver,
            "outer-defaults-diloco-always": outer_defaults_diloco_always,
            "resumed-from-own-iteration": resumed_from_own_iteration, "record-unheld": record_unheld,

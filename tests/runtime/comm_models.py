@@ -32,5 +32,5 @@ def _make(protocol: str, model, optimizer, **comm):
             "hop": lambda: hetrain.Hop(model, optimizer, topology="ring", backup=0, staleness=0, skip_threshold=0,
                                        max_ig=2, **comm),
             "prague": lambda: hetrain.Prague(model, optimizer, gg="static", group_size=2, preduce_overlap=0, **comm),
-            "adpsgd": lambda: hetrain.ADPSGD(model, optimizer, preduce_overlap=0, **comm),  # the blocking trajectory
+            "adpsgd": lambda: hetrain.ADPSGD(model, optimizer, **comm),
             "ps": lambda: hetrain.ParameterServer(model, optimizer, staleness=0, **comm)}[protocol]()
