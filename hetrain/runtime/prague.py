@@ -72,8 +72,10 @@ class GroupProtocol(SyncProtocol):
         is_dead = (lambda rank: rank in self.dead or rank in self.dead_workers() or self._replaced(rank)) \
             if self.dead_workers else None
         self._running = None  # the group being reduced now (respawn: a member replaced since is gone)
-        codec = make_codec(self.compression, self.state.numel, [tuple(t.shape) for t in self.state.tensors]) \
-            if self.compression.enabled else None
+        # the anchors beside the model (an outer optimizer: combine, then adapt) go one bit a value, as Hop's
+        # mixed momentum does (docs/decisions.md, "The anchors one bit a value")
+        codec = make_codec(self.compression, self.state.numel, [tuple(t.shape) for t in self.state.tensors],
+                           head=self.state.model_numel) if self.compression.enabled else None
         self.preduce = PReduce(job.store, job.rank, cache_size=communicator_cache, timeout_s=job.timeout_s,
                                is_dead=is_dead, link=self.link, codec=codec, gossip_step=self.gossip_step,
                                backend=job.backend)

@@ -344,6 +344,14 @@ def momentum_in_the_model_s_code() -> None:
     hop.make_codec = lambda spec, numel, shapes=None, head=None: make(spec, numel, shapes)
 
 
+def anchors_in_the_model_s_code() -> None:
+    """Prague's and AD-PSGD's anchors beside a compressed model go in the model's code (the rule before)."""
+    from hetrain.runtime import prague
+
+    make = prague.make_codec
+    prague.make_codec = lambda spec, numel, shapes=None, head=None: make(spec, numel, shapes)
+
+
 def rates_from_a_few_batches() -> None:
     """The rate board reads a rate from any count, however coarse (one batch more reads as twice the speed)."""
     from hetrain.jobs.rate_board import RateBoard
@@ -758,7 +766,8 @@ def comparison_goes_on_after_a_stop() -> None:
 
 
 MUTANTS = {"no-comm": no_comm, "arrivals-not-progress": arrivals_not_progress,
-           "arrivals-progress-forever": arrivals_progress_forever, "orphaned-job-dirs-kept": orphaned_job_dirs_kept,
+           "arrivals-progress-forever": arrivals_progress_forever,
+           "anchors-in-the-model-s-code": anchors_in_the_model_s_code, "orphaned-job-dirs-kept": orphaned_job_dirs_kept,
            "long-tempdir-forkserver": long_tempdir_forkserver,
            "outer-defaults-diloco-always": outer_defaults_diloco_always,
            "resumed-from-own-iteration": resumed_from_own_iteration, "record-unheld": record_unheld,

@@ -157,6 +157,8 @@ COMM_MUTANTS = {
                                 "test_a_temp_dir_too_long_for_the_servers_socket_falls_back_to_spawn_saying_so"],
     "orphaned-job-dirs-kept": ["tests/runtime/test_soundness.py::"
                                "test_killing_the_launcher_leaves_no_worker_behind_and_the_next_job_removes_its_folder"],
+    "anchors-in-the-model-s-code": ["tests/runtime/test_outer_consensus.py::"
+                                    "test_compressed_groups_send_the_anchors_one_bit_a_value"],
     "arrivals-progress-forever": [
         "tests/runtime/test_progress_beacon.py::test_workers_that_stop_stepping_and_arriving_are_given_up_on_naming_them"],
     "arrivals-not-progress": [  # the finish-straggler test's failure under load, 2026-12-06

@@ -297,3 +297,39 @@ def test_a_resumed_parameter_server_worker_steps_from_the_model_it_pulled():
     pseudo-gradient, and with no progress the model went 5.0, 5.0, 5.165, 5.165 and on."""
     for seen in run_local(_ps_resumed_from_rounds_apart, 2, timeout_s=30):
         assert seen == [5.0] * 4
+
+
+# ----- the anchors one bit a value (Prague, AD-PSGD) --------------------------------------------------
+def _anchors_compressed(ctx, protocol):
+    """Two workers, each toward its own target, outer Nesterov, int8: the bytes of one group message
+    (model and anchors) and the final model."""
+    model = nn.Linear(8, 1, bias=False).double()
+    target = torch.full((1, 8), 4.0 if ctx.rank else -4.0, dtype=torch.float64)
+    inner = torch.optim.SGD(model.parameters(), lr=0.05)
+    outer = torch.optim.SGD(model.parameters(), **NESTEROV)
+    extra = {"gg": "static", "group_size": 2, "preduce_overlap": 0} if protocol == "prague" else {}
+    cls = hetrain.Prague if protocol == "prague" else hetrain.ADPSGD
+    sync = cls(model, inner, sync_every=2, outer_optimizer=outer, compression="int8", **extra)
+    for _ in range(24):
+        inner.zero_grad()
+        ((model.weight - target) ** 2).sum().backward()
+        inner.step()
+    nbytes = sync.preduce.codec.payload_nbytes
+    sync.finish()
+    return nbytes, model.weight.detach().clone().numpy(), sync.metrics()["groups_formed"]
+
+
+@pytest.mark.parametrize("protocol", ["prague", "adpsgd"])
+def test_compressed_groups_send_the_anchors_one_bit_a_value(protocol):
+    """The anchors travel beside the model (combine, then adapt); compressed, they go as Hop's mixed
+    momentum does, one bit a value with a scale (in int8 they doubled a message: 8 values, (4 + 8) * 2
+    bytes). The workers still train and end with one model."""
+    results = run_local(_anchors_compressed, 2, (protocol,), timeout_s=60)
+    for nbytes, _, _ in results:
+        assert nbytes == (4 + 8) + (4 + 1)  # the model: a float32 scale and 8 bytes; the anchors: a scale, 8 bits
+    if protocol == "prague":
+        assert all(groups > 0 for _, _, groups in results)
+    first = results[0][1]
+    for _, weights, _ in results:
+        assert weights == pytest.approx(first, abs=1e-6)
+    assert abs(float(first.mean())) < 1.0 and float(abs(first).max()) > 0  # between the targets, trained
