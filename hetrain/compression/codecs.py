@@ -244,8 +244,9 @@ def make_codec(spec: str | CompressionSpec, numel: int, shapes: list[tuple] | No
                head: int | None = None) -> Codec:
     """The codec of ``spec`` for flat buffers of ``numel`` values (``shapes``: their tensors, for powersgd).
 
-    ``head``: where a buffer's first ``head`` values are a model and the rest its outer momentum (Hop and
-    D-PSGD with an outer SGD with momentum), the model goes with ``spec`` and the momentum one bit a value
+    ``head``: where a buffer's first ``head`` values are a model and the rest what travels beside it (Hop
+    and D-PSGD: the outer momentum of an outer SGD with momentum; Prague and AD-PSGD: the outer
+    optimizer's anchors), the model goes with ``spec`` and the rest one bit a value
     (:class:`ScaledSign`); ``head`` = ``numel`` or None: all of it with ``spec``.
     """
     spec = CompressionSpec.parse(spec)

@@ -36,7 +36,9 @@ worker's own progress there amplifies how unlike the workers' data are (measured
 the protocol's flat state beside the models (``FlatState(model, extra=anchors)``),
 the group averages both, and :meth:`apply` steps the averaged anchor with the
 group's averaged pseudo-gradient ``mixed anchor - mixed model``: zero with no
-progress, DiLoCo's step on the complete graph. A message is then two models.
+progress, DiLoCo's step on the complete graph. A message is then two models,
+or, compressed, the model in its code and the anchors one bit a value (as
+Hop's mixed momentum; :func:`hetrain.compression.codecs.make_codec`'s ``head``).
 
 With SGD of lr 1 and no momentum the stepped anchor is the model itself (plain
 averaging every H steps). Floating-point buffers (BatchNorm's statistics) are
