@@ -220,6 +220,7 @@ def _restore(state: dict, model, optimizer, sampler, protocol) -> None:
     if "cuda_rng" in state and model_device(model).type == "cuda":
         torch.cuda.set_rng_state(state["cuda_rng"], model_device(model))
     protocol.load_state_dict(state["protocol"])
+    protocol.align_resumed_iteration()
 
 
 def _first_live_rank(ctx) -> int:

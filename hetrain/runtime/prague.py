@@ -369,13 +369,7 @@ class Prague(GroupProtocol):
         (docs/decisions.md, "Known limits")."""
         if not self.options.local_schedule or self.job.world_size == 1:
             return
-        lowest = torch.tensor([float(self.stats.iteration)], dtype=torch.float64, device=self.job.device)
-        try:
-            wait_work(self.job.all_reduce(lowest, dist.ReduceOp.MIN), self.job.timeout, self.job.nccl,
-                      "the resumed iteration")
-        except Exception as exc:
-            raise WorkerError(f"worker {self.job.rank} waited for the others' resumed iteration: {exc}") from None
-        self.stats.iteration = int(lowest.item())
+        self.stats.iteration = self._lowest_of_workers(self.stats.iteration, "resumed iteration")
 
     def _stop_wanted(self, local_done: bool) -> bool:
         """GG modes: each worker stops on its own (``finish`` drains). Static: agree at period boundaries.

@@ -223,6 +223,25 @@ class SyncProtocol:
         if self._local_steps == 0:
             self._last_exchange_end = self._last_step_end
 
+    def align_resumed_iteration(self) -> None:
+        """``--resume``, once every worker of the job has loaded its own file (at the same point: the
+        launcher's resume path calls it on every original worker): bring the workers' counters to one
+        point where the protocol needs it (Hop, D-PSGD). Nothing by default."""
+
+    def _lowest_of_workers(self, value: int, what: str) -> int:
+        """The lowest ``value`` over the job's workers (an all-reduce: every worker calls it at the same point)."""
+        import torch.distributed as dist
+
+        from hetrain.errors import WorkerError
+        from hetrain.transport.device_thread import wait_work
+
+        lowest = torch.tensor([float(value)], dtype=torch.float64, device=self.job.device)
+        try:
+            wait_work(self.job.all_reduce(lowest, dist.ReduceOp.MIN), self.job.timeout, self.job.nccl, what)
+        except Exception as exc:
+            raise WorkerError(f"worker {self.job.rank} waited for the others' {what}: {exc}") from None
+        return int(lowest.item())
+
     def reanchor(self) -> None:
         """Take the model as it is now as the outer optimizer's anchor (and as the point Hop's
         ``late_updates="progress"`` measures its own steps from): call it after loading weights into

@@ -729,6 +729,13 @@ def resumed_from_own_iteration() -> None:
     Prague._load_extra_state = lambda self, state: None
 
 
+def hop_resumed_from_own_iteration() -> None:
+    """Hop's workers go on from each one's own file's exchange, not the lowest (the rule before)."""
+    from hetrain.runtime.hop import Hop
+
+    Hop.align_resumed_iteration = lambda self: None
+
+
 def arrivals_not_progress() -> None:
     """A worker waiting at the end counts only steps as progress, not the others' arrivals (the rule before)."""
     from hetrain.runtime.progress import ProgressBeacon
@@ -770,7 +777,8 @@ MUTANTS = {"no-comm": no_comm, "arrivals-not-progress": arrivals_not_progress,
            "anchors-in-the-model-s-code": anchors_in_the_model_s_code, "orphaned-job-dirs-kept": orphaned_job_dirs_kept,
            "long-tempdir-forkserver": long_tempdir_forkserver,
            "outer-defaults-diloco-always": outer_defaults_diloco_always,
-           "resumed-from-own-iteration": resumed_from_own_iteration, "record-unheld": record_unheld,
+           "resumed-from-own-iteration": resumed_from_own_iteration,
+           "hop-resumed-from-own-iteration": hop_resumed_from_own_iteration, "record-unheld": record_unheld,
            "comparison-goes-on-after-a-stop": comparison_goes_on_after_a_stop, "every-worker-scores-the-final-model": every_worker_scores_the_final_model, "one-queue-for-all": one_queue_for_all, "workers-die-on-sigterm": workers_die_on_sigterm,
            "results-whole-through-the-pipe": results_whole_through_the_pipe, "replaced-edge-kept": replaced_edge_kept, "powersgd-cold-resume": powersgd_cold_resume,
            "own-state-from-rank-0": own_state_from_rank_0, "resume-with-nothing-left": resume_with_nothing_left, "late-updates-as-models": late_updates_as_models,
