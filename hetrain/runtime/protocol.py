@@ -42,18 +42,20 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from hetrain.comm import settings as comm_carrier
 from hetrain.comm.local_work import StepTimer, steps_per_exchange
 from hetrain.comm.settings import CommSettings
+from hetrain.errors import WorkerError
 from hetrain.protocols.membership import ON_FAILURE
 from hetrain.protocols.options import OptionError
 from hetrain.runtime.flat_state import FlatState
 from hetrain.runtime.outer_step import OuterStep
 from hetrain.runtime.progress import ProgressBeacon
 from hetrain.runtime.speed_board import SpeedBoard
-from hetrain.transport.device_thread import synchronize
+from hetrain.transport.device_thread import synchronize, wait_work
 from hetrain.transport.job import DEFAULT_TIMEOUT_S, model_device
 from hetrain.transport.link_spec import ring_allreduce_bytes
 from hetrain.transport.membership import Membership
@@ -230,11 +232,6 @@ class SyncProtocol:
 
     def _lowest_of_workers(self, value: int, what: str) -> int:
         """The lowest ``value`` over the job's workers (an all-reduce: every worker calls it at the same point)."""
-        import torch.distributed as dist
-
-        from hetrain.errors import WorkerError
-        from hetrain.transport.device_thread import wait_work
-
         lowest = torch.tensor([float(value)], dtype=torch.float64, device=self.job.device)
         try:
             wait_work(self.job.all_reduce(lowest, dist.ReduceOp.MIN), self.job.timeout, self.job.nccl, what)
