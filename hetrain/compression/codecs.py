@@ -19,6 +19,8 @@ import torch
 from hetrain.compression.spec import INT8_BLOCK, CompressionSpec, low_rank_numel, matrix_of
 
 _F32 = torch.float32
+# byte -> its eight signs (+1 where bit k is set, else -1), bit k at column k: ScaledSign's decoder
+_SIGNS_OF_BYTE = ((torch.arange(256)[:, None] >> torch.arange(8)) & 1).to(_F32) * 2 - 1
 
 
 def _as_bytes(*tensors: torch.Tensor) -> torch.Tensor:
@@ -65,19 +67,27 @@ def _quantize_blocks(x: torch.Tensor, numel: int, levels: int) -> tuple[torch.Te
     block's scale (largest magnitude / levels), rounded to nearest; the integers as float32, ``numel`` long."""
     x = x.reshape(-1).to(_F32)
     blocks = math.ceil(numel / INT8_BLOCK)
-    padded = torch.nn.functional.pad(x, (0, blocks * INT8_BLOCK - numel)).view(blocks, INT8_BLOCK)
+    padded = torch.nn.functional.pad(x, (0, blocks * INT8_BLOCK - numel)).view(blocks, INT8_BLOCK)  # a copy
     scale = padded.abs().amax(dim=1) / float(levels)
     # an all-zero block needs a scale; a non-finite one keeps it, so its block decodes non-finite (NaN
     # became 0, or -8 for int4: finite values that hid it)
     scale = torch.where(scale == 0, torch.ones_like(scale), scale)
-    return scale, torch.round(padded / scale[:, None]).clamp_(-levels, levels).reshape(-1)[:numel]
+    return scale, padded.div_(scale[:, None]).round_().clamp_(-levels, levels).reshape(-1)[:numel]
 
 
 def _dequantize_blocks(scale: torch.Tensor, q: torch.Tensor, numel: int) -> torch.Tensor:
-    """The inverse of :func:`_quantize_blocks`: ``q`` (float32 integers) times its block's scale."""
-    blocks = scale.numel()
-    q = torch.nn.functional.pad(q, (0, blocks * INT8_BLOCK - numel)).view(blocks, INT8_BLOCK)
-    return (q * scale[:, None]).reshape(-1)[:numel]
+    """The inverse of :func:`_quantize_blocks`: ``q`` (float32 integers, ``numel`` long, the caller's to
+    overwrite) times its block's scale, in place."""
+    return _times_block_scales(q, scale)
+
+
+def _times_block_scales(values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``values`` (float32, one block per INT8_BLOCK values, the last maybe shorter) times its block's
+    ``scale``, in place: no padded copy (a third of a decode's time at 25M values)."""
+    full = (scale.numel() - 1) * INT8_BLOCK
+    values[:full].view(-1, INT8_BLOCK).mul_(scale[:-1, None])
+    values[full:].mul_(scale[-1])
+    return values
 
 
 class Int8(Codec):
@@ -89,7 +99,7 @@ class Int8(Codec):
 
     def decode(self, payload):
         blocks = math.ceil(self.numel / INT8_BLOCK)
-        q = payload[4 * blocks:].view(torch.int8).to(_F32)
+        q = payload[4 * blocks:].view(torch.int8).to(_F32)  # a copy: scaled in place
         return _dequantize_blocks(payload[: 4 * blocks].view(_F32), q, self.numel)
 
 
@@ -205,18 +215,24 @@ class ScaledSign(Codec):
 
     def encode(self, x):
         x = x.reshape(-1).to(_F32)
-        padded = torch.nn.functional.pad(x, (0, self.blocks * INT8_BLOCK - self.numel)).view(self.blocks, INT8_BLOCK)
         counts = torch.full((self.blocks,), float(INT8_BLOCK), dtype=_F32, device=x.device)  # not the default dtype
         counts[-1] = self.numel - (self.blocks - 1) * INT8_BLOCK
-        scale = padded.abs().sum(dim=1) / counts
-        bits = (padded.reshape(-1)[: 8 * math.ceil(self.numel / 8)] >= 0).to(torch.uint8).view(-1, 8)
-        return _as_bytes(scale, (bits << torch.arange(8, dtype=torch.uint8, device=x.device)).sum(1, dtype=torch.uint8))
+        magnitude = x.abs()
+        full = (self.blocks - 1) * INT8_BLOCK
+        sums = torch.cat([magnitude[:full].view(-1, INT8_BLOCK).sum(1), magnitude[full:].sum().view(1)])
+        nonneg = (x >= 0).view(torch.uint8)
+        if self.numel % 8:  # the last byte's spare bits read "non-negative", as zero padding would
+            nonneg = torch.nn.functional.pad(nonneg, (0, 8 - self.numel % 8), value=1)
+        # eight flags (0 or 1, flag k in byte k of a little-endian word) into one byte, flag k in bit k:
+        # the multiply moves flag k to bit 56 + k with no carries into the top byte
+        words = nonneg.view(torch.int64)
+        packed = ((words * 0x0102040810204080) >> 56) & 0xFF
+        return _as_bytes(sums / counts, packed.to(torch.uint8))
 
     def decode(self, payload):
         scale = payload[: 4 * self.blocks].clone().view(_F32)  # a slice of a larger payload may sit unaligned
-        bits = (payload[4 * self.blocks:, None] >> torch.arange(8, dtype=torch.uint8, device=payload.device)) & 1
-        signs = bits.reshape(-1)[: self.numel].to(_F32) * 2 - 1
-        return signs * scale.repeat_interleave(INT8_BLOCK)[: self.numel]
+        signs = _SIGNS_OF_BYTE.to(payload.device)[payload[4 * self.blocks:].long()].reshape(-1)[: self.numel]
+        return _times_block_scales(signs, scale)
 
 
 class Split(Codec):

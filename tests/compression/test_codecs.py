@@ -205,3 +205,22 @@ def test_a_non_finite_value_shows_in_its_block_and_nowhere_else(spec):
         decoded = codec.decode(codec.encode(x))
         assert not torch.isfinite(decoded[3])
         assert torch.allclose(decoded[256:], x[256:], rtol=0.2)  # the other block as it was
+
+
+def test_the_one_bit_code_returns_every_sign_and_each_block_s_mean_magnitude():
+    """Every value's sign (zero as +) and its 256-block's mean magnitude, at a length no multiple of 8
+    or 256 and with every byte pattern sent: a packing that carried between flags, or read the bits in
+    another order, fails here."""
+    generator = torch.Generator().manual_seed(5)
+    patterns = ((torch.arange(256)[:, None] >> torch.arange(8)) & 1).reshape(-1)  # bytes 0..255, bit k at k
+    values = torch.rand(2048 + 517, generator=generator) + 0.5
+    signs = torch.cat([patterns, torch.randint(0, 2, (517,), generator=generator)]).float() * 2 - 1
+    x = values * signs
+    x[7] = 0.0
+    codec = make_codec("int8", 2 * x.numel(), head=x.numel())  # the tail is the one-bit code
+    decoded = codec.decode(codec.encode(torch.cat([x, x])))[x.numel():]
+    expected_signs = torch.where(x >= 0, 1.0, -1.0)
+    assert torch.equal(torch.sign(decoded), expected_signs)
+    means = [chunk.abs().mean() for chunk in x.split(256)]
+    expected = expected_signs * torch.cat([m.expand(len(c)) for m, c in zip(means, x.split(256))])
+    assert torch.allclose(decoded, expected, rtol=1e-6, atol=0)
