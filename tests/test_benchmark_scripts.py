@@ -104,3 +104,20 @@ def test_comm_bench_rounds_report_medians_and_rounds_won():
     assert "worst worker: median 12.0 s vs 11.0 s (MISSED by the median), no later in 2 of 3 rounds" in line
     assert comm_bench._median([None, None, 3.0]) is None
     assert comm_bench._median([4.0, 2.0, 3.0, 1.0]) == 2.5
+
+
+def test_codec_bench_times_every_code_and_reports_its_bytes(tmp_path):
+    """``codec_bench.py``: a row per code with its payload's bytes per value (int8 about 1 + a scale per
+    256 values, the one-bit code about an eighth) and positive encode and decode times, as JSON and markdown."""
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "codec_bench.py"), "--numel", "4096",
+                           "--repeats", "2", "--codes", "int8,one-bit", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {r["code"]: r for r in json.loads((tmp_path / "codec.json").read_text())["rows"]}
+    assert rows["int8"]["bytes_per_value"] == (4096 + 4 * 16) / 4096
+    assert rows["one-bit"]["bytes_per_value"] == (4096 / 8 + 4 * 16) / 4096
+    assert all(r["encode_ms"] > 0 and r["decode_ms"] > 0 for r in rows.values())
+    assert "| one-bit | 4,096 |" in (tmp_path / "codec.md").read_text()
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "codec_bench.py"), "--codes", "int9",
+                          "--out", str(tmp_path / "bad")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "int9" in bad.stderr and not (tmp_path / "bad").exists()

@@ -21,6 +21,8 @@ from hetrain.compression.spec import INT8_BLOCK, CompressionSpec, low_rank_numel
 _F32 = torch.float32
 # byte -> its eight signs (+1 where bit k is set, else -1), bit k at column k: ScaledSign's decoder
 _SIGNS_OF_BYTE = ((torch.arange(256)[:, None] >> torch.arange(8)) & 1).to(_F32) * 2 - 1
+# byte -> its two int4 values (low half first), each -8..7: Int4's decoder
+_INT4_PAIR_OF_BYTE = torch.stack([torch.arange(256) & 0x0F, torch.arange(256) >> 4], dim=1).to(_F32) - 8.0
 
 
 def _as_bytes(*tensors: torch.Tensor) -> torch.Tensor:
@@ -109,16 +111,16 @@ class Int4(Codec):
 
     def encode(self, x):
         scale, q = _quantize_blocks(x, self.numel, 7)
-        q = (q + 8).to(torch.uint8)
+        q = q.add_(8).to(torch.uint8)  # 1..15: a nibble each
         if q.numel() % 2:
             q = torch.nn.functional.pad(q, (0, 1), value=8)
-        pairs = q.view(-1, 2)
-        return _as_bytes(scale, pairs[:, 0] | (pairs[:, 1] << 4))
+        # two bytes as one little-endian word: the even value in bits 0-3, the odd in bits 8-11
+        words = q.view(torch.int16)
+        return _as_bytes(scale, ((words & 0x0F) | ((words >> 4) & 0xF0)).to(torch.uint8))
 
     def decode(self, payload):
         blocks = math.ceil(self.numel / INT8_BLOCK)
-        packed = payload[4 * blocks:]
-        q = torch.stack([packed & 0x0F, packed >> 4], dim=1).reshape(-1)[: self.numel].to(_F32) - 8.0
+        q = _INT4_PAIR_OF_BYTE.to(payload.device)[payload[4 * blocks:].long()].reshape(-1)[: self.numel]
         return _dequantize_blocks(payload[: 4 * blocks].view(_F32), q, self.numel)
 
 

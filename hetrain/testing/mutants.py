@@ -329,6 +329,21 @@ def sign_scaled_by_the_largest() -> None:
     codecs.ScaledSign.encode = encode
 
 
+def sign_bits_reversed() -> None:
+    """The one-bit code's packing puts flag k in bit 7 - k, where the decoder reads bit k."""
+    from hetrain.compression import codecs
+
+    encode = codecs.ScaledSign.encode
+
+    def reversed_bits(self, x):
+        payload = encode(self, x)
+        head, packed = payload[: 4 * self.blocks], payload[4 * self.blocks:]
+        flipped = sum((((packed >> k) & 1) << (7 - k)) for k in range(8)).to(torch.uint8)
+        return torch.cat([head, flipped])
+
+    codecs.ScaledSign.encode = reversed_bits
+
+
 def attempt_store_unprefixed() -> None:
     """Under torchrun's agent store every attempt shares one key space (no attempt prefix)."""
     from hetrain.transport import job
@@ -798,7 +813,7 @@ MUTANTS = {"no-comm": no_comm, "arrivals-not-progress": arrivals_not_progress,
            "admitted-before-start": admitted_before_start, "data-split-ignored": data_split_ignored, "balance-ignored": balance_ignored, "rates-from-a-few-batches": rates_from_a_few_batches, "no-dead-band": no_dead_band,
            "momentum-unmixed": momentum_unmixed, "momentum-unbound-after-load": momentum_unbound_after_load,
            "momentum-bound-only-at-the-step": momentum_bound_only_at_the_step, "momentum-in-the-model-s-code": momentum_in_the_model_s_code,
-           "sign-scaled-by-the-largest": sign_scaled_by_the_largest, "attempt-store-unprefixed": attempt_store_unprefixed, "ready-only-at-the-barrier": ready_only_at_the_barrier,
+           "sign-scaled-by-the-largest": sign_scaled_by_the_largest, "sign-bits-reversed": sign_bits_reversed, "attempt-store-unprefixed": attempt_store_unprefixed, "ready-only-at-the-barrier": ready_only_at_the_barrier,
            "stale-replicas-across-edges": stale_replicas_across_edges, "free-gg-requests": free_gg_requests,
            "ingress-in-arrival-order": ingress_in_arrival_order,
            "no-shared-start": no_shared_start, "plan-shards-frozen": plan_shards_frozen,
