@@ -15,6 +15,7 @@ OUT/codec.md.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -52,8 +53,8 @@ def measure(codes: list[str], numel: int, repeats: int, seed: int = 0) -> list[d
         codec = codec_of(code, numel)
         payload = codec.encode(x)
         rows.append({"code": code, "numel": numel, "bytes_per_value": payload.numel() / numel,
-                     "encode_ms": median_ms(lambda: codec.encode(x), repeats),
-                     "decode_ms": median_ms(lambda: codec.decode(payload), repeats)})
+                     "encode_ms": median_ms(functools.partial(codec.encode, x), repeats),
+                     "decode_ms": median_ms(functools.partial(codec.decode, payload), repeats)})
     return rows
 
 
