@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/comm_bench.py table --out runs/comm      # H x compression for hop and prague
     .venv/bin/python benchmarks/comm_bench.py lm --out runs/comm         # the byte-level GPT, 4 workers, 100 Mbit/s
     .venv/bin/python benchmarks/comm_bench.py digits --budget 30         # a quick look
+    .venv/bin/python benchmarks/comm_bench.py outer --rounds 3 --only prague-nesterov,prague-none --option preduce_overlap=0
 
 ``digits``: ``--compute-ms 50 --link-mbps 1`` (the MLP's message is 19 KB: 0.15 s on that link),
 each decentralized protocol plain and with ``--sync-every 8 --compress int8``. Goals: 95% test
@@ -40,6 +41,10 @@ allreduce, bytes per sample at least 50x fewer, and validation loss within 0.02 
 plain hop's at equal samples (the new run's loss when it had processed as many samples as
 plain hop did in its whole run).
 
+``--option NAME=VALUE`` (repeatable) gives every run a protocol option or overrides a communication
+setting; every planned run is checked before the first starts, so an option that one of them does not
+take stops the benchmark at once (narrow the runs with ``--only``).
+
 Every run is a real ``hetrain train`` job of ``--budget`` seconds (default 120; lm 300). Writes
 OUT/<bench>.json and OUT/<bench>.md after every run (``--skip-done`` reuses runs whose
 metrics.json exists) and each run's record under OUT/<bench>/<name>/.
@@ -53,8 +58,11 @@ import sys
 import time
 from pathlib import Path
 
+from soak_bench import _option, split_options
+
 from hetrain.comm.settings import comm_fields
 from hetrain.config import RunConfig
+from hetrain.errors import UsageError
 from hetrain.jobs.run import run_training
 
 DIGITS = dict(workload="mlp", num_workers=8, slowdown="0:5x", compute_ms=50.0, link_mbps="1")
@@ -261,6 +269,14 @@ def plan(bench: str) -> list[tuple[str, dict]]:
     raise SystemExit(f"unknown benchmark {bench!r}: digits, table or lm")
 
 
+def config_of(fields: dict, budget: float, timeout: float, options: dict, given_comm: dict) -> RunConfig:
+    """A planned run's RunConfig: its communication settings in ``comm``, overridden by ``given_comm``
+    (``--option``), and ``options`` as the protocol's."""
+    comm = {**{k: v for k, v in fields.items() if k in COMM_NAMES}, **given_comm}
+    return RunConfig(time_budget_s=budget, timeout_s=timeout, comm=comm, options=dict(options),
+                     **{k: v for k, v in fields.items() if k not in COMM_NAMES})
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("bench", choices=("digits", "digits-auto", "outer", "outer-complete", "table", "lm",
@@ -270,19 +286,25 @@ def main() -> int:
     parser.add_argument("--only", default=None, help="comma-separated run names to run (default: all)")
     parser.add_argument("--skip-done", action="store_true", help="reuse runs whose metrics.json exists")
     parser.add_argument("--timeout", type=float, default=120.0, help="per-wait timeout of the runs (seconds)")
+    parser.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
+                        help="a protocol option or a communication setting by its Python name for every run, "
+                             "e.g. preduce_overlap=0 (with --only prague-...) or compression=int4 (repeatable)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="outer: run every pair this many times, round by round (runs in OUT/outer/rK/), and "
                              "report each protocol's medians and the rounds nesterov was no later (default 1)")
     args = parser.parse_args()
+    options, given_comm = split_options(dict(_option(text) for text in args.option))
     if args.rounds < 1 or (args.rounds > 1 and args.bench != "outer"):
         parser.error("--rounds must be at least 1, and above 1 only with the outer benchmark")
     budget = args.budget or (300.0 if args.bench == "lm" else 120.0)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     wanted = set(args.only.split(",")) if args.only else None
     if args.bench == "consensus":
         from consensus_checks import consensus_report
 
+        if args.option:
+            parser.error("--option does not apply to consensus (its checks set their own settings)")
+        out.mkdir(parents=True, exist_ok=True)
         report = consensus_report()
         (out / "consensus.json").write_text(json.dumps(report, indent=2) + "\n")
         print("\n".join(report["lines"]))
@@ -296,14 +318,19 @@ def main() -> int:
                                                                json.loads(path.read_text()))
     planned = [(name, fields, k) for k in range(1, args.rounds + 1) for name, fields in plan(args.bench)
                if wanted is None or name in wanted]
-    for name, fields, round_ in planned:
+    configs = {name: config_of(fields, budget, args.timeout, options, given_comm) for name, fields, _ in planned}
+    for name, config in configs.items():  # every run checked before the first starts: hours, not a late traceback
+        try:
+            config.validate()
+        except (UsageError, ValueError) as error:
+            parser.error(f"run {name}: {error} (--option applies to every run: narrow them with --only)")
+    out.mkdir(parents=True, exist_ok=True)
+    for name, _, round_ in planned:
         run_dir = out / args.bench / (f"r{round_}" if args.rounds > 1 else "") / name
         if args.skip_done and (run_dir / "metrics.json").exists():
             metrics = json.loads((run_dir / "metrics.json").read_text())
         else:
-            comm = {k: v for k, v in fields.items() if k in COMM_NAMES}  # the communication settings: RunConfig.comm
-            config = RunConfig(time_budget_s=budget, timeout_s=args.timeout, comm=comm,
-                               **{k: v for k, v in fields.items() if k not in COMM_NAMES})
+            config = configs[name]
             began = time.time()
             print(f"== {args.bench}/{name}" + (f", round {round_} of {args.rounds}" if args.rounds > 1 else "")
                   + f": {budget:.0f} s", file=sys.stderr)
@@ -313,7 +340,8 @@ def main() -> int:
         rows.append({**row_of(args.bench, name, metrics), **({"round": round_} if args.rounds > 1 else {})})
         verdicts = outer_rounds(rows) if args.rounds > 1 else goals(args.bench, rows, runs)
         text = markdown(rows) + "\n" + "\n".join(f"- {line}" for line in verdicts) + "\n"
-        (out / f"{args.bench}.json").write_text(json.dumps({"rows": rows, "goals": verdicts}, indent=2) + "\n")
+        (out / f"{args.bench}.json").write_text(json.dumps({"rows": rows, "goals": verdicts,
+                                                            "options": {**options, **given_comm}}, indent=2) + "\n")
         (out / f"{args.bench}.md").write_text(text)
     print(markdown(rows) + "\n" + "\n".join(outer_rounds(rows) if args.rounds > 1 else goals(args.bench, rows, runs)))
     return 0

@@ -121,3 +121,23 @@ def test_codec_bench_times_every_code_and_reports_its_bytes(tmp_path):
     bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "codec_bench.py"), "--codes", "int9",
                           "--out", str(tmp_path / "bad")], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "int9" in bad.stderr and not (tmp_path / "bad").exists()
+
+
+def test_comm_bench_options_reach_every_run_and_a_bad_one_stops_all_before_the_first(tmp_path):
+    """``--option``: a protocol option goes to RunConfig.options and a communication setting overrides the
+    plan's; an option one planned run does not take stops the benchmark (exit 2) before any run or file."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import comm_bench
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    fields = dict(comm_bench.plan("outer"))["prague-nesterov"]
+    config = comm_bench.config_of(fields, 30.0, 60.0, {"preduce_overlap": 0}, {"compression": "int4"})
+    config.validate()
+    assert config.options == {"preduce_overlap": 0} and config.protocol == "prague"
+    assert config.comm["compression"] == "int4" and config.comm["sync_every"] == 8
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "comm_bench.py"), "outer", "--option",
+                           "preduce_overlap=0", "--out", str(tmp_path / "out")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "run dpsgd-nesterov" in done.stderr and "preduce_overlap" in done.stderr
+    assert not (tmp_path / "out").exists()
