@@ -344,6 +344,26 @@ def sign_bits_reversed() -> None:
     codecs.ScaledSign.encode = reversed_bits
 
 
+def topk_sample_trusted() -> None:
+    """Top-k trusts its sample's threshold: when too few values pass, it pads with the first indices
+    instead of searching the whole vector."""
+    from hetrain.compression import codecs
+
+    def largest(magnitude, k, sample_size=65536):
+        stride = max(1, magnitude.numel() // sample_size)
+        sample = magnitude[::stride]
+        rank = min(sample.numel(), -(-3 * k * sample.numel() // (2 * magnitude.numel())) + 16)
+        threshold = torch.topk(sample, rank, sorted=False).values.min()
+        candidates = torch.nonzero(magnitude >= threshold).squeeze(1)
+        if candidates.numel() < k:
+            spare = torch.ones(magnitude.numel(), dtype=torch.bool)
+            spare[candidates] = False
+            return torch.cat([candidates, torch.nonzero(spare).squeeze(1)[: k - candidates.numel()]])
+        return candidates[torch.topk(magnitude[candidates], k, sorted=False).indices]
+
+    codecs._largest_magnitudes = largest
+
+
 def attempt_store_unprefixed() -> None:
     """Under torchrun's agent store every attempt shares one key space (no attempt prefix)."""
     from hetrain.transport import job
@@ -813,7 +833,7 @@ MUTANTS = {"no-comm": no_comm, "arrivals-not-progress": arrivals_not_progress,
            "admitted-before-start": admitted_before_start, "data-split-ignored": data_split_ignored, "balance-ignored": balance_ignored, "rates-from-a-few-batches": rates_from_a_few_batches, "no-dead-band": no_dead_band,
            "momentum-unmixed": momentum_unmixed, "momentum-unbound-after-load": momentum_unbound_after_load,
            "momentum-bound-only-at-the-step": momentum_bound_only_at_the_step, "momentum-in-the-model-s-code": momentum_in_the_model_s_code,
-           "sign-scaled-by-the-largest": sign_scaled_by_the_largest, "sign-bits-reversed": sign_bits_reversed, "attempt-store-unprefixed": attempt_store_unprefixed, "ready-only-at-the-barrier": ready_only_at_the_barrier,
+           "sign-scaled-by-the-largest": sign_scaled_by_the_largest, "sign-bits-reversed": sign_bits_reversed, "topk-sample-trusted": topk_sample_trusted, "attempt-store-unprefixed": attempt_store_unprefixed, "ready-only-at-the-barrier": ready_only_at_the_barrier,
            "stale-replicas-across-edges": stale_replicas_across_edges, "free-gg-requests": free_gg_requests,
            "ingress-in-arrival-order": ingress_in_arrival_order,
            "no-shared-start": no_shared_start, "plan-shards-frozen": plan_shards_frozen,

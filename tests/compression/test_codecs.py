@@ -37,6 +37,26 @@ def test_topk_keeps_exactly_the_largest_values_and_nothing_else():
     assert not decoded[~kept].any()
 
 
+@pytest.mark.parametrize("case", ["spread", "every-third"])
+def test_topk_keeps_exactly_the_largest_values_of_a_large_vector(case):
+    """Above 131,072 values the top-k is found among the values a sample's threshold passes: still
+    exactly the k largest, both when the sample is fair (``spread``) and when it misleads: 600 large
+    values on every third index, the sampled ones, where k is 1,000 (``every-third``: too few pass,
+    and the whole vector is searched)."""
+    numel = 200_000
+    generator = torch.Generator().manual_seed(6)
+    x = torch.randn(numel, generator=generator)
+    if case == "every-third":
+        x = x * 0.01
+        x[0: 3 * 600: 3] = 10.0 + torch.rand(600, generator=generator)
+    codec = make_codec("topk:0.005", numel)
+    assert codec.k == 1000
+    decoded = codec.decode(codec.encode(x))
+    kept = torch.zeros(numel, dtype=torch.bool)
+    kept[torch.topk(x.abs(), codec.k).indices] = True
+    assert torch.equal(decoded[kept], x[kept]) and not decoded[~kept].any()
+
+
 def test_powersgd_reconstructs_a_low_rank_model_and_sends_vectors_whole():
     gen = torch.Generator().manual_seed(4)
     parts = [torch.randn(64, 2, generator=gen) @ torch.randn(2, 64, generator=gen), torch.randn(64, generator=gen),

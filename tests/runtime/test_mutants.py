@@ -132,6 +132,8 @@ COMM_MUTANTS = {
                                    "test_a_model_beside_its_momentum_goes_in_its_own_code_and_the_momentum_one_bit_a_value"],
     "sign-bits-reversed": ["tests/compression/test_codecs.py::"
                            "test_the_one_bit_code_returns_every_sign_and_each_block_s_mean_magnitude"],
+    "topk-sample-trusted": ["tests/compression/test_codecs.py::"
+                            "test_topk_keeps_exactly_the_largest_values_of_a_large_vector[every-third]"],
     "attempt-store-unprefixed": ["tests/test_data_split.py::test_a_restarted_torchrun_attempt_reads_no_count_of_the_dead_one"],
     "momentum-in-the-model-s-code": [f"{OC}::test_the_outer_momentum_is_mixed_as_the_models_are[hop-int8]"],
     "rates-from-a-few-batches": ["tests/test_data_split.py::test_a_few_batches_give_no_rate_at_all"],
