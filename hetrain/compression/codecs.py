@@ -158,7 +158,8 @@ def _largest_magnitudes(magnitude: torch.Tensor, k: int, sample_size: int = 6553
     sample = magnitude[::stride]
     rank = min(sample.numel(), math.ceil(1.5 * k * sample.numel() / numel) + 16)
     threshold = torch.topk(sample, rank, sorted=False).values.min()
-    candidates = torch.nonzero(magnitude >= threshold).squeeze(1)
+    # not below it: a NaN passes too, as torch.topk ranks it above every number (a message shows it)
+    candidates = torch.nonzero(torch.logical_not(magnitude < threshold)).squeeze(1)
     if candidates.numel() < k:
         return torch.topk(magnitude, k, sorted=False).indices
     return candidates[torch.topk(magnitude[candidates], k, sorted=False).indices]

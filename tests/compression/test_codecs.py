@@ -57,6 +57,15 @@ def test_topk_keeps_exactly_the_largest_values_of_a_large_vector(case):
     assert torch.equal(decoded[kept], x[kept]) and not decoded[~kept].any()
 
 
+def test_topk_sends_a_nan_the_sample_did_not_see():
+    """A NaN where the sample does not look (index 1 of a 200,000-value vector sampled every third
+    index) is sent, as ``torch.topk`` over the whole vector ranks it first: a receiver's copy shows it."""
+    x = torch.randn(200_000, generator=torch.Generator().manual_seed(8))
+    x[1] = float("nan")
+    codec = make_codec("topk:0.005", x.numel())
+    assert torch.isnan(codec.decode(codec.encode(x))[1])
+
+
 def test_powersgd_reconstructs_a_low_rank_model_and_sends_vectors_whole():
     gen = torch.Generator().manual_seed(4)
     parts = [torch.randn(64, 2, generator=gen) @ torch.randn(2, 64, generator=gen), torch.randn(64, generator=gen),
