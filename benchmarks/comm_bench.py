@@ -58,8 +58,7 @@ import sys
 import time
 from pathlib import Path
 
-from soak_bench import _option, split_options
-
+from hetrain.comm.option_text import parse_option, split_options
 from hetrain.comm.settings import comm_fields
 from hetrain.config import RunConfig
 from hetrain.errors import UsageError
@@ -271,10 +270,11 @@ def plan(bench: str) -> list[tuple[str, dict]]:
 
 def config_of(fields: dict, budget: float, timeout: float, options: dict, given_comm: dict) -> RunConfig:
     """A planned run's RunConfig: its communication settings in ``comm``, overridden by ``given_comm``
-    (``--option``), and ``options`` as the protocol's."""
+    (``--option``), and its protocol options with ``options`` over them."""
     comm = {**{k: v for k, v in fields.items() if k in COMM_NAMES}, **given_comm}
-    return RunConfig(time_budget_s=budget, timeout_s=timeout, comm=comm, options=dict(options),
-                     **{k: v for k, v in fields.items() if k not in COMM_NAMES})
+    merged = {**fields.get("options", {}), **options}  # the plan's own (outer-complete's topology), then --option
+    return RunConfig(time_budget_s=budget, timeout_s=timeout, comm=comm, options=merged,
+                     **{k: v for k, v in fields.items() if k not in COMM_NAMES and k != "options"})
 
 
 def main() -> int:
@@ -293,7 +293,10 @@ def main() -> int:
                         help="outer: run every pair this many times, round by round (runs in OUT/outer/rK/), and "
                              "report each protocol's medians and the rounds nesterov was no later (default 1)")
     args = parser.parse_args()
-    options, given_comm = split_options(dict(_option(text) for text in args.option))
+    try:
+        options, given_comm = split_options(dict(parse_option(text) for text in args.option))
+    except UsageError as error:
+        parser.error(str(error))
     if args.rounds < 1 or (args.rounds > 1 and args.bench != "outer"):
         parser.error("--rounds must be at least 1, and above 1 only with the outer benchmark")
     budget = args.budget or (300.0 if args.bench == "lm" else 120.0)
@@ -318,11 +321,12 @@ def main() -> int:
                                                                json.loads(path.read_text()))
     planned = [(name, fields, k) for k in range(1, args.rounds + 1) for name, fields in plan(args.bench)
                if wanted is None or name in wanted]
-    configs = {name: config_of(fields, budget, args.timeout, options, given_comm) for name, fields, _ in planned}
-    for name, config in configs.items():  # every run checked before the first starts: hours, not a late traceback
+    configs = {}
+    for name, fields, _ in planned:  # every run checked before the first starts: hours, not a late traceback
         try:
-            config.validate()
-        except (UsageError, ValueError) as error:
+            configs[name] = config_of(fields, budget, args.timeout, options, given_comm)
+            configs[name].validate()
+        except Exception as error:  # noqa: BLE001 (a value of the wrong type fails deeper than validate's checks)
             parser.error(f"run {name}: {error} (--option applies to every run: narrow them with --only)")
     out.mkdir(parents=True, exist_ok=True)
     for name, _, round_ in planned:

@@ -22,14 +22,15 @@ resumed with ``--skip-done``), and each run's record under OUT/<model>-<workers>
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
 from pathlib import Path
 
-from hetrain.comm.settings import CommSettings
+from hetrain.comm.option_text import parse_option as _option
+from hetrain.comm.option_text import split_options
 from hetrain.config import RunConfig
+from hetrain.errors import UsageError
 from hetrain.jobs.run import run_training
 from hetrain.metrics import job_series, quarter_rates, rss_median
 from hetrain.registry import PROTOCOL_NAMES
@@ -89,28 +90,6 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _option(text: str) -> tuple[str, object]:
-    name, sep, value = text.partition("=")
-    if not sep or not name:
-        raise SystemExit(f"--option {text!r}: write NAME=VALUE, e.g. max_ig=4")
-    for kind in (int, float):
-        try:
-            return name, kind(value)
-        except ValueError:
-            pass
-    return name, value
-
-
-COMM_NAMES = frozenset(f.name for f in dataclasses.fields(CommSettings))
-
-
-def split_options(named: dict[str, object]) -> tuple[dict, dict]:
-    """The protocol's options and the communication settings (``compression``, ``sync_every``, ...) apart:
-    RunConfig takes them in different fields."""
-    return ({k: v for k, v in named.items() if k not in COMM_NAMES},
-            {k: v for k, v in named.items() if k in COMM_NAMES})
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/soak")
@@ -124,7 +103,10 @@ def main() -> int:
                         help="a protocol option or a communication setting by its Python name, e.g. max_ig=4 or "
                              "compression=int8 (repeatable)")
     args = parser.parse_args()
-    options, comm = split_options(dict(_option(text) for text in args.option))
+    try:
+        options, comm = split_options(dict(_option(text) for text in args.option))
+    except UsageError as error:
+        parser.error(str(error))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []

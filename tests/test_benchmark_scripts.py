@@ -141,3 +141,26 @@ def test_comm_bench_options_reach_every_run_and_a_bad_one_stops_all_before_the_f
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "run dpsgd-nesterov" in done.stderr and "preduce_overlap" in done.stderr
     assert not (tmp_path / "out").exists()
+    for plan_name, _ in comm_bench.plan("outer-complete"):  # the plan's own options kept under --option
+        fields = dict(comm_bench.plan("outer-complete"))[plan_name]
+        config = comm_bench.config_of(fields, 30.0, 60.0, {}, {"compression": "int4"})
+        config.validate()
+        assert config.options == {"topology": "complete"}
+
+
+def test_option_texts_are_read_as_their_flags_read_them():
+    """``NAME=VALUE``: a setting by its flag's type (an integer for sync_every, text for compression),
+    a protocol option guessed (false is False, not the truthy text), and bad text a one-line UsageError."""
+    from hetrain.comm.option_text import parse_option, split_options
+    from hetrain.errors import UsageError
+
+    named = dict(parse_option(t) for t in ("sync_every=8", "compression=4", "outer_lr=0.5", "max_ig=4",
+                                           "late_updates=progress", "flag=false"))
+    options, comm = split_options(named)
+    assert comm == {"sync_every": 8, "compression": "4", "outer_lr": 0.5}
+    assert options == {"max_ig": 4, "late_updates": "progress", "flag": False}
+    for bad in ("sync_every", "=3"):
+        with pytest.raises(UsageError, match="NAME=VALUE"):
+            parse_option(bad)
+    with pytest.raises(UsageError, match="sync_every takes an integer"):
+        split_options({"sync_every": "x"})

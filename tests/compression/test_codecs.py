@@ -57,6 +57,20 @@ def test_topk_keeps_exactly_the_largest_values_of_a_large_vector(case):
     assert torch.equal(decoded[kept], x[kept]) and not decoded[~kept].any()
 
 
+@pytest.mark.parametrize("numel", [4810, 200_000])
+def test_topk_breaks_ties_at_the_kth_magnitude_by_the_lowest_index(numel):
+    """3,000 values of magnitude 5 (signs alternating, from index 100) among small ones, k = 1,000 or
+    24: the ties go to the lowest indices, on the small path and the sampled one alike (a bf16 model
+    upcast to float32 is full of ties; torch.topk broke them as it liked)."""
+    x = torch.rand(numel, generator=torch.Generator().manual_seed(9)) * 0.1
+    count = min(3000, numel // 2)
+    x[100: 100 + count] = 5.0 * (torch.arange(count) % 2 * 2 - 1)
+    x[numel - 1] = 7.0  # one above them all, at the end
+    codec = make_codec("topk:0.005", numel)
+    sent = codec.encode(x)[: 4 * codec.k].view(torch.int32).long()
+    assert sent.tolist() == list(range(100, 100 + codec.k - 1)) + [numel - 1]
+
+
 def test_topk_sends_a_nan_the_sample_did_not_see():
     """A NaN where the sample does not look (index 1 of a 200,000-value vector sampled every third
     index) is sent, as ``torch.topk`` over the whole vector ranks it first: a receiver's copy shows it."""
@@ -222,6 +236,13 @@ def test_a_bfloat16_model_s_start_digest_is_written():
     hop.job = types.SimpleNamespace(rank=0, store=types.SimpleNamespace(set=store.__setitem__))
     hop._publish_start()
     assert len(store["hetrain/hop/start-digest/0"]) == 32
+
+
+@pytest.mark.parametrize("spec", ["int8", "int4", "bf16", "none"])
+def test_an_empty_buffer_encodes_and_decodes_to_nothing(spec):
+    codec = make_codec(spec, 0)
+    payload = codec.encode(torch.zeros(0))
+    assert payload.numel() == codec.payload_nbytes and codec.decode(payload).numel() == 0
 
 
 @pytest.mark.parametrize("spec", ["int8", "int4"])
