@@ -49,7 +49,7 @@ class PublicCopy:
             self.public = model.detach().clone()
         elif delta_dsts:
             delta = self.codec.encode(model - self.public)
-            self.public.add_(self.codec.decode(delta).to(self.public.dtype))
+            self.codec.add_decoded(delta, self.public)
             self.synced &= set(dsts)  # a holder this delta skips no longer holds x̂: a keyframe next
         keyframe = self.public.clone() if key_dsts else None
         self.synced.update(key_dsts)
@@ -85,7 +85,7 @@ class ReplicaSet:
         if replica is None:
             raise RuntimeError(f"a compressed update from worker {src} before any keyframe from it "
                                "(the sender's and receiver's copies disagree)")
-        replica.add_(self.codec.decode(payload).to(replica.dtype))
+        self.codec.add_decoded(payload, replica)
         return self.new_buffer().copy_(replica)
 
     def public(self, src: int) -> torch.Tensor | None:

@@ -53,7 +53,7 @@ def compressed_exchange(comm, buf: torch.Tensor, index: int, size: int, codec: C
     wait(comm.allgather([gathered], [message]))
     weights = []
     for member, received in enumerate(gathered):
-        publics[member].add_(codec.decode(received[:-4]).to(publics[member].dtype))
+        codec.add_decoded(received[:-4], publics[member])
         weights.append(float(received[-4:].clone().view(torch.float32)))  # (a copy: 4-byte aligned)
     total = sum(weights)
     target = torch.zeros_like(buf)

@@ -102,7 +102,7 @@ class _Server:
         kind, reply = UPDATE, None
         if self.codec is not None and worker in self._copies:
             kind, reply = DELTA, self.codec.encode(self.model - self._copies[worker])
-            self._copies[worker].add_(self.codec.decode(reply).to(self.model.dtype))
+            self.codec.add_decoded(reply, self._copies[worker])
         else:
             reply = self.buffers.take().copy_(self.model)
             if self.codec is not None:
