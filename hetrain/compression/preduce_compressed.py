@@ -56,8 +56,10 @@ def compressed_exchange(comm, buf: torch.Tensor, index: int, size: int, codec: C
         codec.add_decoded(received[:-4], publics[member])
         weights.append(float(received[-4:].clone().view(torch.float32)))  # (a copy: 4-byte aligned)
     total = sum(weights)
-    target = torch.zeros_like(buf)
-    for public, w in zip(publics, weights):
-        target.add_(public, alpha=w / total)
-    buf.add_(target.sub_(publics[index]), alpha=gamma)
+    # mean_w(x̂) - x̂_i = sum over the others of w_j / total * (x̂_j - x̂_i): two passes a partner, not
+    # a zeroed target, an add a member and a subtraction (a pair: 2 passes of the buffer, not 5)
+    own = publics[index]
+    for member, (public, w) in enumerate(zip(publics, weights)):
+        if member != index:
+            buf.add_(torch.sub(public, own), alpha=gamma * w / total)
     return message.numel()

@@ -364,6 +364,21 @@ def topk_sample_trusted() -> None:
     codecs._largest_magnitudes = largest
 
 
+def compressed_preduce_unweighted() -> None:
+    """A compressed P-Reduce moves every member toward the plain mean of the copies, whatever steps each
+    sent (``local_work="auto"``'s weights dropped)."""
+    from hetrain.compression import preduce_compressed
+    from hetrain.groups import preduce
+
+    exchange = preduce_compressed.compressed_exchange
+
+    def unweighted(comm, buf, index, size, codec, replicas, gamma, weight, wait):
+        return exchange(comm, buf, index, size, codec, replicas, gamma, None, wait)
+
+    preduce_compressed.compressed_exchange = unweighted
+    preduce.compressed_exchange = unweighted  # the P-Reduce's own name for it
+
+
 def attempt_store_unprefixed() -> None:
     """Under torchrun's agent store every attempt shares one key space (no attempt prefix)."""
     from hetrain.transport import job
@@ -833,7 +848,7 @@ MUTANTS = {"no-comm": no_comm, "arrivals-not-progress": arrivals_not_progress,
            "admitted-before-start": admitted_before_start, "data-split-ignored": data_split_ignored, "balance-ignored": balance_ignored, "rates-from-a-few-batches": rates_from_a_few_batches, "no-dead-band": no_dead_band,
            "momentum-unmixed": momentum_unmixed, "momentum-unbound-after-load": momentum_unbound_after_load,
            "momentum-bound-only-at-the-step": momentum_bound_only_at_the_step, "momentum-in-the-model-s-code": momentum_in_the_model_s_code,
-           "sign-scaled-by-the-largest": sign_scaled_by_the_largest, "sign-bits-reversed": sign_bits_reversed, "topk-sample-trusted": topk_sample_trusted, "attempt-store-unprefixed": attempt_store_unprefixed, "ready-only-at-the-barrier": ready_only_at_the_barrier,
+           "sign-scaled-by-the-largest": sign_scaled_by_the_largest, "sign-bits-reversed": sign_bits_reversed, "topk-sample-trusted": topk_sample_trusted, "compressed-preduce-unweighted": compressed_preduce_unweighted, "attempt-store-unprefixed": attempt_store_unprefixed, "ready-only-at-the-barrier": ready_only_at_the_barrier,
            "stale-replicas-across-edges": stale_replicas_across_edges, "free-gg-requests": free_gg_requests,
            "ingress-in-arrival-order": ingress_in_arrival_order,
            "no-shared-start": no_shared_start, "plan-shards-frozen": plan_shards_frozen,
