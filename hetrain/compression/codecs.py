@@ -85,7 +85,10 @@ def _quantize_blocks(x: torch.Tensor, numel: int, levels: int) -> tuple[torch.Te
     block's scale (largest magnitude / levels), rounded to nearest; the integers as float32, ``numel`` long."""
     x = x.reshape(-1).to(_F32)
     blocks = math.ceil(numel / INT8_BLOCK)
-    padded = torch.nn.functional.pad(x, (0, blocks * INT8_BLOCK - numel)).view(blocks, INT8_BLOCK)  # a copy
+    padded = torch.empty(blocks * INT8_BLOCK, dtype=_F32, device=x.device)  # a copy: divided in place below
+    padded[:numel] = x
+    padded[numel:] = 0.0
+    padded = padded.view(blocks, INT8_BLOCK)
     scale = padded.abs().amax(dim=1) / float(levels)
     # an all-zero block needs a scale; a non-finite one keeps it, so its block decodes non-finite (NaN
     # became 0, or -8 for int4: finite values that hid it)

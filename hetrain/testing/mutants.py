@@ -379,6 +379,27 @@ def compressed_preduce_unweighted() -> None:
     preduce.compressed_exchange = unweighted  # the P-Reduce's own name for it
 
 
+def quantized_in_the_input() -> None:
+    """The quantizers divide and round the caller's tensor itself when it is whole blocks long."""
+    import math
+
+    from hetrain.compression import codecs
+
+    quantize = codecs._quantize_blocks
+
+    def in_place(x, numel, levels):
+        flat = x.reshape(-1)
+        blocks = math.ceil(numel / codecs.INT8_BLOCK)
+        if flat.dtype != torch.float32 or blocks * codecs.INT8_BLOCK != numel:
+            return quantize(x, numel, levels)
+        padded = flat.view(blocks, codecs.INT8_BLOCK)
+        scale = padded.abs().amax(dim=1) / float(levels)
+        scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+        return scale, padded.div_(scale[:, None]).round_().clamp_(-levels, levels).reshape(-1)
+
+    codecs._quantize_blocks = in_place
+
+
 def attempt_store_unprefixed() -> None:
     """Under torchrun's agent store every attempt shares one key space (no attempt prefix)."""
     from hetrain.transport import job
@@ -848,7 +869,7 @@ MUTANTS = {"no-comm": no_comm, "arrivals-not-progress": arrivals_not_progress,
            "admitted-before-start": admitted_before_start, "data-split-ignored": data_split_ignored, "balance-ignored": balance_ignored, "rates-from-a-few-batches": rates_from_a_few_batches, "no-dead-band": no_dead_band,
            "momentum-unmixed": momentum_unmixed, "momentum-unbound-after-load": momentum_unbound_after_load,
            "momentum-bound-only-at-the-step": momentum_bound_only_at_the_step, "momentum-in-the-model-s-code": momentum_in_the_model_s_code,
-           "sign-scaled-by-the-largest": sign_scaled_by_the_largest, "sign-bits-reversed": sign_bits_reversed, "topk-sample-trusted": topk_sample_trusted, "compressed-preduce-unweighted": compressed_preduce_unweighted, "attempt-store-unprefixed": attempt_store_unprefixed, "ready-only-at-the-barrier": ready_only_at_the_barrier,
+           "sign-scaled-by-the-largest": sign_scaled_by_the_largest, "sign-bits-reversed": sign_bits_reversed, "topk-sample-trusted": topk_sample_trusted, "compressed-preduce-unweighted": compressed_preduce_unweighted, "quantized-in-the-input": quantized_in_the_input, "attempt-store-unprefixed": attempt_store_unprefixed, "ready-only-at-the-barrier": ready_only_at_the_barrier,
            "stale-replicas-across-edges": stale_replicas_across_edges, "free-gg-requests": free_gg_requests,
            "ingress-in-arrival-order": ingress_in_arrival_order,
            "no-shared-start": no_shared_start, "plan-shards-frozen": plan_shards_frozen,

@@ -274,3 +274,14 @@ def test_the_one_bit_code_returns_every_sign_and_each_block_s_mean_magnitude():
     means = [chunk.abs().mean() for chunk in x.split(256)]
     expected = expected_signs * torch.cat([m.expand(len(c)) for m, c in zip(means, x.split(256))])
     assert torch.allclose(decoded, expected, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("spec", [*SPECS, "one-bit"])
+def test_encoding_leaves_its_input_as_it_was(spec):
+    """The quantizers divide and round a copy in place: at a length of whole blocks (512) the model
+    being sent must come back untouched (the encoders' input is the worker's own model or its delta)."""
+    x = torch.randn(1024 if spec == "one-bit" else 512, generator=torch.Generator().manual_seed(10))
+    kept = x.clone()
+    codec = make_codec("int8", 1024, head=512) if spec == "one-bit" else make_codec(spec, 512)
+    codec.encode(x)
+    assert torch.equal(x, kept)
