@@ -5,7 +5,8 @@
 
 For each code: the median of ``--repeats`` timed encodes and decodes of one random float32 vector of
 ``--numel`` values (after one untimed call each), on one thread (a worker's share of a small machine),
-and the payload's bytes per value. ``one-bit`` is the scaled-sign code that carries the outer momentum
+and the payload's bytes per value. ``--codes`` takes any ``--compress`` code
+(``powersgd:R`` sees one 1-D vector here, which it sends whole: time it on a real model instead). ``one-bit`` is the scaled-sign code that carries the outer momentum
 (Hop, D-PSGD) or the anchors (Prague, AD-PSGD) beside a compressed model. A gossip message costs its
 sender one encode and one decode (its public copy moves by what it sent) and each receiver one decode;
 a compressed P-Reduce costs each member one encode and a decode per member. Writes OUT/codec.json and
@@ -69,15 +70,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--numel", type=int, default=25_000_000, help="values in the vector (default 25M)")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls of each (default 5)")
-    parser.add_argument("--codes", default=",".join(CODES), help=f"comma-separated, from {', '.join(CODES)}")
+    parser.add_argument("--codes", default=",".join(CODES),
+                        help=f"comma-separated --compress codes or one-bit (default {','.join(CODES)})")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--out", default="runs/codec")
     args = parser.parse_args()
     codes = args.codes.split(",")
-    unknown = [c for c in codes if c not in CODES]
-    if unknown or args.numel < 1 or args.repeats < 1 or args.threads < 1:
-        parser.error(f"unknown code(s) {unknown}: choose from {', '.join(CODES)}" if unknown
-                     else "--numel, --repeats and --threads must be at least 1")
+    for code in codes:
+        if code != "one-bit":
+            try:
+                CompressionSpec.parse(code)
+            except ValueError as error:
+                parser.error(f"--codes {code}: {error}, or one-bit")
+    if args.numel < 1 or args.repeats < 1 or args.threads < 1:
+        parser.error("--numel, --repeats and --threads must be at least 1")
     torch.set_num_threads(args.threads)
     rows = measure(codes, args.numel, args.repeats)
     out = Path(args.out)
