@@ -58,8 +58,7 @@ import sys
 import time
 from pathlib import Path
 
-from hetrain.comm.option_text import parse_option, split_options
-from hetrain.comm.settings import comm_fields
+from hetrain.comm.option_text import COMM_NAMES, parse_option, split_options
 from hetrain.config import RunConfig
 from hetrain.errors import UsageError
 from hetrain.jobs.run import run_training
@@ -67,7 +66,6 @@ from hetrain.jobs.run import run_training
 DIGITS = dict(workload="mlp", num_workers=8, slowdown="0:5x", compute_ms=50.0, link_mbps="1")
 LM = dict(workload="lm", num_workers=4, slowdown="0:2x", link_mbps="100", eval_interval_s=10.0)
 DECENTRALIZED = ("dpsgd", "hop", "prague", "adpsgd")
-COMM_NAMES = {f.name for f in comm_fields()}
 # the LM's compressed runs: name -> (H, codec), and the bytes-per-sample goal each is held to
 LM_COMPRESSED = {"hop-h16-int8-auto": (16, "int8"), "hop-h32-int8-auto": (32, "int8"),
                  "hop-h16-powersgd4-auto": (16, "powersgd:4"), "hop-h16-topk0.05-auto": (16, "topk:0.05"),
@@ -326,7 +324,7 @@ def main() -> int:
         try:
             configs[name] = config_of(fields, budget, args.timeout, options, given_comm)
             configs[name].validate()
-        except Exception as error:  # noqa: BLE001 (a value of the wrong type fails deeper than validate's checks)
+        except (UsageError, ValueError, TypeError) as error:
             parser.error(f"run {name}: {error} (--option applies to every run: narrow them with --only)")
     out.mkdir(parents=True, exist_ok=True)
     for name, _, round_ in planned:
