@@ -400,6 +400,34 @@ def quantized_in_the_input() -> None:
     codecs._quantize_blocks = in_place
 
 
+def topk_ties_as_topk_likes() -> None:
+    """Top-k picks among the candidates with ``torch.topk`` alone: ties at the k-th magnitude go
+    wherever it puts them, not to the lowest indices."""
+    from hetrain.compression import codecs
+
+    largest = codecs._largest_magnitudes
+
+    def as_topk_likes(magnitude, k, sample_size=65536):
+        chosen = largest(magnitude, k, sample_size)
+        pool = torch.nonzero(torch.logical_not(magnitude < magnitude[chosen].min())).squeeze(1)
+        return pool[torch.topk(magnitude[pool], k, sorted=False).indices]
+
+    codecs._largest_magnitudes = as_topk_likes
+
+
+def topk_nan_below_threshold() -> None:
+    """Top-k's candidates are the values at or above the sample's threshold, so a NaN the sample
+    missed is never sent (its receivers' copies hide it)."""
+    from hetrain.compression import codecs
+
+    largest = codecs._largest_magnitudes
+
+    def nan_dropped(magnitude, k, sample_size=65536):
+        return largest(torch.nan_to_num(magnitude, nan=0.0), k, sample_size)
+
+    codecs._largest_magnitudes = nan_dropped
+
+
 def attempt_store_unprefixed() -> None:
     """Under torchrun's agent store every attempt shares one key space (no attempt prefix)."""
     from hetrain.transport import job
@@ -869,7 +897,7 @@ MUTANTS = {"no-comm": no_comm, "arrivals-not-progress": arrivals_not_progress,
            "admitted-before-start": admitted_before_start, "data-split-ignored": data_split_ignored, "balance-ignored": balance_ignored, "rates-from-a-few-batches": rates_from_a_few_batches, "no-dead-band": no_dead_band,
            "momentum-unmixed": momentum_unmixed, "momentum-unbound-after-load": momentum_unbound_after_load,
            "momentum-bound-only-at-the-step": momentum_bound_only_at_the_step, "momentum-in-the-model-s-code": momentum_in_the_model_s_code,
-           "sign-scaled-by-the-largest": sign_scaled_by_the_largest, "sign-bits-reversed": sign_bits_reversed, "topk-sample-trusted": topk_sample_trusted, "compressed-preduce-unweighted": compressed_preduce_unweighted, "quantized-in-the-input": quantized_in_the_input, "attempt-store-unprefixed": attempt_store_unprefixed, "ready-only-at-the-barrier": ready_only_at_the_barrier,
+           "sign-scaled-by-the-largest": sign_scaled_by_the_largest, "sign-bits-reversed": sign_bits_reversed, "topk-sample-trusted": topk_sample_trusted, "compressed-preduce-unweighted": compressed_preduce_unweighted, "quantized-in-the-input": quantized_in_the_input, "topk-ties-as-topk-likes": topk_ties_as_topk_likes, "topk-nan-below-threshold": topk_nan_below_threshold, "attempt-store-unprefixed": attempt_store_unprefixed, "ready-only-at-the-barrier": ready_only_at_the_barrier,
            "stale-replicas-across-edges": stale_replicas_across_edges, "free-gg-requests": free_gg_requests,
            "ingress-in-arrival-order": ingress_in_arrival_order,
            "no-shared-start": no_shared_start, "plan-shards-frozen": plan_shards_frozen,
