@@ -285,3 +285,38 @@ def test_encoding_leaves_its_input_as_it_was(spec):
     codec = make_codec("int8", 1024, head=512) if spec == "one-bit" else make_codec(spec, 512)
     codec.encode(x)
     assert torch.equal(x, kept)
+
+
+@pytest.mark.parametrize("spec, head", [("int4", None), ("int8", 512)])
+def test_the_bit_packing_codes_refuse_a_big_endian_machine(monkeypatch, spec, head):
+    """Int4 and the one-bit code read their bytes as little-endian words: on a big-endian machine they
+    would swap values silently, so they refuse in one line naming what to use instead."""
+    import sys
+
+    monkeypatch.setattr(sys, "byteorder", "big")
+    with pytest.raises(RuntimeError, match="little-endian words and this machine is big-endian"):
+        make_codec(spec, 1024, head=head)
+    make_codec("int8", 1024)  # a code that packs no bits is still made
+
+
+@pytest.mark.parametrize("nonzero", [300, 5000])
+def test_topk_of_a_vector_mostly_of_zeros_is_exact(nonzero):
+    """A sample of a vector mostly of zeros has threshold zero: the values above zero are chosen among
+    themselves (``nonzero`` = 5,000 > k), and where fewer than k (300) the rest are the zeros of lowest
+    index, as the tie rule says. A path that took zeros from anywhere, or dropped a value, fails here."""
+    numel = 400_000
+    generator = torch.Generator().manual_seed(12)
+    x = torch.zeros(numel)
+    where = torch.randperm(numel, generator=generator)[:nonzero]
+    x[where] = torch.randn(nonzero, generator=generator)
+    x[where[0]] = float("nan")  # ranked first
+    codec = make_codec("topk:0.0025", numel)
+    assert codec.k == 1000
+    sent = set(codec.encode(x)[: 4 * codec.k].view(torch.int32).tolist())
+    magnitude = torch.nan_to_num(x.abs(), nan=float("inf"))
+    if nonzero > codec.k:
+        expected = set(torch.topk(magnitude, codec.k).indices.tolist())
+    else:
+        zeros = torch.nonzero(x == 0).squeeze(1)[: codec.k - nonzero]
+        expected = set(where.tolist()) | set(zeros.tolist())
+    assert sent == expected and len(sent) == codec.k
