@@ -85,6 +85,31 @@ def test_soak_bench_routes_communication_settings_to_comm():
     RunConfig(protocol="hop", num_workers=2, time_budget_s=1.0, options=options, comm=comm).validate()
 
 
+def test_soak_bench_tells_a_step_from_a_leak():
+    """A job whose memory steps up once in minute 3 (a cache filling) and then holds reads growth from the
+    2nd minute but none over its second half; one that grows every minute (a leak) reads both. RSS 1,000
+    MB, 5 s windows, 8 minutes; a worker's series is the job's when there is one worker."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import soak_bench
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+    def record(rss_at):
+        series = [{"t_s": t, "window_s": 5.0, "samples_per_s": 100.0, "rss_mb": rss_at(t)} for t in range(5, 481, 5)]
+        return {"protocol": "prague", "wall_time_s": 480.0, "workers": [{"throughput_series": series}]}
+
+    step = soak_bench.row_of("mlp", 1, record(lambda t: 1000.0 if t <= 150 else 1200.0))
+    leak = soak_bench.row_of("mlp", 1, record(lambda t: 1000.0 + t))
+    assert step["rss_growth"] == pytest.approx(0.2) and step["rss_growth_second_half"] == pytest.approx(0.0)
+    assert leak["rss_growth"] > 0.05 and leak["rss_growth_second_half"] > 0.05
+    assert "| +20.0% | +0.0% |" in soak_bench.markdown([step])
+    assert soak_bench.row_of("mlp", 1, record(lambda t: 1000.0))["rss_growth_second_half"] == 0.0
+    short = record(lambda t: 1000.0)
+    short["workers"][0]["throughput_series"] = short["workers"][0]["throughput_series"][:36]  # 3 minutes
+    assert soak_bench.row_of("mlp", 1, short)["rss_growth_second_half"] is None
+
+
 def test_comm_bench_rounds_report_medians_and_rounds_won():
     """``comm_bench.py outer --rounds N``: each protocol's median time to 95% with nesterov and with none,
     a run that never reached it counting as the slowest, and the rounds in which nesterov was no later."""
