@@ -102,6 +102,11 @@ def run_training(config: RunConfig, out_dir: str | None, progress: bool = True, 
                  launch: Callable[..., JobResults] | None = None, service_host: str = "127.0.0.1") -> dict:
     """Start the local job, then evaluate and record it; returns the metrics record.
 
+    A stop signal (Ctrl-C, SIGTERM) during the training ends the workers at their next iteration and
+    the record reads ``"interrupted": true``. One that comes after the workers ended lets the record be
+    written whole, and the returned record carries ``"stopped_after_the_job"`` (the signal's name) so
+    that a caller running several jobs can stop too (``hetrain compare`` does).
+
     ``launched_at``: the ``time.time()`` the job counts its start-up from (default: now; ``hetrain
     train`` passes its own process's start, so ``startup_s`` covers the whole command).
     ``log_shared_dir``: where ``config.log``'s stores shared by several runs go (MLflow's; default
@@ -123,12 +128,15 @@ def run_training(config: RunConfig, out_dir: str | None, progress: bool = True, 
         checkpoint.start(config.checkpoint_dir, config, config.resume)
     bar = _ProgressBar(config, label or config.protocol, enabled=progress)
     logger = _run_logger(config, out, log_shared_dir)
-    with held_after_the_job():  # a stop once the workers ended lets the record and the logs be written whole
+    with held_after_the_job() as held:  # a stop once the workers ended lets the record and the logs be written whole
         try:
-            return _run_local_job(config, out, data, bar, logger, launched_at, launch or run_local, service_host)
+            metrics = _run_local_job(config, out, data, bar, logger, launched_at, launch or run_local, service_host)
         finally:
             if logger is not None:
                 logger.close()
+        if held.received and not metrics.get("interrupted"):  # the run was whole; its caller learns of the stop
+            metrics["stopped_after_the_job"] = held.received  # (the record on disk may have been written first)
+        return metrics
 
 
 def _final_model_scores(workers: list[dict], curve: list[dict]) -> tuple[float | None, float | None]:

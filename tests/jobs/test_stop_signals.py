@@ -165,5 +165,7 @@ def test_a_sigterm_as_the_record_is_written_lets_it_be_written_and_the_compariso
         raise AssertionError("a SIGTERM as the record was begun ended the comparison, the record unwritten") from None
     assert len(finalized) == 1 and stop_received() == "SIGTERM"
     assert [r["protocol"] for r in summary["runs"]] == ["hop"]
+    assert summary["runs"][0].get("stopped_after_the_job") == "SIGTERM"  # a library caller learns it too
+    assert not summary["runs"][0]["interrupted"]  # the run itself was whole
     assert json.loads((tmp_path / "cmp" / "hop" / "metrics.json").read_text())["protocol"] == "hop"
     assert not (tmp_path / "cmp" / "dpsgd").exists()
