@@ -21,11 +21,13 @@ _SERVER = os.environ.pop("HETRAIN_WARM_SERVER", None) == "1"  # hetrain.jobs.war
 if _SERVER:
     # A SIGTERM to the whole job (systemd, Slurm's scancel) asks the launcher to stop the workers
     # (hetrain.jobs.interrupts); it must not take the server, and with it every worker (they die with their
-    # parent). So it is ignored from here, before the imports' seconds: a SIGTERM in the interpreter's
-    # start-up before this line finds the launcher itself in start-up, which leaves (exit 143) on it.
-    # The server still leaves when the launcher does (its pipe closes). multiprocessing's forkserver
-    # ignores SIGINT itself.
+    # parent). So it is ignored from here, before the imports' seconds. The launcher started the server
+    # with SIGTERM blocked (hetrain.jobs.warm_start.start_early), so one sent in the interpreter's start-up,
+    # before this line, waited blocked and is dropped here. The server still leaves when the launcher does
+    # (its pipe closes). multiprocessing's forkserver ignores SIGINT itself.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # its workers inherit an open mask
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")

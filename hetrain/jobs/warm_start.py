@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 import sys
 import tempfile
 
@@ -80,10 +81,26 @@ def start_early() -> None:
     """
     if start_method() == "forkserver":
         worker_context()
-        from multiprocessing import forkserver
+        from multiprocessing import forkserver, resource_tracker
 
         os.environ[SERVER_ENV] = "1"  # the server starts with this process's environment, now
+        # and with SIGTERM blocked, a mask that fork and exec keep: a SIGTERM to the whole job in the
+        # server's interpreter start-up waits, and hetrain.jobs.warm ignores it before unblocking it (here
+        # it waits the few milliseconds of the spawn, then reaches the launcher's own handler). The same
+        # guard CPython gives its resource tracker (bpo-33613), which ensure_running starts first and
+        # whose start unblocks SIGTERM: so the tracker is started before the mask is set.
+        resource_tracker.ensure_running()
+        blocked = _block_sigterm()
         try:
             forkserver.ensure_running()
         finally:
             del os.environ[SERVER_ENV]
+            if blocked is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+def _block_sigterm():
+    """Block SIGTERM in this thread; the mask before, or None where masks are not Python's to set."""
+    if not hasattr(signal, "pthread_sigmask"):
+        return None
+    return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})

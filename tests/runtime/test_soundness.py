@@ -318,6 +318,34 @@ def test_a_sigterm_to_the_warm_server_while_it_imports_does_not_end_it(tmp_path)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_sigterm_to_the_warm_server_in_its_first_instants_does_not_end_it(tmp_path):
+    """The instants before the server's preload ignores SIGTERM (the interpreter's start, hetrain's
+    package import) were a window in which a group SIGTERM ended it: the launcher starts it with SIGTERM
+    blocked, so one sent then waits and is dropped. Sent here at the first sight of the server, long
+    before torch loads; the server must live and the job end as it would have."""
+    job = _Launch(tmp_path, "--time-budget", "2")
+    deadline = time.monotonic() + 60
+    while not (server := [p for p in _children(job.pid) if "forkserver" in _cmdline(p)]):
+        assert job.proc.poll() is None and time.monotonic() < deadline, job.err
+        time.sleep(0.001)
+    for pid in server:
+        os.kill(pid, signal.SIGTERM)
+    assert not any(_maps_torch(p) for p in server), "not the first instants: torch was loaded already"
+    time.sleep(0.5)
+    assert [p for p in server if _alive(p)] == server, "the warm server died of a SIGTERM in its first instants"
+    assert job.finish(timeout_s=120) == 0, job.err
+    assert len(json.loads((job.out / "metrics.json").read_text())["workers"]) == 3
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_sigterm_in_start_up_ends_the_launcher_and_everything_it_started(tmp_path):
     job = _Launch(tmp_path)
     deadline = time.monotonic() + 60
