@@ -25,10 +25,9 @@ from tqdm import tqdm
 
 from hetrain.config import RunConfig
 from hetrain.data import Dataset, check_batch_fits, load_dataset
-from hetrain.jobs import checkpoint
+from hetrain.jobs import checkpoint, interrupts
 from hetrain.jobs.capacity import efficiency_basis, lost_worker_iteration_s
 from hetrain.jobs.evaluation import evaluation_curve
-from hetrain.jobs.interrupts import held_after_the_job
 from hetrain.jobs.local_job import JobResults, run_local
 from hetrain.jobs.meter import process_started_at
 from hetrain.jobs.phases import job_phases
@@ -128,7 +127,7 @@ def run_training(config: RunConfig, out_dir: str | None, progress: bool = True, 
         checkpoint.start(config.checkpoint_dir, config, config.resume)
     bar = _ProgressBar(config, label or config.protocol, enabled=progress)
     logger = _run_logger(config, out, log_shared_dir)
-    with held_after_the_job() as held:  # a stop once the workers ended lets the record and the logs be written whole
+    with interrupts.held_after_the_job() as held:  # a stop once the workers ended lets the record and the logs be written whole
         try:
             metrics = _run_local_job(config, out, data, bar, logger, launched_at, launch or run_local, service_host)
         finally:

@@ -460,14 +460,14 @@ def sparse_topk_first_k() -> None:
 def late_stop_unreported() -> None:
     """A stop that comes after the workers ended is held as before, but the record run_training returns
     does not say it came (a library caller running several jobs goes on)."""
-    from hetrain.jobs import interrupts, run
+    from hetrain.jobs import interrupts
 
     class Unreported(interrupts.HeldAfterTheJob):
         def _on_signal(self, signum, frame) -> None:
             super()._on_signal(signum, frame)
             self.received = None
 
-    run.held_after_the_job = Unreported
+    interrupts.held_after_the_job = Unreported
 
 
 def warm_server_started_unblocked() -> None:
