@@ -470,6 +470,13 @@ def late_stop_unreported() -> None:
     interrupts.held_after_the_job = Unreported
 
 
+def bit_packing_on_any_byte_order() -> None:
+    """int4 and the one-bit code are made on a big-endian machine too (where they would swap values)."""
+    from hetrain.compression import codecs
+
+    codecs._require_little_endian = lambda code: None
+
+
 def warm_server_started_unblocked() -> None:
     """The warm server starts with SIGTERM open, as before 2026-12-07: a group SIGTERM in its interpreter's
     start-up (before its preload ignores the signal) ends it."""
@@ -947,7 +954,7 @@ MUTANTS = {"no-comm": no_comm, "arrivals-not-progress": arrivals_not_progress,
            "admitted-before-start": admitted_before_start, "data-split-ignored": data_split_ignored, "balance-ignored": balance_ignored, "rates-from-a-few-batches": rates_from_a_few_batches, "no-dead-band": no_dead_band,
            "momentum-unmixed": momentum_unmixed, "momentum-unbound-after-load": momentum_unbound_after_load,
            "momentum-bound-only-at-the-step": momentum_bound_only_at_the_step, "momentum-in-the-model-s-code": momentum_in_the_model_s_code,
-           "sign-scaled-by-the-largest": sign_scaled_by_the_largest, "sign-bits-reversed": sign_bits_reversed, "topk-sample-trusted": topk_sample_trusted, "compressed-preduce-unweighted": compressed_preduce_unweighted, "quantized-in-the-input": quantized_in_the_input, "topk-ties-as-topk-likes": topk_ties_as_topk_likes, "topk-nan-below-threshold": topk_nan_below_threshold, "sparse-topk-zeros-from-the-end": sparse_topk_zeros_from_the_end, "sparse-topk-first-k": sparse_topk_first_k, "late-stop-unreported": late_stop_unreported, "warm-server-started-unblocked": warm_server_started_unblocked, "attempt-store-unprefixed": attempt_store_unprefixed, "ready-only-at-the-barrier": ready_only_at_the_barrier,
+           "sign-scaled-by-the-largest": sign_scaled_by_the_largest, "sign-bits-reversed": sign_bits_reversed, "topk-sample-trusted": topk_sample_trusted, "compressed-preduce-unweighted": compressed_preduce_unweighted, "quantized-in-the-input": quantized_in_the_input, "topk-ties-as-topk-likes": topk_ties_as_topk_likes, "topk-nan-below-threshold": topk_nan_below_threshold, "sparse-topk-zeros-from-the-end": sparse_topk_zeros_from_the_end, "sparse-topk-first-k": sparse_topk_first_k, "late-stop-unreported": late_stop_unreported, "warm-server-started-unblocked": warm_server_started_unblocked, "bit-packing-on-any-byte-order": bit_packing_on_any_byte_order, "attempt-store-unprefixed": attempt_store_unprefixed, "ready-only-at-the-barrier": ready_only_at_the_barrier,
            "stale-replicas-across-edges": stale_replicas_across_edges, "free-gg-requests": free_gg_requests,
            "ingress-in-arrival-order": ingress_in_arrival_order,
            "no-shared-start": no_shared_start, "plan-shards-frozen": plan_shards_frozen,

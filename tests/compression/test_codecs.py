@@ -294,8 +294,12 @@ def test_the_bit_packing_codes_refuse_a_big_endian_machine(monkeypatch, spec, he
     import sys
 
     monkeypatch.setattr(sys, "byteorder", "big")
-    with pytest.raises(RuntimeError, match="little-endian words and this machine is big-endian"):
+    try:
         make_codec(spec, 1024, head=head)
+        refused = None
+    except RuntimeError as error:
+        refused = str(error)
+    assert refused is not None and "little-endian words and this machine is big-endian" in refused
     make_codec("int8", 1024)  # a code that packs no bits is still made
 
 

@@ -142,6 +142,8 @@ COMM_MUTANTS = {
     "topk-nan-below-threshold": ["tests/compression/test_codecs.py::test_topk_sends_a_nan_the_sample_did_not_see"],
     "sparse-topk-zeros-from-the-end": ["tests/compression/test_codecs.py::test_topk_of_a_vector_mostly_of_zeros_is_exact[300]"],
     "sparse-topk-first-k": ["tests/compression/test_codecs.py::test_topk_of_a_vector_mostly_of_zeros_is_exact[1200]"],
+    "bit-packing-on-any-byte-order": ["tests/compression/test_codecs.py::"
+                                      "test_the_bit_packing_codes_refuse_a_big_endian_machine"],
     "warm-server-started-unblocked": ["tests/runtime/test_soundness.py::"
                                       "test_a_sigterm_to_the_warm_server_in_its_first_instants_does_not_end_it"],
     "late-stop-unreported": ["tests/jobs/test_stop_signals.py::"
