@@ -12,7 +12,7 @@ anything from them. Each worker's model changes only by its own optimizer steps:
   parameter server's answer, the final average);
 - DDP's gradient hook returns the worker's own gradients, unreduced.
 
-``tests/runtime/test_mutants.py`` (slow set) runs every multi-process protocol test under it and
+``tests/mutants/test_mutants.py`` (slow set) runs every multi-process protocol test under it and
 expects each to fail on one of its assertions.
 """
 
@@ -93,7 +93,7 @@ def _local_gradients_hook(timer, bucket):
 
 
 # ----- one communication feature removed at a time (issue 36): each must make its tests fail ----------
-# (``tests/runtime/test_mutants.py`` names the tests that must catch each; applied in the test process
+# (``tests/mutants/test_mutants.py`` names the tests that must catch each; applied in the test process
 # as well, by tests/conftest.py, for the tests that run in-process)
 
 def outer_step_on_own_anchor() -> None:

@@ -1,7 +1,7 @@
 """The launcher's stop signals in-process: what the first and the second SIGINT/SIGTERM do in each phase.
 
 The commands end to end (a real `hetrain train` stopped by SIGTERM in start-up, in training, with its
-warm server signalled too) are in tests/runtime/test_soundness.py.
+warm server signalled too) are in tests/jobs/test_soundness.py.
 """
 
 import os

@@ -57,7 +57,7 @@ def _assert_consensus(survivors: list[dict]) -> None:
     first = survivors[0]["worker"]["model_fingerprint"]
     assert all(r["worker"]["model_fingerprint"] == pytest.approx(first, rel=1e-9) for r in survivors)
     # they mixed while training: their models lay close as the loop ended (a run with no communication,
-    # HETRAIN_MUTANT=no-comm, leaves them ~4 apart: tests/runtime/test_respawn.py)
+    # HETRAIN_MUTANT=no-comm, leaves them ~4 apart: tests/jobs/test_respawn.py)
     assert survivors[0]["worker"]["consensus_distance"] < 1.0
     scored = [r["worker"]["consensus_accuracy"] for r in survivors if r["worker"]["consensus_accuracy"] is not None]
     assert len(scored) == 1 and scored[0] > 0.8  # one evaluation of the one final model

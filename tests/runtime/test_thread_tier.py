@@ -1,7 +1,7 @@
 """The fast tier: each protocol's wiring, membership changes and compression on ranks that are threads
 of the test process (hetrain.testing.thread_ranks: real gloo groups and messages on one store, no
 processes, no default process group). Workers start from different models, so a test passes only if
-they communicate (the no-communication mutant fails them: tests/runtime/test_mutants.py)."""
+they communicate (the no-communication mutant fails them: tests/mutants/test_mutants.py)."""
 
 import time
 

@@ -25,7 +25,7 @@ PROTOCOL_TESTS = [
     "tests/runtime/test_protocols_mp.py::test_hop_straggler_skips_and_fast_workers_do_not_wait_for_it",
     "tests/runtime/test_protocols_mp.py::test_allreduce_is_ddp_and_workers_agree_to_stop",
     "tests/runtime/test_group_protocols.py",
-    "tests/runtime/test_respawn.py::test_a_replacement_joins_reaches_the_others_and_ends_in_consensus",
+    "tests/jobs/test_respawn.py::test_a_replacement_joins_reaches_the_others_and_ends_in_consensus",
     "tests/integrations/test_lightning_conformance.py::test_hop_schedulers_fractional_validation_accumulation_test_and_predict",
     "tests/jobs/test_final_model.py::test_one_worker_evaluates_the_final_model_that_every_worker_holds",
     "tests/runtime/test_thread_tier.py",  # the fast tier: thread-ranks in the test process (the mutant applies there)
@@ -71,7 +71,7 @@ def test_every_protocol_test_fails_when_workers_never_communicate(tmp_path):
 # ----- the communication features (issue 36): each mutant removes one, and these tests must see it -------
 OC = "tests/runtime/test_outer_consensus.py"
 PT = "tests/planner/test_plan_train.py"  # training with a plan (issue 42)
-RS = "tests/runtime/test_resume_state.py"
+RS = "tests/jobs/test_resume_state.py"
 COMM_MUTANTS = {
     "outer-step-on-own-anchor": [
         f"{OC}::test_outer_nesterov_without_progress_is_plain_gossip_off_the_complete_graph[exponential]",
@@ -90,10 +90,10 @@ COMM_MUTANTS = {
     "ps-final-from-server": [f"{OC}::test_every_protocol_ends_with_the_last_outer_step_and_the_steps_after_it[ps]"],
     "outer-step-without-exchange": [f"{OC}::test_an_adpsgd_sync_that_averages_nothing_takes_no_outer_step"],
     "fingerprint-without-comm": [
-        "tests/runtime/test_failures.py::test_resume_refuses_another_configuration_and_a_corrupt_checkpoint"],
+        "tests/jobs/test_failures.py::test_resume_refuses_another_configuration_and_a_corrupt_checkpoint"],
     "powersgd-cold-resume": [RS + "::test_all_reduce_s_powersgd_resumes_with_its_warm_start_and_each_worker_s_own_residual"],
     "own-state-from-rank-0": [RS + "::test_all_reduce_s_powersgd_resumes_with_its_warm_start_and_each_worker_s_own_residual"],
-    "resume-with-nothing-left": ["tests/runtime/test_failures.py::test_resume_with_no_iterations_left_is_refused_in_one_line"],
+    "resume-with-nothing-left": ["tests/jobs/test_failures.py::test_resume_with_no_iterations_left_is_refused_in_one_line"],
     "free-collectives": [
         "tests/runtime/test_comm_protocols.py::test_a_group_average_holds_its_members_for_its_bytes_over_the_link"],
     "ingress-in-arrival-order": [
@@ -144,7 +144,7 @@ COMM_MUTANTS = {
     "sparse-topk-first-k": ["tests/compression/test_codecs.py::test_topk_of_a_vector_mostly_of_zeros_is_exact[1200]"],
     "bit-packing-on-any-byte-order": ["tests/compression/test_codecs.py::"
                                       "test_the_bit_packing_codes_refuse_a_big_endian_machine"],
-    "warm-server-started-unblocked": ["tests/runtime/test_soundness.py::"
+    "warm-server-started-unblocked": ["tests/jobs/test_soundness.py::"
                                       "test_a_sigterm_to_the_warm_server_in_its_first_instants_does_not_end_it"],
     "late-stop-unreported": ["tests/jobs/test_stop_signals.py::"
                              "test_a_sigterm_as_the_record_is_written_lets_it_be_written_and_the_comparison_stops"],
@@ -166,17 +166,17 @@ COMM_MUTANTS = {
     "interim-edges-ignored": [  # a respawn stall: a death and its replacement seen in one look
         "tests/runtime/test_finished_neighbours.py::"
         "test_a_death_and_its_replacement_seen_in_one_look_still_listens_on_the_edges_others_repaired",
-        "tests/runtime/test_respawn.py::test_edges_a_repair_made_and_a_join_unmade_neither_hang_nor_end_the_job"],
+        "tests/jobs/test_respawn.py::test_edges_a_repair_made_and_a_join_unmade_neither_hang_nor_end_the_job"],
     "hop-resumed-from-own-iteration": [  # seen once in CI, 2026-12-07
-        "tests/runtime/test_failures.py::test_a_killed_job_resumes_from_its_checkpoints_and_finishes_its_iterations"
+        "tests/jobs/test_failures.py::test_a_killed_job_resumes_from_its_checkpoints_and_finishes_its_iterations"
         "[hop-extra0]"],
     "resumed-from-own-iteration": [  # seen once under load in the slow suite, 2026-12-06
-        "tests/runtime/test_failures.py::test_a_killed_job_resumes_from_its_checkpoints_and_finishes_its_iterations"
+        "tests/jobs/test_failures.py::test_a_killed_job_resumes_from_its_checkpoints_and_finishes_its_iterations"
         "[prague-extra4]"],
     "outer-defaults-diloco-always": ["tests/comm/test_comm_carrier.py::test_the_outer_defaults_follow_the_optimizer_inside"],
     "long-tempdir-forkserver": ["tests/jobs/test_startup.py::"
                                 "test_a_temp_dir_too_long_for_the_servers_socket_falls_back_to_spawn_saying_so"],
-    "orphaned-job-dirs-kept": ["tests/runtime/test_soundness.py::"
+    "orphaned-job-dirs-kept": ["tests/jobs/test_soundness.py::"
                                "test_killing_the_launcher_leaves_no_worker_behind_and_the_next_job_removes_its_folder"],
     "anchors-in-the-model-s-code": ["tests/runtime/test_outer_consensus.py::"
                                     "test_compressed_groups_send_the_anchors_one_bit_a_value"],
@@ -191,16 +191,16 @@ COMM_MUTANTS = {
     "comparison-goes-on-after-a-stop": [
         "tests/jobs/test_stop_signals.py::"
         "test_a_sigterm_as_the_record_is_written_lets_it_be_written_and_the_comparison_stops"],
-    "one-queue-for-all": ["tests/test_local_job.py::test_a_worker_killed_mid_message_stops_only_its_own_messages"],
-    "workers-die-on-sigterm": ["tests/runtime/test_soundness.py::"
+    "one-queue-for-all": ["tests/jobs/test_local_job.py::test_a_worker_killed_mid_message_stops_only_its_own_messages"],
+    "workers-die-on-sigterm": ["tests/jobs/test_soundness.py::"
                                "test_sigterm_stops_the_workers_and_writes_what_the_run_had_and_its_checkpoint[every-process]"],
     "results-whole-through-the-pipe": [
-        "tests/test_local_job.py::test_a_worker_killed_while_its_result_is_written_is_a_death_not_a_hang",
-        "tests/test_local_job.py::test_a_result_goes_through_a_file_and_whole_through_the_queue_where_no_file_can_be_written"],
+        "tests/jobs/test_local_job.py::test_a_worker_killed_while_its_result_is_written_is_a_death_not_a_hang",
+        "tests/jobs/test_local_job.py::test_a_result_goes_through_a_file_and_whole_through_the_queue_where_no_file_can_be_written"],
     "replaced-edge-kept": ["tests/runtime/test_finished_neighbours.py::"
                            "test_a_death_and_its_replacement_seen_in_one_look_still_listens_on_the_edges_others_repaired"],
     "idle-edges-bounded": [  # a respawn job failed a few timeouts after a replacement joined
-        "tests/runtime/test_respawn.py::test_edges_a_repair_made_and_a_join_unmade_neither_hang_nor_end_the_job"],
+        "tests/jobs/test_respawn.py::test_edges_a_repair_made_and_a_join_unmade_neither_hang_nor_end_the_job"],
     # a replacement admitted as the job ends, or dead just after its admission (respawn)
     "unsettled-replacements-kept": [
         "tests/jobs/test_replacement_at_the_end.py::"

@@ -19,7 +19,7 @@ import pytest
 
 from hetrain.testing.processes import torchrun_rank_pids
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3"]
 TIMEOUT_S = 20
 
