@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hetrain.config import RunConfig
-from hetrain.outputs import prepare_out_dir, write_json_atomic, write_text_atomic
+from hetrain.outputs import check_out_dir, prepare_out_dir, write_json_atomic, write_text_atomic
 
 TABLE_COLUMNS = (
     ("protocol", "protocol", "{}"),
@@ -44,7 +44,11 @@ TABLE_COLUMNS = (
 def run_comparison(configs: list[RunConfig], out_dir: str, progress: bool = True) -> dict:
     """Validate every config first, then run each in turn; return the summary dict."""
     from hetrain.jobs.warm_start import start_early
+    from hetrain.run_checks import check_before_start
 
+    for config in configs:  # what needs no torch, before anything starts
+        check_before_start(config)
+    check_out_dir(out_dir)
     start_early()  # the warm server imports torch while this process does
     from hetrain.jobs import checkpoint
     from hetrain.jobs.interrupts import forget_stops, stop_received

@@ -10,11 +10,17 @@ from pathlib import Path
 from hetrain.errors import UsageError
 
 
-def prepare_out_dir(path: str | os.PathLike) -> Path:
-    """Create ``path`` if needed and check it is writable; raise UsageError if not."""
+def check_out_dir(path: str | os.PathLike) -> Path:
+    """``path`` is a directory or nothing yet (it creates nothing); raise UsageError if not."""
     out = Path(path)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: exists and is not a directory; pass a directory path")
+    return out
+
+
+def prepare_out_dir(path: str | os.PathLike) -> Path:
+    """Create ``path`` if needed and check it is writable; raise UsageError if not."""
+    out = check_out_dir(path)
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = tempfile.NamedTemporaryFile(dir=out, prefix=".probe-", delete=True)

@@ -128,7 +128,7 @@ def test_a_few_batches_give_no_rate_at_all():
     assert rates == pytest.approx([1.0, 2 / 3], rel=0.1)  # once 20 batches are counted: over 20 s or more
 
 
-def test_a_straggler_s_shard_is_trained_by_the_fast_workers_in_a_real_run(tmp_path):
+def test_a_straggler_s_shard_is_trained_by_the_fast_workers_in_a_real_run(processes, tmp_path):
     config = RunConfig(protocol="hop", num_workers=4, slowdown="0:4x", compute_ms=20, time_budget_s=4.0,
                        data_split="balanced", eval_interval_s=10.0)
     workers = sorted(run_training(config, str(tmp_path), progress=False)["workers"], key=lambda w: w["rank"])
@@ -170,7 +170,7 @@ for attempt in ("dead", "restarted"):
 """
 
 
-def test_a_restarted_torchrun_attempt_reads_no_count_of_the_dead_one():
+def test_a_restarted_torchrun_attempt_reads_no_count_of_the_dead_one(processes):
     """Under torchrun's agent store (one store across ``--max-restarts``) each attempt's job store has
     the attempt's own prefix (hetrain.transport.job): the dead attempt's count of 500 is not on the
     restarted attempt's board."""

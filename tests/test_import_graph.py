@@ -109,7 +109,7 @@ def test_hetrain_has_no_import_cycle_through_deferred_imports_either():
     assert cycle is None, "import cycle (counting imports inside functions): " + " -> ".join(cycle)
 
 
-def test_import_hetrain_and_its_help_import_no_optional_package():
+def test_import_hetrain_and_its_help_import_no_optional_package(processes):
     """The extras (tensorboard, wandb, mlflow, ray) are imported only when a run asks for them (--log,
     --launcher ray)."""
     import subprocess
@@ -196,7 +196,7 @@ def test_no_runtime_module_is_a_wire_codec_or_group_service():
     assert not offending, offending
 
 
-def test_pure_specs_import_without_torch():
+def test_pure_specs_import_without_torch(processes):
     """The specs the simulator, the CLI and the planner read stay importable without torch."""
     import subprocess
     import sys

@@ -13,7 +13,9 @@ from hetrain.commands.run_options import (
 )
 from hetrain.config import RunConfig
 from hetrain.errors import UsageError
+from hetrain.outputs import check_out_dir
 from hetrain.registry import PROTOCOL_NAMES, get_spec
+from hetrain.run_checks import check_before_start
 
 HELP = "train with one protocol on local worker processes (or as a rank under torchrun, or on a Ray cluster)"
 
@@ -42,7 +44,8 @@ def run(args) -> int:
 
     get_spec(args.protocol)  # an unknown protocol fails here, before any work
     warn_unused(protocol_values(args), [args.protocol], comm_values(args))
-    config = config_from_args(args)
+    config = check_before_start(config_from_args(args))  # before anything starts: bad input fails in < 1 s
+    check_out_dir(args.out)
     if args.launcher == "ray":
         _check_ray_options(args)
     elif args.ray_address is not None or args.ray_worker_resources is not None:

@@ -34,35 +34,21 @@ from hetrain.jobs.phases import job_phases
 from hetrain.jobs.process_guard import die_with_parent
 from hetrain.jobs.train_worker import train_worker
 from hetrain.jobs.warm_start import start_early
-from hetrain.loggers.scalar_writers import check_log_packages
 from hetrain.metrics import build_metrics, format_summary
 from hetrain.outputs import prepare_out_dir, write_json_atomic, write_text_atomic
 from hetrain.protocols.options import OptionError
+from hetrain.run_checks import check_before_start
 from hetrain.slowdown import parse_slowdown
 
 
 def check_run_config(config: RunConfig, devices_here: bool = True) -> RunConfig:
     """Every check that can be made before a process starts; raises UsageError.
     ``devices_here``: the workers run on this machine (not on a Ray cluster's nodes), so its GPUs count."""
-    config.validate()
-    check_log_packages(config.log)
-    check_checkpoint_kills(config)
-    parse_slowdown(config.slowdown, config.seed).check_workers(config.num_workers)
+    check_before_start(config)
     if devices_here:
         check_local_devices(config)
     fitted_protocol_options(config)  # a model too large for --comm-memory-mb is refused here
     return config
-
-
-def check_checkpoint_kills(config: RunConfig) -> None:
-    """A run's ``--fail W@checkpoint`` kills a worker as it writes a checkpoint while training: refused on a
-    run that writes none (the kill could never fire, and the run said nothing)."""
-    from hetrain.faults import parse_fail
-
-    events = parse_fail(config.fail, config.seed).events
-    if any(f.phase == "checkpoint" for f in events) and not (config.checkpoint_dir and config.checkpoint_every_s):
-        raise OptionError("{fail} W@checkpoint kills a worker as it writes a checkpoint while training, and this "
-                          "run writes none: add {checkpoint_dir} DIR {checkpoint_every_s} SECONDS")
 
 
 def check_local_devices(config: RunConfig, workers_here: int | None = None) -> None:

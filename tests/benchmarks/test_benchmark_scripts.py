@@ -40,13 +40,13 @@ def helps() -> dict:
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=[s.name for s in SCRIPTS])
-def test_benchmark_script_starts(script, helps):
+def test_benchmark_script_starts(processes, script, helps):
     result = helps[str(script)]
     assert result["code"] == 0, result["stderr"]
     assert "usage" in result["stdout"].lower()
 
 
-def test_sim_floor_drives_hop_in_lock_step():
+def test_sim_floor_drives_hop_in_lock_step(processes):
     """The floor benchmark's loop is a valid schedule: every worker is ready every iteration (it asserts so)
     and prints one row per protocol."""
     done = subprocess.run([sys.executable, "benchmarks/sim_bench.py", "floor", "--workers", "16", "--iterations", "20"],
@@ -131,7 +131,7 @@ def test_comm_bench_rounds_report_medians_and_rounds_won():
     assert comm_bench._median([4.0, 2.0, 3.0, 1.0]) == 2.5
 
 
-def test_codec_bench_times_every_code_and_reports_its_bytes(tmp_path):
+def test_codec_bench_times_every_code_and_reports_its_bytes(processes, tmp_path):
     """``codec_bench.py``: a row per code with its payload's bytes per value (int8 about 1 + a scale per
     256 values, the one-bit code about an eighth) and positive encode and decode times, as JSON and markdown."""
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "codec_bench.py"), "--numel", "4096",
@@ -148,7 +148,7 @@ def test_codec_bench_times_every_code_and_reports_its_bytes(tmp_path):
     assert bad.returncode == 2 and "int9" in bad.stderr and not (tmp_path / "bad").exists()
 
 
-def test_comm_bench_options_reach_every_run_and_a_bad_one_stops_all_before_the_first(tmp_path):
+def test_comm_bench_options_reach_every_run_and_a_bad_one_stops_all_before_the_first(processes, tmp_path):
     """``--option``: a protocol option goes to RunConfig.options and a communication setting overrides the
     plan's; an option one planned run does not take stops the benchmark (exit 2) before any run or file."""
     sys.path.insert(0, str(ROOT / "benchmarks"))

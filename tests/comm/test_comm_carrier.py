@@ -53,7 +53,7 @@ def test_one_field_is_a_flag_a_config_entry_a_fingerprint_and_a_record(toy_setti
         RunConfig(protocol="hop", num_workers=2, iterations=4, comm={"toy_rounds": 0}).validate()
 
 
-def test_one_field_reaches_the_shell_and_the_simulator(toy_setting, tmp_path):
+def test_one_field_reaches_the_shell_and_the_simulator(loopback, toy_setting, tmp_path):
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     try:
         model = torch.nn.Linear(2, 1)

@@ -30,7 +30,7 @@ def test_bad_communication_settings_are_one_line_errors(capsys, tmp_path, args, 
     assert not out.exists()
 
 
-def test_train_records_what_it_sent(tmp_path):
+def test_train_records_what_it_sent(processes, tmp_path):
     out = tmp_path / "run"
     code = main(["train", "--protocol", "hop", "--workers", "3", "--iterations", "24", "--sync-every", "4",
                  "--compress", "int8", "--outer-optimizer", "nesterov", "--link-mbps", "1000", "--no-progress",

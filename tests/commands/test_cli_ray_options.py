@@ -34,7 +34,7 @@ def test_bad_ray_options(capsys, tmp_path, args, message):
     assert message in _bad(capsys, tmp_path, *args)
 
 
-def test_without_ray_installed_the_error_names_the_extra(tmp_path):
+def test_without_ray_installed_the_error_names_the_extra(processes, tmp_path):
     probe = ("import sys\n"
              "sys.modules['ray'] = None  # import ray raises ImportError, as without hetrain[ray]\n"
              "from hetrain.cli import main\n"

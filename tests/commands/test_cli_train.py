@@ -51,7 +51,7 @@ def _bad(capsys, tmp_path, *args):
     (["--slowdown", "0:5x,0:3x"], "names worker 0 twice"),  # the last factor won, silently
     (["--fail", "1@checkpoint"], "this run writes none"),  # a kill that could never fire, silently
 ])
-def test_bad_input(capsys, tmp_path, args, message):
+def test_bad_input(no_warm_server, capsys, tmp_path, args, message):
     assert message in _bad(capsys, tmp_path, *args)
 
 
@@ -89,7 +89,7 @@ def test_out_dir_that_is_a_file(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("protocol", ["allreduce", "dpsgd", "hop"])
-def test_train_end_to_end_reaches_the_digits_target(tmp_path, protocol):
+def test_train_end_to_end_reaches_the_digits_target(processes, tmp_path, protocol):
     out = tmp_path / protocol
     code = main(["train", "--protocol", protocol, "--workers", "4", "--iterations", "150",
                  "--target-accuracy", "0.93", "--eval-interval", "0.2", "--no-progress", "--out", str(out)])
@@ -112,7 +112,7 @@ def test_train_end_to_end_reaches_the_digits_target(tmp_path, protocol):
     assert (out / "summary.txt").exists()
 
 
-def test_compare_writes_table_json_and_plot(tmp_path, capsys):
+def test_compare_writes_table_json_and_plot(processes, tmp_path, capsys):
     out = tmp_path / "cmp"
     code = main(["compare", "--protocols", "allreduce,hop", "--workers", "3", "--iterations", "20",
                  "--slowdown", "0:3x", "--compute-ms", "10", "--no-progress", "--out", str(out)])
@@ -146,7 +146,7 @@ def test_compare_table_shows_the_averaged_models_loss_drift():
     assert zero[1]["speedup_samples_per_s"] is None  # allreduce trained nothing (a resume past --iterations)
 
 
-def test_compare_refuses_a_later_protocols_checkpoints_before_the_first_runs(tmp_path, capsys):
+def test_compare_refuses_a_later_protocols_checkpoints_before_the_first_runs(no_warm_server, tmp_path, capsys):
     (tmp_path / "ckpt" / "hop").mkdir(parents=True)
     (tmp_path / "ckpt" / "hop" / "manifest.json").write_text("{}")  # hop's directory holds a run
     out = tmp_path / "cmp"
@@ -156,14 +156,14 @@ def test_compare_refuses_a_later_protocols_checkpoints_before_the_first_runs(tmp
     assert not out.exists() and not (tmp_path / "ckpt" / "allreduce").exists()  # allreduce did not run first
 
 
-def test_a_gossip_step_without_compression_is_said_to_be_ignored(tmp_path):
+def test_a_gossip_step_without_compression_is_said_to_be_ignored(processes, tmp_path):
     """``--gossip-step`` is compressed gossip's consensus step: without ``--compress`` it does nothing."""
     with pytest.warns(UserWarning, match="--gossip-step is ignored"):
         assert main(["train", "--workers", "2", "--iterations", "3", "--gossip-step", "0.5", "--no-progress",
                      "--out", str(tmp_path / "run")]) == 0
 
 
-def test_a_gossip_step_is_said_to_be_ignored_by_allreduce(tmp_path):
+def test_a_gossip_step_is_said_to_be_ignored_by_allreduce(processes, tmp_path):
     with pytest.warns(UserWarning, match="ignored by allreduce"):
         assert main(["train", "--protocol", "allreduce", "--workers", "2", "--iterations", "3", "--compress",
                      "powersgd:1", "--gossip-step", "0.5", "--no-progress", "--out", str(tmp_path / "run")]) == 0

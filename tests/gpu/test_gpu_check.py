@@ -71,7 +71,7 @@ def test_every_check_has_a_body_and_the_required_ones_need_one_gpu():
         assert check.gpus == 1 or not check.required, check.name
 
 
-def test_a_check_run_as_a_process_here_reports_not_checked(tmp_path):
+def test_a_check_run_as_a_process_here_reports_not_checked(processes, tmp_path):
     """The real path: a process per check; on this machine it cannot run, and says so."""
     status, detail = gpu_check.subprocess_runner(tmp_path)(Check("staged-transfer-64mb", "", timeout_s=120))
     assert (status, detail) == (NOT_CHECKED, "no CUDA device")

@@ -28,19 +28,19 @@ def test_a_single_machine_job_stays_on_loopback():
 
 
 @pytest.mark.skipif(not _has_a_route(), reason="this machine has no network route besides loopback")
-def test_a_multi_machine_job_binds_all_interfaces_and_publishes_a_reachable_address():
+def test_a_multi_machine_job_binds_all_interfaces_and_publishes_a_reachable_address(loopback):
     bind, published = gg_bind_address(True, {"MASTER_ADDR": "10.255.255.1"})
     assert bind == "0.0.0.0"
     assert not ipaddress.ip_address(socket.gethostbyname(published)).is_loopback
 
 
-def test_the_environment_variable_wins():
+def test_the_environment_variable_wins(loopback):
     assert gg_bind_address(True, {"MASTER_ADDR": "10.1.2.3", "HETRAIN_GG_HOST": "127.0.0.1"})[0] == "127.0.0.1"
     bind, published = gg_bind_address(False, {"HETRAIN_GG_HOST": "0.0.0.0"})
     assert bind == "0.0.0.0" and published not in ("0.0.0.0", "")
 
 
-def test_a_server_on_all_interfaces_answers_on_its_published_address(monkeypatch):
+def test_a_server_on_all_interfaces_answers_on_its_published_address(loopback, monkeypatch):
     monkeypatch.setenv("HETRAIN_GG_HOST", "0.0.0.0")
     server = GGServer(GroupGenerator(2, 2, "smart"))
     try:
@@ -72,7 +72,7 @@ def _exchange(port: int, *lines: bytes) -> list[dict]:
         return replies
 
 
-def test_the_gg_refuses_clients_without_the_jobs_secret_and_malformed_lines_and_keeps_serving():
+def test_the_gg_refuses_clients_without_the_jobs_secret_and_malformed_lines_and_keeps_serving(loopback):
     import torch.distributed as dist
 
     from hetrain.groups.gg_service import SocketClient

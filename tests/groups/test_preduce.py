@@ -44,7 +44,7 @@ def _known_answer(ctx, cache_size, repeats, direct_max_bytes=DIRECT_MAX_BYTES):
 
 
 @pytest.mark.parametrize("direct_max_bytes", [DIRECT_MAX_BYTES, 0], ids=["direct-exchange", "ring-all-reduce"])
-def test_known_answers_with_overlapping_and_disjoint_groups(direct_max_bytes):
+def test_known_answers_with_overlapping_and_disjoint_groups(processes, direct_max_bytes):
     results = run_local(_known_answer, 4, (60, 2, direct_max_bytes), timeout_s=30)
     expected = _expected(4, ROUNDS * 2)
     for rank, (value, buf, stats) in enumerate(results):
@@ -56,7 +56,7 @@ def test_known_answers_with_overlapping_and_disjoint_groups(direct_max_bytes):
     assert results[0][1] == results[3][1] and results[1][1] == results[2][1]
 
 
-def test_eviction_with_a_cache_of_one_recreates_communicators_and_stays_correct():
+def test_eviction_with_a_cache_of_one_recreates_communicators_and_stays_correct(processes):
     results = run_local(_known_answer, 4, (1, 2), timeout_s=30)
     expected = _expected(4, ROUNDS * 2)
     for rank, (value, _, stats) in enumerate(results):
@@ -79,7 +79,7 @@ def _group_of_one_and_outsider(ctx):
     return buf.item(), message
 
 
-def test_group_of_one_is_a_no_op_and_outsiders_are_refused():
+def test_group_of_one_is_a_no_op_and_outsiders_are_refused(processes):
     for rank, (value, message) in enumerate(run_local(_group_of_one_and_outsider, 2, timeout_s=20)):
         assert value == rank
         assert "not in" in message
@@ -96,7 +96,7 @@ def _rank_two_never_arrives(ctx, warm):
 
 
 @pytest.mark.parametrize("warm", [pytest.param(False, marks=pytest.mark.slow), True])  # CI time: each waits a timeout out
-def test_a_missing_member_fails_the_call_naming_group_and_rank(warm):
+def test_a_missing_member_fails_the_call_naming_group_and_rank(processes, warm):
     start = time.monotonic()
     with pytest.raises(WorkerError) as info:
         run_local(_rank_two_never_arrives, 3, (warm,), timeout_s=2)

@@ -49,7 +49,7 @@ def assert_ranks_agree(out: Path, ranks: int = 2) -> None:
                 assert torch.equal(tensor, other[name]), f"ranks differ in {name} after fit()"
 
 
-def test_hop_strategy_trains_shares_batches_by_speed_validates_checkpoints_and_ends_in_consensus(tmp_path):
+def test_hop_strategy_trains_shares_batches_by_speed_validates_checkpoints_and_ends_in_consensus(processes, tmp_path):
     run_example(tmp_path, "--strategy", "hop", "--checkpoints", str(tmp_path / "ckpt"))
     assert_ranks_agree(tmp_path)
     rank0, rank1 = reports(tmp_path)
@@ -154,7 +154,7 @@ def test_two_ranks_sharing_epochs_end_them_as_lightning_ends_an_epoch(tmp_path):
         assert_epochs_end_as_lightning_ends_them(rank)
 
 
-def test_the_shared_loader_knows_a_rank_s_last_batch_though_its_workers_claim_ahead():
+def test_the_shared_loader_knows_a_rank_s_last_batch_though_its_workers_claim_ahead(processes):
     """With workers, the sampler runs out of batches to claim while batches it claimed wait in the workers'
     queue: only the loader's own look-ahead tells which batch it hands out is the rank's last."""
     from torch.utils.data import TensorDataset

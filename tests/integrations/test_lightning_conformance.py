@@ -49,7 +49,7 @@ def check_features(ranks: list[dict], strategy: str) -> None:
     assert ranks[0]["final_lr"] == pytest.approx(ranks[1]["final_lr"])
 
 
-def test_hop_schedulers_fractional_validation_accumulation_test_and_predict(tmp_path):
+def test_hop_schedulers_fractional_validation_accumulation_test_and_predict(processes, tmp_path):
     ranks = run(tmp_path, "hop", "features")
     check_features(ranks, "hop")
 
@@ -72,7 +72,7 @@ def test_a_cosine_schedule_sized_by_the_estimate_ends_at_its_minimum_on_every_ra
                                       pytest.param("adpsgd", marks=pytest.mark.slow),
                                       pytest.param("dpsgd", marks=pytest.mark.slow),
                                       pytest.param("ps", marks=pytest.mark.slow)])
-def test_a_resumed_fit_continues_the_protocols_counters_anchor_and_outer_momentum(tmp_path, strategy):
+def test_a_resumed_fit_continues_the_protocols_counters_anchor_and_outer_momentum(processes, tmp_path, strategy):
     ranks = run(tmp_path, strategy, "resume", "--options", '{"sync_every": 2}', "--outer")
     for r in ranks:
         saved, start, final = r["saved_state"], r["start_state"], r["final_state"]

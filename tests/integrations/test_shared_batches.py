@@ -59,7 +59,7 @@ def test_a_missing_extra_fails_in_one_line_naming_it():
         require("hetrain_no_such_package", "lightning", "HetrainStrategy")
 
 
-def test_the_rebuilt_loader_keeps_every_setting_but_the_batches():
+def test_the_rebuilt_loader_keeps_every_setting_but_the_batches(processes):
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 

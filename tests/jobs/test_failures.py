@@ -38,29 +38,29 @@ def _survive(protocol, fail, **options):
     *(pytest.param(p, o, marks=pytest.mark.slow) for p, o in (("dpsgd", {}), ("prague", {"gg": "random"}),
                                                               ("adpsgd", {}))),
 ])
-def test_survivors_go_on_when_a_worker_is_killed_mid_training(protocol, options):
+def test_survivors_go_on_when_a_worker_is_killed_mid_training(processes, protocol, options):
     metrics = _survive(protocol, "2@2s", **options)
     assert [d["rank"] for d in metrics["deaths"]] == [2]
     assert metrics["deaths"][0]["recovery_s"] is not None  # every survivor computed again after it
 
 
-def test_prague_survives_the_death_of_rank_0_whose_group_generator_lives_in_the_launcher():
+def test_prague_survives_the_death_of_rank_0_whose_group_generator_lives_in_the_launcher(processes):
     _survive("prague", "0@2s", gg="smart")
 
 
-def test_two_deaths_in_a_ring_are_repaired_around():
+def test_two_deaths_in_a_ring_are_repaired_around(processes):
     metrics = _survive("hop", "1@1.5s,2@3s")
     assert sorted(d["rank"] for d in metrics["deaths"]) == [1, 2]
 
 
 @pytest.mark.parametrize("protocol", ["hop", "prague", "ps"])
-def test_abort_fails_the_job_naming_the_dead_worker(protocol):
+def test_abort_fails_the_job_naming_the_dead_worker(processes, protocol):
     config = RunConfig(protocol=protocol, fail="1@2s", on_failure="abort", **BASE)
     with pytest.raises(WorkerError, match=r"^worker 1 was killed by --fail 1@2s \(SIGKILL\)"):
         run_training(config, None, progress=False)
 
 
-def test_the_parameter_servers_own_death_ends_the_job():
+def test_the_parameter_servers_own_death_ends_the_job(processes):
     config = RunConfig(protocol="ps", fail="0@2s", on_failure="continue", **BASE)
     with pytest.raises(WorkerError, match=r"^worker 0 was killed by --fail 0@2s \(SIGKILL\)"):
         run_training(config, None, progress=False)
@@ -78,7 +78,7 @@ def _random_points(protocol, seed):
 
 @pytest.mark.parametrize("protocol", ["hop", "prague", "adpsgd", "ps"])
 @pytest.mark.parametrize("seed", [0])
-def test_sigkill_at_random_points_never_hangs(protocol, seed):
+def test_sigkill_at_random_points_never_hangs(processes, protocol, seed):
     config = RunConfig(protocol=protocol, fail=_random_points(protocol, seed), on_failure="continue", **BASE)
     metrics = run_training(config, None, progress=False)  # the job ends (rc 0) with the survivors' results
     assert metrics["workers_lost"] <= 1
@@ -93,7 +93,7 @@ def test_sigkill_at_random_points_over_twenty_seeds(protocol, seed):
 
 # ----- the command line --------------------------------------------------------------------------
 
-def test_train_continues_and_records_the_death(tmp_path, capsys):
+def test_train_continues_and_records_the_death(processes, tmp_path, capsys):
     out = tmp_path / "run"
     code = main(["train", "--protocol", "hop", "--workers", "4", "--compute-ms", "20", "--time-budget", "4",
                  "--fail", "3@2s", "--no-progress", "--out", str(out)])
@@ -132,7 +132,7 @@ STATIC_LOCAL_STEPS = ("--gg", "static", "--sync-every", "8", "--slowdown", "0:3x
 @pytest.mark.parametrize("protocol, extra", [
     ("hop", ()), ("allreduce", ()), pytest.param("prague", (), marks=pytest.mark.slow),
     pytest.param("ps", (), marks=pytest.mark.slow), pytest.param("prague", STATIC_LOCAL_STEPS, marks=pytest.mark.slow)])
-def test_a_killed_job_resumes_from_its_checkpoints_and_finishes_its_iterations(tmp_path, protocol, extra):
+def test_a_killed_job_resumes_from_its_checkpoints_and_finishes_its_iterations(processes, tmp_path, protocol, extra):
     # the whole job dies mid-run: every worker is killed (abort), as a lost machine would
     assert _train(tmp_path, "first", "--checkpoint-every", "0.5", "--fail", "1@2s", "--on-failure", "abort",
                   *extra, protocol=protocol) == 1
@@ -174,7 +174,7 @@ def _exchanges_older(file, exchanges):
     torch.save(state, file)
 
 
-def test_resume_refuses_another_configuration_and_a_corrupt_checkpoint(tmp_path, capsys):
+def test_resume_refuses_another_configuration_and_a_corrupt_checkpoint(processes, tmp_path, capsys):
     assert _train(tmp_path, "first") == 0
     assert _train(tmp_path, "again") == 2  # would overwrite checkpoints without --resume
     assert "pass --resume" in capsys.readouterr().err

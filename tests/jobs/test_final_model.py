@@ -7,7 +7,7 @@ from hetrain.jobs.run import _final_model_scores, run_training
 
 
 @pytest.mark.parametrize("fail", [None, "0@1.5"], ids=["all-live", "rank-0-dead"])
-def test_one_worker_evaluates_the_final_model_that_every_worker_holds(tmp_path, fail):
+def test_one_worker_evaluates_the_final_model_that_every_worker_holds(processes, tmp_path, fail):
     config = RunConfig(protocol="hop", num_workers=3, compute_ms=10.0, time_budget_s=3.0, slowdown="1:2x",
                        fail=fail, on_failure="continue")
     metrics = run_training(config, str(tmp_path / "run"), progress=False)

@@ -24,11 +24,11 @@ def _fail_on_rank_1(ctx):
     return 0
 
 
-def test_run_local_all_reduce_known_answer():
+def test_run_local_all_reduce_known_answer(processes):
     assert run_local(_sum_ranks, 3, timeout_s=30) == [3.0, 3.0, 3.0]
 
 
-def test_first_failure_kills_all_ranks_and_names_worker():
+def test_first_failure_kills_all_ranks_and_names_worker(processes):
     with pytest.raises(WorkerError, match="worker 1 failed") as info:
         run_local(_fail_on_rank_1, 3, timeout_s=30)
     assert "injected failure" in str(info.value)
@@ -46,7 +46,7 @@ def _exits_quietly(ctx):
 
 
 @pytest.mark.parametrize("on_failure", ["abort", pytest.param("continue", marks=pytest.mark.slow)])  # CI time
-def test_a_worker_that_exits_with_code_0_and_no_result_is_a_death_not_a_wait(on_failure):
+def test_a_worker_that_exits_with_code_0_and_no_result_is_a_death_not_a_wait(processes, on_failure):
     """The launcher counted only non-zero exits as deaths and waited for ever for this worker's result."""
     if on_failure == "abort":
         with pytest.raises(WorkerError, match="worker 1 exited \\(code 0\\) without a result"):
@@ -71,7 +71,7 @@ def _killed_mid_message(ctx):
     return "rank 0's result"
 
 
-def test_a_worker_killed_mid_message_stops_only_its_own_messages():
+def test_a_worker_killed_mid_message_stops_only_its_own_messages(processes):
     """A multiprocessing queue's writers share one lock: rank 1 killed while writing held it for good, and
     rank 0's messages and result never reached the launcher (the job waited out its timeout)."""
     heard = []
@@ -115,7 +115,7 @@ def _killed_mid_result(ctx, write_syscall):
 
 @pytest.mark.skipif(WRITE_SYSCALL is None or not os.path.exists("/proc/self/task"),
                     reason="sees the write in /proc (Linux, x86_64 or aarch64)")
-def test_a_worker_killed_while_its_result_is_written_is_a_death_not_a_hang():
+def test_a_worker_killed_while_its_result_is_written_is_a_death_not_a_hang(processes):
     """A result larger than a pipe's atomic write went down the pipe in pieces: the worker killed while
     the launcher read them (a write of its 64 MB result under way, seen in /proc) left part of it in
     the pipe, and the launcher's read waited for the rest for ever. Now the result is a file and the

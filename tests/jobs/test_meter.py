@@ -29,7 +29,7 @@ def test_rss_readings_are_plausible():
 
 
 @pytest.mark.skipif(tcp_connections() is None, reason="needs Linux /proc")
-def test_tcp_connections_counts_this_processs_established_sockets():
+def test_tcp_connections_counts_this_processs_established_sockets(loopback):
     import socket
 
     before = tcp_connections()

@@ -31,7 +31,7 @@ def _respawn(protocol, fail, **options):
     ("hop", {}), ("prague", {"gg": "smart"}), pytest.param("adpsgd", {}, marks=pytest.mark.slow),
     pytest.param("dpsgd", {}, marks=pytest.mark.slow), pytest.param("prague", {"gg": "random"}, marks=pytest.mark.slow),
 ])
-def test_a_replacement_joins_reaches_the_others_and_ends_in_consensus(protocol, options):
+def test_a_replacement_joins_reaches_the_others_and_ends_in_consensus(processes, protocol, options):
     metrics = _respawn(protocol, "2@2s", **options)
     assert metrics["workers_lost"] == 1 and metrics["workers_joined"] == 1
     assert metrics["joins"][0]["rank"] == 2 and metrics["joins"][0]["incarnation"] == 1
@@ -53,7 +53,7 @@ def test_a_replacement_joins_reaches_the_others_and_ends_in_consensus(protocol, 
     assert metrics["final_accuracy_avg_model"] > 0.8
 
 
-def test_edges_a_repair_made_and_a_join_unmade_neither_hang_nor_end_the_job():
+def test_edges_a_repair_made_and_a_join_unmade_neither_hang_nor_end_the_job(processes):
     """The ring 0-1-2-3 repaired around 3 gives 2 the neighbour 0. Worker 0, forty times slower, sees
     3's death and its replacement's join in one look and keeps its graph; 2 saw the death alone and
     sends to 0 over an edge 0 never used: gloo connects a pair when both ends take part, and the end
@@ -96,7 +96,7 @@ def _random_points(seed):
 
 
 @pytest.mark.parametrize("protocol", ["hop", pytest.param("prague", marks=pytest.mark.slow)])
-def test_respawn_at_random_points_never_hangs(protocol, seed=0):
+def test_respawn_at_random_points_never_hangs(processes, protocol, seed=0):
     metrics = _respawn(protocol, _random_points(seed))  # rc 0 with the live workers' results
     assert metrics["workers_joined"] <= metrics["workers_lost"] <= 1
 
@@ -109,7 +109,7 @@ def test_respawn_at_random_points_over_twenty_seeds(protocol, seed):
     assert metrics["workers_joined"] <= metrics["workers_lost"] <= 1
 
 
-def test_train_respawn_from_the_command_line(tmp_path, capsys):
+def test_train_respawn_from_the_command_line(processes, tmp_path, capsys):
     out = tmp_path / "run"
     code = main(["train", "--protocol", "hop", "--workers", "4", "--compute-ms", "20", "--time-budget", "5",
                  "--fail", "3@2s", "--on-failure", "respawn", "--no-progress", "--out", str(out)])
@@ -143,7 +143,7 @@ def _fresh_member(ctx, direct_max_bytes):
 
 
 @pytest.mark.parametrize("direct_max_bytes", [1 << 20, 0], ids=["direct-exchange", "ring-all-reduce"])
-def test_a_fresh_member_receives_the_others_average_and_adds_nothing(direct_max_bytes):
+def test_a_fresh_member_receives_the_others_average_and_adds_nothing(processes, direct_max_bytes):
     for values in run_local(_fresh_member, 3, (direct_max_bytes,), timeout_s=30):
         assert values == [1.5] * 3000
 

@@ -20,7 +20,7 @@ def _hop_loaded_after_build(ctx):
     return [d.numpy() for d in distances]
 
 
-def test_hop_s_public_copies_follow_weights_loaded_after_the_protocol_was_built():
+def test_hop_s_public_copies_follow_weights_loaded_after_the_protocol_was_built(processes):
     """The copies were seeded from the fresh model every worker starts from, and the loaded weights never
     reached them: CHOCO mixed towards copies nowhere near the models (the workers' distance 50.1 -> 46.2 in
     30 steps, against 49.1 -> 20.8 with the weights loaded first)."""
@@ -42,7 +42,7 @@ def _prague_checkpoint(ctx):
     return due, saved
 
 
-def test_a_checkpoint_holds_the_average_still_running_in_the_background():
+def test_a_checkpoint_holds_the_average_still_running_in_the_background(processes):
     """It was written without it, and a resumed worker has no average in flight: lost at every checkpoint."""
     for due, saved in run_local(_prague_checkpoint, 2, timeout_s=30):
         assert due and saved == 0.5
@@ -69,7 +69,7 @@ def _allreduce_restored_from_two_checkpoints(ctx):
     return weights
 
 
-def test_all_reduce_replicas_resume_as_one_model():
+def test_all_reduce_replicas_resume_as_one_model(processes):
     """Each rank loaded its own file, and DDP (which broadcasts only when built) kept the replicas apart
     for the whole resumed run: consensus distance 2.06 at the end where a consistent set gave 0."""
     first, second = run_local(_allreduce_restored_from_two_checkpoints, 2, timeout_s=30)
@@ -158,7 +158,7 @@ def _powersgd_resumed(ctx):
     return facts
 
 
-def test_all_reduce_s_powersgd_resumes_with_its_warm_start_and_each_worker_s_own_residual():
+def test_all_reduce_s_powersgd_resumes_with_its_warm_start_and_each_worker_s_own_residual(processes):
     """PowerSGD's state was not in the checkpoint: a resumed run started cold (random Q, the residuals of
     error feedback lost). Each worker's residual is its own, not rank 0's, though the replicas load rank 0's
     protocol state; one resumed iteration runs uncompressed (DDP rebuilds its buckets), and a checkpoint

@@ -56,7 +56,7 @@ def _flood(ctx, messages, numel):
     return {"max_in_flight": max(in_flight), "max_seen": channels.max_in_flight_seen(), "rss_growth_mb": growth}
 
 
-def test_peer_channels_keep_a_bounded_number_of_sends_and_flat_memory():
+def test_peer_channels_keep_a_bounded_number_of_sends_and_flat_memory(processes):
     sender, received = run_local(_flood, 2, (MESSAGES, ONE_MB_FLOATS), timeout_s=60)
     assert received == MESSAGES
     assert sender["max_in_flight"] <= DEFAULT_MAX_IN_FLIGHT
@@ -106,7 +106,7 @@ def _sigkill_rank_1(ctx):
     return 0
 
 
-def test_a_worker_killed_by_sigkill_is_named_with_its_signal(tmp_path):
+def test_a_worker_killed_by_sigkill_is_named_with_its_signal(processes, tmp_path):
     log = tmp_path / "errors.log"
     began = time.monotonic()
     with pytest.raises(WorkerError) as info:
@@ -205,7 +205,7 @@ def _comm(pid: int) -> str:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_killing_the_launcher_leaves_no_worker_behind_and_the_next_job_removes_its_folder(tmp_path):
+def test_killing_the_launcher_leaves_no_worker_behind_and_the_next_job_removes_its_folder(processes, tmp_path):
     """No process outlives a SIGKILLed launcher. Nor can one remove its job folder (the workers' store,
     their results): the next job's launcher does, leaving a live launcher's folder and one it cannot
     judge, and removing one whose pid now names another process."""
@@ -245,7 +245,7 @@ def test_killing_the_launcher_leaves_no_worker_behind_and_the_next_job_removes_i
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_a_worker_killed_from_outside_fails_the_cli_in_one_line_naming_it(tmp_path):
+def test_a_worker_killed_from_outside_fails_the_cli_in_one_line_naming_it(processes, tmp_path):
     job = _Launch(tmp_path, "--on-failure", "abort")
     job.wait_until_training()
     os.kill(_workers_of(job.pid)[-1], signal.SIGKILL)
@@ -276,7 +276,7 @@ def test_ctrl_c_stops_the_workers_and_writes_what_the_run_had(tmp_path):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 @pytest.mark.parametrize("to", ["launcher", "every-process"])
-def test_sigterm_stops_the_workers_and_writes_what_the_run_had_and_its_checkpoint(tmp_path, to):
+def test_sigterm_stops_the_workers_and_writes_what_the_run_had_and_its_checkpoint(processes, tmp_path, to):
     """A scheduler's stop: Kubernetes and ``docker stop`` signal the launcher alone; systemd and Slurm's
     ``scancel`` every process of the job (the warm server and the workers too), which must not kill them."""
     job = _Launch(tmp_path, "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "600")
@@ -301,7 +301,7 @@ def test_sigterm_stops_the_workers_and_writes_what_the_run_had_and_its_checkpoin
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_a_sigterm_to_the_warm_server_while_it_imports_does_not_end_it(tmp_path):
+def test_a_sigterm_to_the_warm_server_while_it_imports_does_not_end_it(processes, tmp_path):
     """The server takes seconds to import torch; a group SIGTERM in that time once ended it, and a worker
     start racing its end failed the job (BrokenPipeError): the launcher must take the stop, not the server."""
     job = _Launch(tmp_path, "--time-budget", "2")
@@ -318,7 +318,7 @@ def test_a_sigterm_to_the_warm_server_while_it_imports_does_not_end_it(tmp_path)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_a_sigterm_to_the_warm_server_in_its_first_instants_does_not_end_it(tmp_path):
+def test_a_sigterm_to_the_warm_server_in_its_first_instants_does_not_end_it(processes, tmp_path):
     """The instants before the server's preload ignores SIGTERM (the interpreter's start, hetrain's
     package import) were a window in which a group SIGTERM ended it: the launcher starts it with SIGTERM
     blocked, so one sent then waits and is dropped. Sent here at the first sight of the server, long
@@ -346,7 +346,7 @@ def _cmdline(pid: int) -> str:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_sigterm_in_start_up_ends_the_launcher_and_everything_it_started(tmp_path):
+def test_sigterm_in_start_up_ends_the_launcher_and_everything_it_started(processes, tmp_path):
     job = _Launch(tmp_path)
     deadline = time.monotonic() + 60
     while not _descendants(job.pid):  # the warm server is up: start-up is under way

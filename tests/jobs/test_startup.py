@@ -21,7 +21,7 @@ from hetrain.jobs.warm_start import START_METHOD_ENV, start_method
 SHORT = dict(num_workers=2, compute_ms=20.0, time_budget_s=1.0, timeout_s=30.0)
 
 
-def test_a_worker_imports_neither_scikit_learn_nor_matplotlib():
+def test_a_worker_imports_neither_scikit_learn_nor_matplotlib(processes):
     config = RunConfig(protocol="hop", **SHORT)
     data = load_dataset(config.workload, config.seed)  # the launcher's copy, as run_training hands it over
     results = run_local(train_then_list_modules, 2, (config, {}, data), timeout_s=30)
@@ -30,7 +30,7 @@ def test_a_worker_imports_neither_scikit_learn_nor_matplotlib():
         assert result["modules"] == [], f"worker {rank} imported {result['modules']}"
 
 
-def test_the_warm_server_module_leaves_one_thread_and_no_cuda_or_process_group():
+def test_the_warm_server_module_leaves_one_thread_and_no_cuda_or_process_group(processes):
     """What the server imports before it forks must leave it single-threaded (fork copies no other
     thread, so a lock another thread held would stay held in every worker) and without CUDA or gloo."""
     code = ("import os, sys; import hetrain.jobs.warm; import torch, torch.distributed as dist; "
@@ -43,7 +43,7 @@ def test_the_warm_server_module_leaves_one_thread_and_no_cuda_or_process_group()
 
 
 @pytest.mark.parametrize("protocol", ["hop", "allreduce"])
-def test_the_phases_of_a_run_add_up(protocol):
+def test_the_phases_of_a_run_add_up(processes, protocol):
     metrics = run_training(RunConfig(protocol=protocol, **SHORT), None, progress=False)
     workers = metrics["workers"]
     for w in workers:
@@ -95,7 +95,7 @@ def _environment_variable(ctx, name):
     return os.environ.get(name)
 
 
-def test_a_worker_sees_the_launchers_environment_at_its_start_not_the_servers(monkeypatch):
+def test_a_worker_sees_the_launchers_environment_at_its_start_not_the_servers(processes, monkeypatch):
     run_local(_environment_variable, 1, ("HETRAIN_TEST_VALUE",), timeout_s=30)  # the server runs by now
     monkeypatch.setenv("HETRAIN_TEST_VALUE", "set after the server started")
     assert run_local(_environment_variable, 2, ("HETRAIN_TEST_VALUE",), timeout_s=30) == [

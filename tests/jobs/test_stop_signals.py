@@ -109,7 +109,7 @@ def test_exit_codes_follow_the_shell_convention():
     assert interrupted_exit_code([{"interrupted": True}]) == 130  # a record from before interrupted_by
 
 
-def test_a_stop_in_a_later_run_s_start_up_still_summarizes_the_runs_before_it(tmp_path, monkeypatch):
+def test_a_stop_in_a_later_run_s_start_up_still_summarizes_the_runs_before_it(processes, tmp_path, monkeypatch):
     """`hetrain compare`: a SIGTERM (or Ctrl-C) while the second protocol starts ends the comparison, and the
     first protocol's run is compared in summary.json and summary.md, not lost with the second."""
     import json
@@ -139,7 +139,7 @@ def test_a_stop_in_a_later_run_s_start_up_still_summarizes_the_runs_before_it(tm
     assert (tmp_path / "cmp" / "over_time.png").exists()
 
 
-def test_a_sigterm_as_the_record_is_written_lets_it_be_written_and_the_comparison_stops(tmp_path, monkeypatch):
+def test_a_sigterm_as_the_record_is_written_lets_it_be_written_and_the_comparison_stops(processes, tmp_path, monkeypatch):
     """A scheduler's stop that comes after the workers ended (here: as the first protocol's record is
     begun) lets that record and the summary be written, and no further protocol is run."""
     import json

@@ -74,7 +74,7 @@ def no_tracking_env(monkeypatch):
 
 
 @pytest.mark.parametrize("kind", ["csv", "tensorboard", "wandb", "mlflow"])
-def test_each_writer_reads_back_every_tag_and_step(tmp_path, no_tracking_env, kind):
+def test_each_writer_reads_back_every_tag_and_step(processes, tmp_path, no_tracking_env, kind):
     writer = make_writers([kind], tmp_path, "probe", {"protocol": "hop", "log": (kind,)})
     for tag, step, value in WRITTEN:
         writer.add_scalar(tag, value, step)
@@ -109,7 +109,7 @@ def _logged_steps(ctx, out_dir):
     return results
 
 
-def test_log_to_writes_the_protocols_own_figures_every_n_steps(tmp_path):
+def test_log_to_writes_the_protocols_own_figures_every_n_steps(processes, tmp_path):
     results = run_local(_logged_steps, 2, (str(tmp_path),), timeout_s=30)
     for rank, by_protocol in enumerate(results):
         for name, final in by_protocol.items():
@@ -132,7 +132,7 @@ WORKER_TAGS = {"wait_fraction", "exchanges", "bytes_sent", "queue_length", "upda
 RECORD_TAGS = {"eval/accuracy", "eval/loss", "train/loss", "efficiency/heterogeneity"}
 
 
-def test_train_with_log_csv_and_tensorboard_writes_every_figure_over_time(tmp_path, no_tracking_env):
+def test_train_with_log_csv_and_tensorboard_writes_every_figure_over_time(processes, tmp_path, no_tracking_env):
     out = tmp_path / "run"
     code = main(["train", "--protocol", "hop", "--workers", "2", "--time-budget", "2.2", "--compute-ms", "10",
                  "--slowdown", "0:2x", "--eval-interval", "0.5", "--no-progress", "--log", "csv,tensorboard",

@@ -78,7 +78,7 @@ def test_fetch_and_reduce_plans_cover_what_is_needed(seed):
 
 
 @pytest.mark.timeout(180)
-def test_partitioned_steps_equal_the_unpartitioned_one():
+def test_partitioned_steps_equal_the_unpartitioned_one(processes):
     net = tiny_resnet()
     rnd = random.Random(7)
     programs = [Program(net, 6, random_tree(net, 1, rnd)) for _ in range(4)]
@@ -93,7 +93,7 @@ def test_partitioned_steps_equal_the_unpartitioned_one():
 
 
 @pytest.mark.timeout(240)
-def test_two_levels_on_four_processes():
+def test_two_levels_on_four_processes(processes):
     net = tiny_resnet()
     rnd = random.Random(11)
     programs = [Program(net, 6, random_tree(net, 2, rnd)) for _ in range(2)]

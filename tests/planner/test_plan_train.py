@@ -98,7 +98,7 @@ def _train(scheme_plans, workload="cnn", steps=40, **kw):
 
 
 @pytest.mark.timeout(300)
-def test_a_planned_cnn_learns_digits_and_every_checked_step_equals_the_whole_model():
+def test_a_planned_cnn_learns_digits_and_every_checked_step_equals_the_whole_model(processes):
     report = _train(None, steps=60, time_scale=2e4, ddp_steps=5)
     assert report.final_accuracy >= 0.85, report.final_accuracy  # chance is 0.1
     assert report.checks_ok, report.checks
@@ -111,7 +111,7 @@ def test_a_planned_cnn_learns_digits_and_every_checked_step_equals_the_whole_mod
 
 
 @pytest.mark.timeout(300)
-def test_every_split_type_unequal_ratios_and_a_residual_join_train_exactly():
+def test_every_split_type_unequal_ratios_and_a_residual_join_train_exactly(processes):
     """Hand-made plans on two devices: II and III on the convolutions, the stem and the head, at ratio 0.3,
     on the residual model; every checked step's loss and gradients equal the whole model's."""
     from hetrain.planner.hierarchy import GroupPlan as G
@@ -144,7 +144,7 @@ def test_plan_train_refuses_what_it_cannot_run(tmp_path, capsys):
 
 
 @pytest.mark.timeout(300)
-def test_plan_train_json_has_the_train_record(tmp_path):
+def test_plan_train_json_has_the_train_record(processes, tmp_path):
     from hetrain.cli import main
 
     out = tmp_path / "plan.json"
@@ -159,7 +159,7 @@ def test_plan_train_json_has_the_train_record(tmp_path):
 
 
 @pytest.mark.timeout(240)
-def test_parallelize_trains_a_users_model_under_torchrun_as_the_whole_model_would(tmp_path):
+def test_parallelize_trains_a_users_model_under_torchrun_as_the_whole_model_would(processes, tmp_path):
     import os
     import subprocess
     import sys
@@ -230,7 +230,7 @@ def _dtensor_worker(ctx):
 
 
 @pytest.mark.timeout(180)
-def test_an_exported_plan_runs_under_torch_tensor_parallel_as_the_whole_model():
+def test_an_exported_plan_runs_under_torch_tensor_parallel_as_the_whole_model(processes):
     from hetrain.jobs.local_job import run_local
 
     for out_err, grad_err, sharded in run_local(_dtensor_worker, 2, timeout_s=120, job_timeout_s=150):

@@ -9,7 +9,7 @@ from hetrain.planner.devices import parse_array
 
 
 @pytest.mark.timeout(120)
-def test_profile_writes_a_device_file_the_planner_reads(tmp_path, capsys):
+def test_profile_writes_a_device_file_the_planner_reads(processes, tmp_path, capsys):
     out = tmp_path / "cpu.yaml"
     assert main(["profile", "--workers", "2", "--seconds", "0.2", "--out", str(out)]) == 0
     assert "GFLOP/s" in capsys.readouterr().out
@@ -56,7 +56,7 @@ def test_metis_files_become_a_device_file(tmp_path, capsys):
 
 
 @pytest.mark.timeout(240)
-def test_plan_measure_runs_the_plan(tmp_path, capsys):
+def test_plan_measure_runs_the_plan(processes, tmp_path, capsys):
     devs = tmp_path / "cpu.yaml"
     devs.write_text("devices:\n  cpu: {tflops: 0.02, memory_gib: 4, link_gb_per_s: 1}\narray: cpu:2\n")
     out = tmp_path / "plan.json"

@@ -15,7 +15,7 @@ def test_blocks_partition_every_layer():
 
 
 @pytest.mark.timeout(120)
-def test_verify_two_processes():
+def test_verify_two_processes(processes):
     reports = verify(2, timeout_s=90)
     assert reports and all(r.ok for r in reports), [r.line() for r in reports]
     assert max(r.grad_err for r in reports) <= 1e-5

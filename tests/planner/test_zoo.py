@@ -36,7 +36,7 @@ def test_tables_equal_tracing(name):
     assert table.total_params == traced.total_params
 
 
-def test_zoo_needs_no_torch():
+def test_zoo_needs_no_torch(processes):
     code = ("import sys; from hetrain.planner import plan_model; "
             "r = plan_model('resnet50', 64, 'tpu-v3:2,tpu-v2:2'); "
             "assert 'torch' not in sys.modules, 'torch was imported'; print(r.net.name)")

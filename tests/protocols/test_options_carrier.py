@@ -87,7 +87,7 @@ def _built(ctx):
     return built
 
 
-def test_the_public_classes_build_their_options_once_and_the_spec_passes_its_object_through():
+def test_the_public_classes_build_their_options_once_and_the_spec_passes_its_object_through(processes):
     for built in run_local(_built, 2, timeout_s=30, job_timeout_s=120):
         assert built["prague"] == PragueOptions(gg="random", group_size=2)
         assert built["prague-defaults"] == PragueOptions()  # the defaults are the options class's

@@ -30,7 +30,7 @@ def _run_without_torch(code: str) -> subprocess.CompletedProcess:
                           text=True, timeout=120)
 
 
-def test_the_pure_layer_and_the_registry_import_without_torch():
+def test_the_pure_layer_and_the_registry_import_without_torch(processes):
     modules = [f"hetrain.protocols.{m.name}" for m in pkgutil.iter_modules(hetrain.protocols.__path__)]
     assert "hetrain.protocols.group_generator" in modules and "hetrain.protocols.ps_logic" in modules
     result = _run_without_torch(f"""
@@ -42,12 +42,12 @@ def test_the_pure_layer_and_the_registry_import_without_torch():
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
 
 
-def test_the_blocker_does_block_torch():
+def test_the_blocker_does_block_torch(processes):
     result = _run_without_torch("import hetrain.runtime.hop")
     assert result.returncode != 0 and "torch is blocked" in result.stderr
 
 
-def test_simulate_runs_every_protocol_without_torch(tmp_path):
+def test_simulate_runs_every_protocol_without_torch(processes, tmp_path):
     result = _run_without_torch(f"""
         from hetrain.cli import main
         for protocol in {list(PROTOCOL_NAMES)!r}:

@@ -59,7 +59,7 @@ def workers():
             channels.close()
 
 
-def test_the_store_listens_on_the_address_it_was_given_only(driver):
+def test_the_store_listens_on_the_address_it_was_given_only(loopback, driver):
     import psutil
 
     server, _ = driver
@@ -68,7 +68,7 @@ def test_the_store_listens_on_the_address_it_was_given_only(driver):
     assert mine and all(addr.ip.removeprefix("::ffff:") == "127.0.0.1" for addr in mine), mine
 
 
-def test_the_drivers_membership_reaches_a_workers_view(driver, workers):
+def test_the_drivers_membership_reaches_a_workers_view(loopback, driver, workers):
     server, channels = driver
     worker = workers(server, 1)
     membership = LauncherMembership(worker.dead, worker.incarnations, 1, 0, worker.report, worker.closing.wait,
@@ -84,7 +84,7 @@ def test_the_drivers_membership_reaches_a_workers_view(driver, workers):
     assert _eventually(worker.stop.is_set)
 
 
-def test_a_workers_writes_and_reports_reach_the_driver(driver, workers):
+def test_a_workers_writes_and_reports_reach_the_driver(loopback, driver, workers):
     server, channels = driver
     worker = workers(server, 0)
     membership = LauncherMembership(worker.dead, worker.incarnations, 0, 0, worker.report, worker.closing.wait,
@@ -99,7 +99,7 @@ def test_a_workers_writes_and_reports_reach_the_driver(driver, workers):
         channels.messages.get_nowait()
 
 
-def test_reports_of_a_replaced_process_are_dropped(driver, workers):
+def test_reports_of_a_replaced_process_are_dropped(loopback, driver, workers):
     server, channels = driver
     old = workers(server, 2, incarnation=0)
     channels.incarnations[2] = 1  # the driver started its replacement
@@ -109,7 +109,7 @@ def test_reports_of_a_replaced_process_are_dropped(driver, workers):
     assert _next_message(channels) == (2, {"joined": 1})
 
 
-def test_a_worker_learns_its_driver_is_gone(workers):
+def test_a_worker_learns_its_driver_is_gone(loopback, workers):
     server = DriverStore("127.0.0.1", timeout_s=10)
     DriverChannels(server.store, 2, results=queue.Queue())
     lost = threading.Event()

@@ -30,7 +30,7 @@ def _hooked(ctx):
     return after_step, sync.stats.iterations, hooks_left, model.weight.item()
 
 
-def test_the_optimizer_step_post_hook_synchronises_and_the_block_ends_in_consensus():
+def test_the_optimizer_step_post_hook_synchronises_and_the_block_ends_in_consensus(processes):
     results = run_local(_hooked, 4, timeout_s=30)
     for rank, (after_step, iterations, hooks_left, final) in enumerate(results):
         assert after_step == pytest.approx(_ring_expected(rank, 4), abs=1e-12)
@@ -58,7 +58,7 @@ def _fails_inside(ctx):
     return sync._released, len(optimizer._optimizer_step_post_hooks), refused
 
 
-def test_an_exception_in_the_block_releases_sockets_and_hooks_without_waiting():
+def test_an_exception_in_the_block_releases_sockets_and_hooks_without_waiting(processes):
     results = run_local(_fails_inside, 3, timeout_s=30, job_timeout_s=60)
     assert all(released and hooks == 0 for released, hooks, _ in results)
     assert results[0][2] is True  # the GG's port no longer accepts connections
@@ -76,7 +76,7 @@ def _batchnorm(ctx):
     return result
 
 
-def test_floating_point_buffers_are_averaged_with_the_parameters():
+def test_floating_point_buffers_are_averaged_with_the_parameters(processes):
     results = run_local(_batchnorm, 4, timeout_s=30)
     for rank, (running_mean, weight, tracked) in enumerate(results):
         assert running_mean == pytest.approx([_ring_expected(rank, 4)] * 3)
@@ -102,7 +102,7 @@ def _mixed(ctx):
     return dtypes, values
 
 
-def test_mixed_dtypes_travel_in_one_buffer_and_come_back_in_their_own_dtype():
+def test_mixed_dtypes_travel_in_one_buffer_and_come_back_in_their_own_dtype(processes):
     results = run_local(_mixed, 4, timeout_s=30)
     for rank, (dtypes, (a, b, c)) in enumerate(results):
         assert dtypes == ["torch.float64", "torch.float32", "torch.bfloat16"]
@@ -137,7 +137,7 @@ def _subgroup(ctx):
     return None, model.weight.item()
 
 
-def test_a_protocol_on_a_subgroup_mixes_only_its_members():
+def test_a_protocol_on_a_subgroup_mixes_only_its_members(processes):
     results = run_local(_subgroup, 4, timeout_s=30)
     assert results[1] == pytest.approx((2.0, 2.0)) and results[3] == pytest.approx((2.0, 2.0))
     assert results[0] == (None, 0.0) and results[2] == (None, 2.0)
@@ -161,7 +161,7 @@ def _state(ctx):
     return saved["iteration"], restored, wrong
 
 
-def test_state_dict_round_trips_and_refuses_another_protocols_state():
+def test_state_dict_round_trips_and_refuses_another_protocols_state(processes):
     for iteration, restored, wrong in run_local(_state, 3, timeout_s=30):
         assert iteration == 3 and restored == (3, 3)
         assert "cannot be loaded into hop" in wrong
@@ -231,7 +231,7 @@ def _allreduce_forward(ctx, through_ddp):
 
 @pytest.mark.parametrize("through_ddp", [pytest.param(True, marks=pytest.mark.slow), False])  # CI time: every
 # other All-Reduce test runs its forward through sync.module, and fails if the check misfires
-def test_allreduce_refuses_a_step_whose_forward_bypassed_ddp(through_ddp):
+def test_allreduce_refuses_a_step_whose_forward_bypassed_ddp(processes, through_ddp):
     """The README's loop calls model(x); with AllReduce only sync.module(x) is all-reduced, and the workers
     trained apart with no word (each its own weights until finish() averaged them)."""
     results = run_local(_allreduce_forward, 2, (through_ddp,), timeout_s=30)

@@ -41,7 +41,7 @@ def _static_prague_with_overlap(ctx):
     return votes, overlapped
 
 
-def test_the_static_stop_vote_never_overlaps_a_background_preduce():
+def test_the_static_stop_vote_never_overlaps_a_background_preduce(processes):
     for votes, overlapped in run_local(_static_prague_with_overlap, 2, timeout_s=30):
         assert overlapped > 0  # P-Reduces did run in the background between steps
         assert len(votes) >= 5 and not any(votes)  # a vote every period (2 steps) and at the end

@@ -28,7 +28,7 @@ def test_the_launcher_and_the_workers_size_the_cache_alike():
     assert fitted_protocol_options(compressed).communicator_cache == 2  # 20 MB // (2 x 4 MB)
 
 
-def test_a_model_too_large_for_the_budget_is_refused_before_anything_starts(tmp_path, capsys):
+def test_a_model_too_large_for_the_budget_is_refused_before_anything_starts(no_warm_server, tmp_path, capsys):
     code = main(["train", "--protocol", "prague", "--compress", "int8", *BIG, "--comm-memory-mb", "4",
                  "--workers", "3", "--iterations", "3", "--no-progress", "--out", str(tmp_path / "run")])
     err = capsys.readouterr().err.strip()
@@ -36,7 +36,7 @@ def test_a_model_too_large_for_the_budget_is_refused_before_anything_starts(tmp_
     assert err.splitlines() == [err] and "more than --comm-memory-mb 4: raise it to 8 or more" in err
 
 
-def test_compressed_prague_holds_no_more_copies_than_the_budget(tmp_path):
+def test_compressed_prague_holds_no_more_copies_than_the_budget(processes, tmp_path):
     """3 workers in pairs: each is in 2 member sets (16 MB of copies), the budget fits one (12 MB). Were the
     workers' caches and the Group Generator's sized differently, the job would hang on a communicator
     one side evicted."""

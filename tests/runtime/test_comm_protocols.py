@@ -45,7 +45,7 @@ def _deterministic_job(ctx, protocol):
 
 @pytest.mark.parametrize("protocol, layout", [("dpsgd", "shared"), ("hop", "shared"), ("prague", None), ("ps", None),
                                               ("dpsgd", "split"), ("hop", "split")])
-def test_h1_without_compression_reproduces_the_protocols_bit_for_bit(protocol, layout, monkeypatch):
+def test_h1_without_compression_reproduces_the_protocols_bit_for_bit(processes, protocol, layout, monkeypatch):
     if layout:  # the peer channels' data plane: NCCL's layout (a group per direction) run over gloo
         monkeypatch.setenv(LAYOUT_ENV, layout)
     assert [tuple(r) for r in run_local(_deterministic_job, 4, (protocol,), timeout_s=30)] == \
@@ -87,7 +87,7 @@ def _one_exchange(ctx, protocol):
 
 
 @pytest.mark.parametrize("protocol, workers", [("dpsgd", 3), ("hop", 3), ("prague", 2), ("adpsgd", 2), ("ps", 2)])
-def test_one_exchange_of_pseudo_gradients(protocol, workers):
+def test_one_exchange_of_pseudo_gradients(processes, protocol, workers):
     for results in run_local(_one_exchange, workers, (protocol,), timeout_s=30):
         for outer_kind, (*arrays, metrics) in results.items():
             after, local, expected = (torch.from_numpy(a) for a in arrays)
@@ -119,7 +119,7 @@ def _gossip(ctx, protocol, steps):
 
 
 @pytest.mark.parametrize("protocol", ["dpsgd", "hop", "prague", "adpsgd"])
-def test_compressed_gossip_reaches_consensus_and_keeps_the_mean(protocol):
+def test_compressed_gossip_reaches_consensus_and_keeps_the_mean(processes, protocol):
     by_worker = run_local(_gossip, 4, (protocol, 60), timeout_s=30)
     for compression in ("int8", "int4", "topk:0.1"):
         results = [worker[compression] for worker in by_worker]
@@ -144,7 +144,7 @@ def _ps_compressed(ctx, compression):
     return mine.numpy(), model.w.detach().numpy(), sync.metrics()
 
 
-def test_the_parameter_server_compresses_both_ways_and_its_workers_follow_the_global_model():
+def test_the_parameter_server_compresses_both_ways_and_its_workers_follow_the_global_model(processes):
     results = run_local(_ps_compressed, 3, ("int8",), timeout_s=30)
     final = torch.from_numpy(results[0][1])
     for mine, _, _ in results:
@@ -169,7 +169,7 @@ def _ddp(ctx, compression):
 
 
 @pytest.mark.parametrize("compression, ratio", [("bf16", 2.0), ("powersgd:2", 4.0)])
-def test_allreduce_compresses_with_torchs_own_hooks(compression, ratio):
+def test_allreduce_compresses_with_torchs_own_hooks(processes, compression, ratio):
     for metrics, ratios in run_local(_ddp, 2, (compression,), timeout_s=30):
         assert metrics["bytes_sent"] > 0 and metrics["compression_ratio"] >= ratio
         if compression.startswith("powersgd"):  # torch's hook all-reduces its first 2 iterations uncompressed
@@ -210,7 +210,7 @@ def _message_train(ctx):
     return result, link.counters()
 
 
-def test_a_message_train_takes_its_bytes_over_the_link_rate():
+def test_a_message_train_takes_its_bytes_over_the_link_rate(processes):
     (began, sent), (arrivals, received) = run_local(_message_train, 2, timeout_s=30)
     nbytes = sent["bytes_sent"]
     assert nbytes == received["bytes_received"] >= MESSAGES * NUMEL * 4
@@ -238,7 +238,7 @@ def _auto(ctx):
     return sync.metrics()
 
 
-def test_auto_local_work_gives_a_slower_worker_fewer_local_steps():
+def test_auto_local_work_gives_a_slower_worker_fewer_local_steps(processes):
     results = run_local(_auto, 3, timeout_s=30)
     slow, fast = results[0], results[1:]
     assert slow["local_steps_last"] <= 3 and all(m["local_steps_last"] >= 6 for m in fast)
@@ -265,7 +265,7 @@ def _group_over_link(ctx, protocol):
 
 
 @pytest.mark.parametrize("protocol", ["prague"])
-def test_a_group_average_holds_its_members_for_its_bytes_over_the_link(protocol):
+def test_a_group_average_holds_its_members_for_its_bytes_over_the_link(processes, protocol):
     for took, counters in run_local(_group_over_link, 2, (protocol,), timeout_s=30):
         expected_s = 4 * 62_500 * 4 * 8 / 8e6  # each member sends the other its model, 4 times
         assert counters["bytes_sent"] >= 4 * 62_500 * 4
@@ -283,7 +283,7 @@ def _gg_round_trips(ctx):
     return sync.metrics()
 
 
-def test_the_group_generators_round_trip_pays_the_link_latency():
+def test_the_group_generators_round_trip_pays_the_link_latency(processes):
     """Worker 1 asks rank 0's Group Generator over the network: each of its 5 requests (and its leave)
     waits two latencies; rank 0 asks its own in-process."""
     _, asker = run_local(_gg_round_trips, 2, timeout_s=30)
@@ -300,7 +300,7 @@ def _shared_start(ctx, same):
     return sync.metrics()
 
 
-def test_neighbours_that_start_from_one_model_skip_the_first_keyframe():
+def test_neighbours_that_start_from_one_model_skip_the_first_keyframe(processes):
     """hetrain train's workers start from one seeded model: the first message on each edge is a delta
     (4 int8 messages: ratio near int8's 4x; with a float64 keyframe first it is under 2x)."""
     for metrics in run_local(_shared_start, 3, (True,), timeout_s=30):

@@ -55,7 +55,7 @@ def _recorded(ctx, end_at: float):
     return ctx.rank, ctx.incarnation, sent, received
 
 
-def test_replicas_equal_their_senders_copies_after_a_death_a_replacement_and_a_second_death():
+def test_replicas_equal_their_senders_copies_after_a_death_a_replacement_and_a_second_death(processes):
     results = run_local(_recorded, 4, (time.time() + 12.0,), on_failure="respawn", kills=[(2.5, 2)],
                         faults=[Fault(2, "phase", phase=SECOND_DEATH)], timeout_s=20)
     assert len(results) == 4

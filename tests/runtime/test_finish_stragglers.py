@@ -45,7 +45,7 @@ def _straggler_job(ctx, protocol, straggler_s, hang):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("protocol", ["hop", "prague", "ps", *(pytest.param(p, marks=pytest.mark.slow)  # CI time
                                                        for p in ("dpsgd", "adpsgd"))])
-def test_workers_finished_early_wait_for_a_straggler_that_still_steps(protocol):
+def test_workers_finished_early_wait_for_a_straggler_that_still_steps(processes, protocol):
     results = run_local(_straggler_job, 4, (protocol, 3 * TIMEOUT_S, False), timeout_s=TIMEOUT_S,
                         job_timeout_s=90)
     assert results[3][1] > 3 * results[0][1]  # the straggler trained on long after the others stopped
@@ -54,7 +54,7 @@ def test_workers_finished_early_wait_for_a_straggler_that_still_steps(protocol):
 
 
 @pytest.mark.timeout(120)
-def test_a_straggler_that_stops_stepping_is_given_up_on_naming_it():
+def test_a_straggler_that_stops_stepping_is_given_up_on_naming_it(processes):
     start = time.monotonic()
     with pytest.raises(WorkerError, match="worker 3|workers \\[3\\]"):
         run_local(_straggler_job, 4, ("hop", 0.5, True), timeout_s=TIMEOUT_S, job_timeout_s=90)

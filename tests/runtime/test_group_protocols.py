@@ -103,7 +103,7 @@ CASES = [
 
 @pytest.mark.parametrize("protocol, options", CASES,
                          ids=[f"{p}-{o}" for p, o in (getattr(c, "values", c) for c in CASES)])
-def test_four_workers_mix_before_finish_and_end_in_consensus(protocol, options):
+def test_four_workers_mix_before_finish_and_end_in_consensus(processes, protocol, options):
     config = RunConfig(protocol=protocol, num_workers=4, iterations=60, options=options).validate()
     results = run_local(_train, 4, (config, ITERATIONS), timeout_s=30, job_timeout_s=150)
     spread = _spread([r[3] for r in results])
@@ -144,7 +144,7 @@ def _assert_pairs_accounted(results):
         assert m["mean_group_size"] == (2.0 if m["groups_formed"] else 0.0)
 
 
-def test_adpsgd_passives_that_leave_before_any_active_asks_are_never_paired_and_still_end_in_consensus():
+def test_adpsgd_passives_that_leave_before_any_active_asks_are_never_paired_and_still_end_in_consensus(processes):
     """The schedule a loaded machine produced by chance, forced: passives 1 and 3 run and leave first."""
     config = RunConfig(protocol="adpsgd", num_workers=4, iterations=60).validate()
     results = run_local(_train, 4, (config, ITERATIONS, (1, 3)), timeout_s=30, job_timeout_s=150)

@@ -49,7 +49,7 @@ def _constant_progress(ctx, late_updates):
 
 
 @pytest.mark.timeout(90)
-def test_old_updates_have_their_lost_steps_put_back():
+def test_old_updates_have_their_lost_steps_put_back(processes):
     results = run_local(_constant_progress, 4, ("progress",), timeout_s=30)
     old_terms = sum(old for _, old, _, _ in results)
     assert old_terms >= 20, f"too few old updates used ({old_terms}) for the test to mean anything"
@@ -67,7 +67,7 @@ def test_old_updates_have_their_lost_steps_put_back():
 
 
 @pytest.mark.timeout(90)
-def test_by_default_old_updates_are_mixed_as_the_models_they_are():
+def test_by_default_old_updates_are_mixed_as_the_models_they_are(processes):
     """Hop's own rule stays the default: the same job loses steps to its old updates."""
     results = run_local(_constant_progress, 4, ("model",), timeout_s=30)
     mixed = torch.tensor([m for m, _, _, _ in results])
@@ -95,7 +95,7 @@ def _weights_loaded_midway(ctx):
 
 
 @pytest.mark.timeout(60)
-def test_weights_loaded_midway_are_not_counted_as_steps():
+def test_weights_loaded_midway_are_not_counted_as_steps(processes):
     """P measures the worker's own steps only: weights loaded by ``model.load_state_dict`` or changed and
     followed by ``sync.reanchor()`` would otherwise be put back at every later old update."""
     for own_steps in run_local(_weights_loaded_midway, 2, timeout_s=30):

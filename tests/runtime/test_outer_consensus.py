@@ -22,7 +22,7 @@ def _spread(models: torch.Tensor) -> float:
 
 # ----- no progress: the outer momentum must not act on the workers' disagreement ---------------------
 @pytest.mark.parametrize("topology", ["exponential", "torus", "prague"])
-def test_outer_nesterov_without_progress_is_plain_gossip_off_the_complete_graph(topology):
+def test_outer_nesterov_without_progress_is_plain_gossip_off_the_complete_graph(processes, topology):
     """Before issue 36 the spread fell only to 2.4e-3 (exponential) and 8.9e-8 (torus) of its start, and
     Prague's groups with each worker's own anchor to 0.04."""
     results = run_local(gossip_only, 8, (topology, 60, True, True), timeout_s=60)  # Prague: 60 groups each
@@ -87,7 +87,7 @@ def _complete_graph(ctx, protocol):
 
 
 @pytest.mark.parametrize("protocol", ["dpsgd", "hop"])
-def test_on_the_complete_graph_every_worker_follows_diloco(protocol):
+def test_on_the_complete_graph_every_worker_follows_diloco(processes, protocol):
     reference = _diloco_reference(4)
     for trajectory in run_local(_complete_graph, 4, (protocol,), timeout_s=60):
         for got, expected in zip(trajectory, reference):
@@ -98,7 +98,7 @@ def test_on_the_complete_graph_every_worker_follows_diloco(protocol):
 
 # ----- local_work="auto": consensus goes to the steps-weighted mean -----------------------------------
 @pytest.mark.parametrize("topology", ["ring", "torus", "exponential", "prague"])
-def test_auto_local_work_gossip_converges_to_the_steps_weighted_mean(topology):
+def test_auto_local_work_gossip_converges_to_the_steps_weighted_mean(processes, topology):
     """Before issue 36 each row was rescaled by steps: ring of 8, consensus -0.4475 where the
     steps-weighted mean was -0.3807 and the plain mean -0.2006. The exponential graph is directed:
     its weights go by one circulation (``weights_by_circulation``), the steps read from the speed board."""
@@ -146,7 +146,7 @@ def _loaded_after_wrapping(ctx, how):
 
 
 @pytest.mark.parametrize("how", ["load_state_dict", "in_place_before_the_first_step"])
-def test_weights_loaded_into_a_wrapped_model_are_the_anchor_not_progress(how):
+def test_weights_loaded_into_a_wrapped_model_are_the_anchor_not_progress(processes, how):
     """Before issue 36 the anchor was the model at construction: the weight went 5.0 -> 24.0."""
     for seen in run_local(_loaded_after_wrapping, 2, (how,), timeout_s=30):
         assert seen[:20] == [5.0] * 20
@@ -181,7 +181,7 @@ def _fixture(ctx, protocol):
 
 
 @pytest.mark.parametrize("protocol", ["dpsgd", "hop", "prague", "adpsgd", "ps"])
-def test_every_protocol_ends_with_the_last_outer_step_and_the_steps_after_it(protocol):
+def test_every_protocol_ends_with_the_last_outer_step_and_the_steps_after_it(processes, protocol):
     """Before issue 36 the parameter server ended at -35: its final model was the server's copy, without
     the last outer step or the steps after the last exchange."""
     for seen, final in run_local(_fixture, 2, (protocol,), timeout_s=30):
@@ -211,7 +211,7 @@ def _passive_alone(ctx):
     return seen, sync.metrics()["outer_steps"]
 
 
-def test_an_adpsgd_sync_that_averages_nothing_takes_no_outer_step():
+def test_an_adpsgd_sync_that_averages_nothing_takes_no_outer_step(processes):
     """Before issue 36 the passive stepped its own unaveraged model: -23 after its first 6 steps."""
     (_, active_outer), (passive, passive_outer) = run_local(_passive_alone, 2, timeout_s=30)
     assert passive[5] == -11  # 6 local steps, no exchange, no outer step
@@ -220,7 +220,7 @@ def test_an_adpsgd_sync_that_averages_nothing_takes_no_outer_step():
 
 # ----- the outer momentum mixed beside the model (Hop, D-PSGD) ---------------------------------------
 @pytest.mark.parametrize("protocol,compression", [("dpsgd", "none"), ("hop", "none"), ("hop", "int8")])
-def test_the_outer_momentum_is_mixed_as_the_models_are(protocol, compression):
+def test_the_outer_momentum_is_mixed_as_the_models_are(processes, protocol, compression):
     """Each worker trains toward its own target (opposite ends for ranks 0 and 7), then stops making
     progress: its momentum only decays (x0.9 an exchange) and, mixed, agrees with its neighbours'.
     Unmixed, each buffer kept its own direction: a spread 49x the mean's size (2e-5x mixed; 0.33x with
@@ -292,7 +292,7 @@ def _ps_resumed_from_rounds_apart(ctx):
     return seen
 
 
-def test_a_resumed_parameter_server_worker_steps_from_the_model_it_pulled():
+def test_a_resumed_parameter_server_worker_steps_from_the_model_it_pulled(processes):
     """Before: worker 1's anchor (4.0, its own older file) against the pulled server model (5.0) was a
     pseudo-gradient, and with no progress the model went 5.0, 5.0, 5.165, 5.165 and on."""
     for seen in run_local(_ps_resumed_from_rounds_apart, 2, timeout_s=30):
@@ -320,7 +320,7 @@ def _anchors_compressed(ctx, protocol):
 
 
 @pytest.mark.parametrize("protocol", ["prague", "adpsgd"])
-def test_compressed_groups_send_the_anchors_one_bit_a_value(protocol):
+def test_compressed_groups_send_the_anchors_one_bit_a_value(processes, protocol):
     """The anchors travel beside the model (combine, then adapt); compressed, they go as Hop's mixed
     momentum does, one bit a value with a scale (in int8 they doubled a message: 8 values, (4 + 8) * 2
     bytes). The workers still train and end with one model."""

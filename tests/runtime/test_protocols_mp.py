@@ -36,7 +36,7 @@ def _one_sync(ctx, protocol):
 
 
 @pytest.mark.parametrize("protocol", ["dpsgd", "hop"])
-def test_ring_average_known_answer(protocol):
+def test_ring_average_known_answer(processes, protocol):
     n = 4
     results = run_local(_one_sync, n, (protocol,), timeout_s=30)
     for rank, (after_one, final, metrics) in enumerate(results):
@@ -60,7 +60,7 @@ def _averaging_only(ctx, protocol, steps):
 
 
 @pytest.mark.parametrize("protocol", ["dpsgd", "hop-b0"])
-def test_averaging_preserves_the_mean_and_contracts_before_finish(protocol):
+def test_averaging_preserves_the_mean_and_contracts_before_finish(processes, protocol):
     """Symmetric doubly-stochastic mixing with every update used (no backup worker, no staleness): the mean
     of the models stays exactly the initial mean, and the spread shrinks by the ring's mixing rate."""
     n, steps = 4, 12
@@ -93,7 +93,7 @@ def _straggler(ctx, steps):
     return before_finish, sync.metrics()
 
 
-def test_hop_straggler_skips_and_fast_workers_do_not_wait_for_it():
+def test_hop_straggler_skips_and_fast_workers_do_not_wait_for_it(processes):
     results = run_local(_straggler, 4, (40,), timeout_s=30)
     slow, fast = results[0][1], [m for _, m in results[1:]]
     assert slow["skipped_iterations"] > 0
@@ -123,7 +123,7 @@ def _ddp_gradient(ctx):
     return grad, sync.stats.iterations
 
 
-def test_allreduce_is_ddp_and_workers_agree_to_stop():
+def test_allreduce_is_ddp_and_workers_agree_to_stop(processes):
     from hetrain.runtime.allreduce import STOP_CHECK_EVERY
 
     results = run_local(_ddp_gradient, 4, timeout_s=30)
@@ -140,7 +140,7 @@ def _stall(ctx):
     return 0
 
 
-def test_a_stalled_worker_fails_the_job_naming_what_was_awaited():
+def test_a_stalled_worker_fails_the_job_naming_what_was_awaited(processes):
     began = time.monotonic()
     with pytest.raises(WorkerError) as info:
         run_local(_stall, 3, timeout_s=2)
@@ -158,7 +158,7 @@ def _die(ctx):
     return 0
 
 
-def test_a_dead_worker_fails_the_job_quickly():
+def test_a_dead_worker_fails_the_job_quickly(processes):
     began = time.monotonic()
     with pytest.raises(WorkerError, match="worker 1 exited with code 3"):
         run_local(_die, 3, timeout_s=20)

@@ -13,6 +13,8 @@ import hetrain
 from hetrain.testing.thread_ranks import SharedMembership, run_threads
 from hetrain.transport.worker_transport import Transport
 
+pytestmark = pytest.mark.usefixtures("loopback")  # thread-ranks: real gloo groups over loopback
+
 MAKERS = {
     "dpsgd": lambda model, t, **kw: hetrain.DPSGD(model, None, topology="ring", transport=t, **kw),
     "hop": lambda model, t, **kw: hetrain.Hop(model, None, topology="ring", transport=t, **kw),
@@ -49,7 +51,7 @@ def _stack(results, index):
 
 
 @pytest.mark.parametrize("protocol", ["dpsgd", "hop", "prague", "adpsgd"])
-def test_decentralized_protocols_on_thread_ranks_mix_and_end_in_consensus(protocol):
+def test_decentralized_protocols_on_thread_ranks_mix_and_end_in_consensus(loopback, protocol):
     results = run_threads(_gossip, 4, (protocol, 60, {}))
     starts, before, after = _stack(results, 0), _stack(results, 1), _stack(results, 2)
     assert not any(r[3] for r in results)  # no default process group: the injected transport carried it all
@@ -94,7 +96,7 @@ def _one_dies(rank, protocol: str, members: SharedMembership):
 
 
 @pytest.mark.parametrize("protocol", ["dpsgd", "hop", "prague", "adpsgd", "ps"])
-def test_a_thread_rank_that_dies_is_routed_around_and_the_survivors_agree(protocol):
+def test_a_thread_rank_that_dies_is_routed_around_and_the_survivors_agree(loopback, protocol):
     members = SharedMembership()
     results = run_threads(_one_dies, 4, (protocol, members), membership=members, timeout_s=30)
     survivors = torch.stack(results[:3])

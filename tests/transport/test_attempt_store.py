@@ -38,7 +38,7 @@ def agent_store():
     return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
 
 
-def test_the_ranks_of_each_attempt_agree_on_a_fresh_token(agent_store):
+def test_the_ranks_of_each_attempt_agree_on_a_fresh_token(loopback, agent_store):
     first = _agree(agent_store.port, range(4), 4)
     assert len(set(first.values())) == 1
     # the next attempt: the store holds the first one's token and its welcomes; rank 0 comes late,
@@ -48,7 +48,7 @@ def test_the_ranks_of_each_attempt_agree_on_a_fresh_token(agent_store):
     assert second[0] != first[0]
 
 
-def test_a_rank_without_a_live_rank_0_gives_up_naming_itself(agent_store):
+def test_a_rank_without_a_live_rank_0_gives_up_naming_itself(loopback, agent_store):
     agent_store.set(ATTEMPT_KEY, "dead-attempt")
     tokens = _agree(agent_store.port, [1], 2, timeout_s=1.5)
     assert isinstance(tokens[1], WorkerError) and "rank 1" in str(tokens[1])

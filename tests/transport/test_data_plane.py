@@ -99,7 +99,7 @@ def _exchange_everything(ctx, layout: str):
 
 
 @pytest.mark.parametrize("layout", ["shared", "split"])
-def test_every_payload_arrives_whole_and_in_order(layout):
+def test_every_payload_arrives_whole_and_in_order(processes, layout):
     for rank, (used, got, errors) in enumerate(run_local(_exchange_everything, 3, (layout,), timeout_s=30)):
         assert used == layout and errors == []
         for src in (r for r in range(3) if r != rank):

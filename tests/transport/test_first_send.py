@@ -17,7 +17,7 @@ from hetrain.transport.peer_channels import UPDATE, PeerChannels
 TIMEOUT_S = 6.0
 
 
-def test_a_first_send_to_a_process_that_never_connects_ends_when_it_is_named_dead(monkeypatch):
+def test_a_first_send_to_a_process_that_never_connects_ends_when_it_is_named_dead(loopback, monkeypatch):
     monkeypatch.delenv("TORCH_GLOO_LAZY_INIT", raising=False)
     prefer_lazy_connections()  # as every worker: pairs connect on their first message
     job = JobView(None, 0, 2, torch.device("cpu"), TIMEOUT_S, dist.HashStore())
