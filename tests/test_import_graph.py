@@ -8,6 +8,8 @@ deferred into functions added (a deferred import that closes a loop, as
 import ast
 from pathlib import Path
 
+import pytest
+
 import hetrain
 
 PACKAGE = Path(hetrain.__file__).parent
@@ -109,6 +111,7 @@ def test_hetrain_has_no_import_cycle_through_deferred_imports_either():
     assert cycle is None, "import cycle (counting imports inside functions): " + " -> ".join(cycle)
 
 
+@pytest.mark.contract
 def test_import_hetrain_and_its_help_import_no_optional_package(processes):
     """The extras (tensorboard, wandb, mlflow, ray) are imported only when a run asks for them (--log,
     --launcher ray)."""
@@ -196,6 +199,7 @@ def test_no_runtime_module_is_a_wire_codec_or_group_service():
     assert not offending, offending
 
 
+@pytest.mark.contract
 def test_pure_specs_import_without_torch(processes):
     """The specs the simulator, the CLI and the planner read stay importable without torch."""
     import subprocess

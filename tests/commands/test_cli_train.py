@@ -88,7 +88,7 @@ def test_out_dir_that_is_a_file(capsys, tmp_path):
     assert "not a directory" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("protocol", ["allreduce", "dpsgd", "hop"])
+@pytest.mark.parametrize("protocol", ["allreduce", "dpsgd", pytest.param("hop", marks=pytest.mark.contract)])
 def test_train_end_to_end_reaches_the_digits_target(processes, tmp_path, protocol):
     out = tmp_path / protocol
     code = main(["train", "--protocol", protocol, "--workers", "4", "--iterations", "150",
@@ -112,6 +112,7 @@ def test_train_end_to_end_reaches_the_digits_target(processes, tmp_path, protoco
     assert (out / "summary.txt").exists()
 
 
+@pytest.mark.contract
 def test_compare_writes_table_json_and_plot(processes, tmp_path, capsys):
     out = tmp_path / "cmp"
     code = main(["compare", "--protocols", "allreduce,hop", "--workers", "3", "--iterations", "20",

@@ -44,6 +44,7 @@ def run_example(out: Path, *args: str, epochs: int = 1) -> list[dict]:
     return reports
 
 
+@pytest.mark.contract
 def test_prague_around_an_accelerate_loop_shares_the_epoch_and_leaves_every_process_with_the_same_model(processes, tmp_path):
     reports = run_example(tmp_path, "--protocol", "prague")
     assert sum(r["batches"] for r in reports) == TRAIN_BATCHES  # one pass over the data, shared out by speed

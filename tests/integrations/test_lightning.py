@@ -49,6 +49,7 @@ def assert_ranks_agree(out: Path, ranks: int = 2) -> None:
                 assert torch.equal(tensor, other[name]), f"ranks differ in {name} after fit()"
 
 
+@pytest.mark.contract
 def test_hop_strategy_trains_shares_batches_by_speed_validates_checkpoints_and_ends_in_consensus(processes, tmp_path):
     run_example(tmp_path, "--strategy", "hop", "--checkpoints", str(tmp_path / "ckpt"))
     assert_ranks_agree(tmp_path)

@@ -90,7 +90,7 @@ def _kill_from_outside(rank: int, at_s: float, signum: int, fired: list) -> thre
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds workers by /proc")
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [pytest.param(0, marks=pytest.mark.contract), 1, 2])
 def test_sigkill_from_outside_at_a_random_moment_is_survived(processes, seed):
     """From the launch (the workers not yet forked) to the end of the training budget."""
     rng = random.Random(seed)

@@ -53,7 +53,7 @@ def test_two_deaths_in_a_ring_are_repaired_around(processes):
     assert sorted(d["rank"] for d in metrics["deaths"]) == [1, 2]
 
 
-@pytest.mark.parametrize("protocol", ["hop", "prague", "ps"])
+@pytest.mark.parametrize("protocol", [pytest.param("hop", marks=pytest.mark.contract), "prague", "ps"])
 def test_abort_fails_the_job_naming_the_dead_worker(processes, protocol):
     config = RunConfig(protocol=protocol, fail="1@2s", on_failure="abort", **BASE)
     with pytest.raises(WorkerError, match=r"^worker 1 was killed by --fail 1@2s \(SIGKILL\)"):
@@ -130,7 +130,7 @@ STATIC_LOCAL_STEPS = ("--gg", "static", "--sync-every", "8", "--slowdown", "0:3x
 
 
 @pytest.mark.parametrize("protocol, extra", [
-    ("hop", ()), ("allreduce", ()), pytest.param("prague", (), marks=pytest.mark.slow),
+    pytest.param("hop", (), marks=pytest.mark.contract), ("allreduce", ()), pytest.param("prague", (), marks=pytest.mark.slow),
     pytest.param("ps", (), marks=pytest.mark.slow), pytest.param("prague", STATIC_LOCAL_STEPS, marks=pytest.mark.slow)])
 def test_a_killed_job_resumes_from_its_checkpoints_and_finishes_its_iterations(processes, tmp_path, protocol, extra):
     # the whole job dies mid-run: every worker is killed (abort), as a lost machine would

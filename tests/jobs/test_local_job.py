@@ -24,10 +24,12 @@ def _fail_on_rank_1(ctx):
     return 0
 
 
+@pytest.mark.contract
 def test_run_local_all_reduce_known_answer(processes):
     assert run_local(_sum_ranks, 3, timeout_s=30) == [3.0, 3.0, 3.0]
 
 
+@pytest.mark.contract
 def test_first_failure_kills_all_ranks_and_names_worker(processes):
     with pytest.raises(WorkerError, match="worker 1 failed") as info:
         run_local(_fail_on_rank_1, 3, timeout_s=30)

@@ -205,6 +205,7 @@ def _comm(pid: int) -> str:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.contract
 def test_killing_the_launcher_leaves_no_worker_behind_and_the_next_job_removes_its_folder(processes, tmp_path):
     """No process outlives a SIGKILLed launcher. Nor can one remove its job folder (the workers' store,
     their results): the next job's launcher does, leaving a live launcher's folder and one it cannot
@@ -245,6 +246,7 @@ def test_killing_the_launcher_leaves_no_worker_behind_and_the_next_job_removes_i
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.contract
 def test_a_worker_killed_from_outside_fails_the_cli_in_one_line_naming_it(processes, tmp_path):
     job = _Launch(tmp_path, "--on-failure", "abort")
     job.wait_until_training()
@@ -275,7 +277,7 @@ def test_ctrl_c_stops_the_workers_and_writes_what_the_run_had(tmp_path):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-@pytest.mark.parametrize("to", ["launcher", "every-process"])
+@pytest.mark.parametrize("to", [pytest.param("launcher", marks=pytest.mark.contract), "every-process"])
 def test_sigterm_stops_the_workers_and_writes_what_the_run_had_and_its_checkpoint(processes, tmp_path, to):
     """A scheduler's stop: Kubernetes and ``docker stop`` signal the launcher alone; systemd and Slurm's
     ``scancel`` every process of the job (the warm server and the workers too), which must not kill them."""
@@ -346,6 +348,7 @@ def _cmdline(pid: int) -> str:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.contract
 def test_sigterm_in_start_up_ends_the_launcher_and_everything_it_started(processes, tmp_path):
     job = _Launch(tmp_path)
     deadline = time.monotonic() + 60

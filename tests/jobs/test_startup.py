@@ -21,6 +21,7 @@ from hetrain.jobs.warm_start import START_METHOD_ENV, start_method
 SHORT = dict(num_workers=2, compute_ms=20.0, time_budget_s=1.0, timeout_s=30.0)
 
 
+@pytest.mark.contract
 def test_a_worker_imports_neither_scikit_learn_nor_matplotlib(processes):
     config = RunConfig(protocol="hop", **SHORT)
     data = load_dataset(config.workload, config.seed)  # the launcher's copy, as run_training hands it over

@@ -77,6 +77,7 @@ def _alone_spread(ranks: int = 3) -> float:
     return float((stacked - stacked.mean(0)).norm(dim=1).pow(2).mean().sqrt())
 
 
+@pytest.mark.contract
 def test_example_user_loop_under_torchrun(processes, tmp_path):
     ranks = _example(tmp_path / "report.json")  # every rank exits 0 (_run_all)
     assert [r["rank"] for r in ranks] == [0, 1, 2]

@@ -15,6 +15,7 @@ def test_blocks_partition_every_layer():
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.contract
 def test_verify_two_processes(processes):
     reports = verify(2, timeout_s=90)
     assert reports and all(r.ok for r in reports), [r.line() for r in reports]

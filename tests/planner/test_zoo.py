@@ -36,6 +36,7 @@ def test_tables_equal_tracing(name):
     assert table.total_params == traced.total_params
 
 
+@pytest.mark.contract
 def test_zoo_needs_no_torch(processes):
     code = ("import sys; from hetrain.planner import plan_model; "
             "r = plan_model('resnet50', 64, 'tpu-v3:2,tpu-v2:2'); "

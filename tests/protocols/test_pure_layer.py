@@ -30,6 +30,7 @@ def _run_without_torch(code: str) -> subprocess.CompletedProcess:
                           text=True, timeout=120)
 
 
+@pytest.mark.contract
 def test_the_pure_layer_and_the_registry_import_without_torch(processes):
     modules = [f"hetrain.protocols.{m.name}" for m in pkgutil.iter_modules(hetrain.protocols.__path__)]
     assert "hetrain.protocols.group_generator" in modules and "hetrain.protocols.ps_logic" in modules

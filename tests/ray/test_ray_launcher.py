@@ -29,6 +29,7 @@ def _listening_beyond_loopback(stop: threading.Event, found: list) -> None:
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.contract
 def test_a_hop_job_on_ray_actors_trains_and_writes_its_record(processes, make_cluster, tmp_path):
     cluster = make_cluster(2)
     stop, beyond = threading.Event(), []

@@ -30,6 +30,7 @@ def _hooked(ctx):
     return after_step, sync.stats.iterations, hooks_left, model.weight.item()
 
 
+@pytest.mark.contract
 def test_the_optimizer_step_post_hook_synchronises_and_the_block_ends_in_consensus(processes):
     results = run_local(_hooked, 4, timeout_s=30)
     for rank, (after_step, iterations, hooks_left, final) in enumerate(results):

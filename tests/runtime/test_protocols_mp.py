@@ -36,6 +36,7 @@ def _one_sync(ctx, protocol):
 
 
 @pytest.mark.parametrize("protocol", ["dpsgd", "hop"])
+@pytest.mark.contract
 def test_ring_average_known_answer(processes, protocol):
     n = 4
     results = run_local(_one_sync, n, (protocol,), timeout_s=30)
@@ -123,6 +124,7 @@ def _ddp_gradient(ctx):
     return grad, sync.stats.iterations
 
 
+@pytest.mark.contract
 def test_allreduce_is_ddp_and_workers_agree_to_stop(processes):
     from hetrain.runtime.allreduce import STOP_CHECK_EVERY
 
