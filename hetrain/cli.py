@@ -89,10 +89,6 @@ def console_main() -> None:
     takes 0.45-0.7 s here (docs/decisions.md, "Warm workers"). The exit
     handlers still run (multiprocessing's finalizers release the job's semaphores).
     """
-    if os.environ.get("HETRAIN_MUTANT"):  # hetrain.testing.mutants.ENV: the launcher's own mutants (tests only)
-        from hetrain.testing.mutants import apply_from_env
-
-        apply_from_env()
     code = main()
     try:
         atexit._run_exitfuncs()

@@ -22,23 +22,40 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
-
-from hetrain.testing.mutants import apply_from_env
 
 TIERS = ("unit", "inprocess", "process")
 
 
 def pytest_configure(config):
-    """A mutant named by $HETRAIN_MUTANT applies to the test process too, so the tests that run in-process
-    (codecs, weights, the resume check) see it as the workers do."""
+    """The tier marks; and a mutant named by $HETRAIN_MUTANT applies to the test process too, so the tests
+    that run in-process (codecs, weights, the resume check) see it as the workers do."""
     for tier, text in (("unit", "starts no process, opens no socket (the default)"),
                        ("inprocess", "sockets, stores or gloo groups in the test process (the loopback fixture)"),
                        ("process", "starts processes (the processes fixture)"),
                        ("contract", "a process test in the default run: it guards what no faster test can")):
         config.addinivalue_line("markers", f"{tier}: {text}")
+    _mutant_in_every_process()
+
+
+MUTANT_SITE = str(Path(__file__).parent / "mutants" / "site")  # its sitecustomize applies $HETRAIN_MUTANT
+
+
+def _mutant_in_every_process() -> None:
+    """With $HETRAIN_MUTANT set (the mutant meta-test's runs, or by hand), the mutant applies here and, through
+    ``PYTHONPATH``, in every process the tests start (tests/mutants/catalog.py)."""
+    if not os.environ.get("HETRAIN_MUTANT"):
+        return
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if MUTANT_SITE not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [MUTANT_SITE, *paths] if p)
+    sys.path.append(str(Path(MUTANT_SITE).parent))
+    from catalog import apply_from_env
+
     apply_from_env()
 
 

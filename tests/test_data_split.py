@@ -154,8 +154,6 @@ def test_the_rate_board_keeps_only_the_counts_its_window_needs():
 
 _ATTEMPTS = """
 import datetime, os, torch.distributed as dist
-from hetrain.testing.mutants import apply_from_env
-apply_from_env()  # the mutation set's, when it runs this test
 from hetrain.jobs.rate_board import RateBoard
 from hetrain.transport.job import init, job_store
 agent = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=10))  # outlives attempts

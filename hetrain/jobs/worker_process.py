@@ -122,10 +122,6 @@ def worker_main(spec: WorkerSpec, channels: JobChannels) -> None:
     try:
         import torch.distributed as dist
 
-        from hetrain.testing.mutants import apply_from_env
-
-        apply_from_env()  # tests only: HETRAIN_MUTANT=no-comm proves the protocol tests can fail
-
         imported = time.time()
         report = lambda message: channels.messages.put((rank, message))  # noqa: E731
         ctx = join_job(spec, rank, dist.FileStore(spec.store_path, spec.world_size), channels, report, imported)

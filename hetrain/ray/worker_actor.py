@@ -87,9 +87,7 @@ def _train(spec, channels, store, fn, args):
     import torch.distributed as dist
 
     from hetrain.jobs.worker_process import join_job
-    from hetrain.testing.mutants import apply_from_env
 
-    apply_from_env()  # tests only: HETRAIN_MUTANT=no-comm proves the protocol tests can fail
     imported = time.time()
     ctx = join_job(spec, spec.rank, dist.PrefixStore("job/", store), channels, channels.report, imported)
     return fn(ctx, *args)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
+from hetrain.testing.fake_channels import Fabric, FakeTransport
 from hetrain.transport.membership import Membership
 from hetrain.transport.worker_transport import Transport
 
@@ -52,19 +53,23 @@ class ThreadRank:
     store: object
     timeout_s: float
     membership: Membership | None = None
+    fabric: Fabric | None = None  # channels in memory, recorded (hetrain.testing.fake_channels)
 
     def transport(self, kind: str) -> Transport:
-        """This rank's transport for a protocol of ``kind`` (the protocol's name)."""
-        return Transport.on_store(self.store, self.rank, self.world_size, kind, timeout_s=self.timeout_s,
+        """This rank's transport for a protocol of ``kind`` (the protocol's name): its channels the fabric's
+        when the job has one, else gloo's over loopback."""
+        real = Transport.on_store(self.store, self.rank, self.world_size, kind, timeout_s=self.timeout_s,
                                   membership=self.membership)
+        return real if self.fabric is None else FakeTransport(real.job, real.membership, self.fabric)
 
 
 def run_threads(fn: Callable[..., object], world_size: int, args: tuple = (), *, timeout_s: float = 20.0,
-                membership: Membership | None = None) -> list:
+                membership: Membership | None = None, fabric: Fabric | None = None) -> list:
     """``fn(rank, *args)`` on ``world_size`` thread-ranks; their results by rank. The first error is raised
-    (naming its rank); a rank still running ``timeout_s`` after the start fails the call, naming it."""
+    (naming its rank); a rank still running ``timeout_s`` after the start fails the call, naming it.
+    ``fabric``: the ranks' channels run in memory on it and it records every message."""
     store = dist.HashStore()
-    ranks = [ThreadRank(r, world_size, store, timeout_s, membership) for r in range(world_size)]
+    ranks = [ThreadRank(r, world_size, store, timeout_s, membership, fabric) for r in range(world_size)]
     results: list = [None] * world_size
     errors: dict[int, BaseException] = {}
 

@@ -116,9 +116,6 @@ def strategy_for(name: str, options: dict):
 
 
 def main() -> None:
-    from hetrain.testing.mutants import apply_from_env
-
-    apply_from_env()  # $HETRAIN_MUTANT: the ranks Lightning starts are not hetrain's launcher's
     parser = argparse.ArgumentParser()
     parser.add_argument("--strategy", default="hop")
     parser.add_argument("--case", default="features", choices=("features", "resume", "maxsteps", "more", "limits"))

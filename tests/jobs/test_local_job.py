@@ -77,8 +77,11 @@ def test_a_worker_killed_mid_message_stops_only_its_own_messages(processes):
     """A multiprocessing queue's writers share one lock: rank 1 killed while writing held it for good, and
     rank 0's messages and result never reached the launcher (the job waited out its timeout)."""
     heard = []
-    results = run_local(_killed_mid_message, 2, timeout_s=10, job_timeout_s=20, on_failure="continue",
-                        on_message=lambda rank, message: heard.append((rank, message)))
+    try:
+        results = run_local(_killed_mid_message, 2, timeout_s=10, job_timeout_s=20, on_failure="continue",
+                            on_message=lambda rank, message: heard.append((rank, message)))
+    except WorkerError as exc:  # what the shared lock did: the job waited out its timeout
+        raise AssertionError(f"rank 0's result never reached the launcher: {exc}") from None
     assert results[0] == "rank 0's result" and results[1] is None
     assert [m["after"] for rank, m in heard if rank == 0 and "after" in m] == [0, 1, 2, 3, 4]
 

@@ -1,7 +1,7 @@
 """The protocol tests can fail: under a mutant whose workers never take anything from communication,
 every multi-process protocol test must fail on one of its own assertions (slow set).
 
-The mutant (:mod:`hetrain.testing.mutants`) keeps every message flowing, so a test cannot "fail" by
+The mutant (tests/mutants/catalog.py) keeps every message flowing, so a test cannot "fail" by
 hanging or by a worker error: each must fail because its assertion on mixing, consensus or
 the averaged gradient does not hold.
 """
@@ -13,10 +13,10 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-
-from hetrain.testing.mutants import ENV
+from catalog import ENV, MUTANTS
 
 ROOT = Path(__file__).resolve().parents[2]
+MUTANT_SITE = str(Path(__file__).resolve().parent / "site")
 # every test of a protocol's mixing; the failure-handling tests there (a stalled or dead worker fails
 # the job) are about errors, not mixing, and pass under the mutant as they should
 PROTOCOL_TESTS = [
@@ -38,7 +38,8 @@ def _run_under_mutant(tmp_path: Path, mutant: str | None) -> dict[str, str | Non
     env = dict(os.environ)
     env.pop(ENV, None)
     if mutant:
-        env[ENV] = mutant
+        env[ENV] = mutant  # every process of the child run applies it (tests/mutants/site/sitecustomize.py)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (MUTANT_SITE, env.get("PYTHONPATH")) if p)
     subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "", "-q",
                     f"--junitxml={report}", *PROTOCOL_TESTS], cwd=ROOT, env=env, capture_output=True, text=True,
                    timeout=900)
@@ -57,7 +58,7 @@ def _run_under_mutant(tmp_path: Path, mutant: str | None) -> dict[str, str | Non
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-def test_every_protocol_test_fails_when_workers_never_communicate(tmp_path):
+def test_every_protocol_test_fails_when_workers_never_communicate(processes, tmp_path):
     mutated = _run_under_mutant(tmp_path, "no-comm")
     assert len(mutated) >= 39, sorted(mutated)  # 6 of test_protocols_mp (with parameters), 12 group, 5 respawn,
     # 1 Lightning, 2 of the final model, 13 of the thread tier
@@ -72,7 +73,13 @@ def test_every_protocol_test_fails_when_workers_never_communicate(tmp_path):
 OC = "tests/runtime/test_outer_consensus.py"
 PT = "tests/planner/test_plan_train.py"  # training with a plan (issue 42)
 RS = "tests/jobs/test_resume_state.py"
+FT = "tests/runtime/test_fake_transport.py"  # each protocol shell's wiring on the fake transport
 COMM_MUTANTS = {
+    "hop-update-to-first-out-neighbour-only": [
+        f"{FT}::test_hop_sends_each_iteration_s_model_to_every_out_neighbour_and_a_token_back_to_every_in_neighbour"],
+    "hop-graph-not-repaired": [
+        f"{FT}::test_a_death_on_the_ring_is_repaired_and_the_survivors_send_over_the_new_edges_only"],
+    "keyframes-always": [f"{FT}::test_compressed_hop_sends_a_keyframe_first_then_deltas_a_fraction_of_its_size"],
     "outer-step-on-own-anchor": [
         f"{OC}::test_outer_nesterov_without_progress_is_plain_gossip_off_the_complete_graph[exponential]",
         f"{OC}::test_outer_nesterov_without_progress_is_plain_gossip_off_the_complete_graph[torus]"],
@@ -230,7 +237,7 @@ def _run_tests_under(tmp_path: Path, mutant: str, tests: list[str]) -> dict[str,
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("mutant", sorted(COMM_MUTANTS))
-def test_every_communication_feature_is_missed_by_some_test_when_removed(tmp_path, mutant):
+def test_every_communication_feature_is_missed_by_some_test_when_removed(processes, tmp_path, mutant):
     """Each mutant makes every test named for it fail on an assertion (and the same tests pass unmutated:
     the default suite runs them)."""
     outcomes = _run_tests_under(tmp_path, mutant, COMM_MUTANTS[mutant])
@@ -240,3 +247,13 @@ def test_every_communication_feature_is_missed_by_some_test_when_removed(tmp_pat
     not_assertions = {name: message[:200] for name, message in outcomes.items()
                       if not message.startswith(("AssertionError", "assert"))}
     assert not not_assertions, f"{mutant}: failed for another reason than their assertions: {not_assertions}"
+
+
+def test_every_mutant_named_here_is_in_the_catalog_and_the_package_reads_none():
+    """The mutants live with the tests (issue 68): no module under hetrain/ reads $HETRAIN_MUTANT or
+    imports them, and each mutant this file names exists."""
+    assert not set(COMM_MUTANTS) - set(MUTANTS), sorted(set(COMM_MUTANTS) - set(MUTANTS))
+    package = ROOT / "hetrain"
+    readers = [str(path.relative_to(ROOT)) for path in package.rglob("*.py")
+               if ENV in path.read_text() or "mutants" in path.read_text()]
+    assert not readers, f"these modules of the package read the test kit: {readers}"

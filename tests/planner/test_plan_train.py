@@ -1,6 +1,6 @@
 """Training with a plan (issue 42): the hierarchical reductions, the shards, biases and loss, the CLI.
 
-Mutations each test is there to catch (hetrain/testing/mutants.py, run by tests/mutants/test_mutants.py):
+Mutations each test is there to catch (tests/mutants/catalog.py, run by tests/mutants/test_mutants.py):
 ``plan-shards-frozen`` (the optimizer never updates a shard: accuracy stays at chance),
 ``plan-bias-on-every-rank`` (every rank adds its bias to its partial outputs: the check against the
 unpartitioned model fails), ``plan-flat-reductions`` (every contribution sent to every holder: the

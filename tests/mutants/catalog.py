@@ -1,10 +1,15 @@
-"""Mutants: deliberately broken protocols, to prove that the tests can fail.
+"""Mutants: deliberately broken variants of hetrain, to prove that the tests can fail (tests only: none of
+this ships in the package, and hetrain itself never reads $HETRAIN_MUTANT).
 
-A test that passes whether or not the workers communicate proves nothing about communication.
-With ``HETRAIN_MUTANT=no-comm`` in the environment, every worker process that hetrain's local
-launcher starts (:func:`hetrain.jobs.worker_process.worker_main`) applies :func:`no_comm` before
-it runs: the messages still flow (so nothing waits forever), but no worker's model ever takes
-anything from them. Each worker's model changes only by its own optimizer steps:
+A test that passes whether or not the workers communicate proves nothing about communication. With
+``HETRAIN_MUTANT=NAME`` and ``tests/mutants/site`` on ``PYTHONPATH`` (the mutant meta-test,
+``tests/mutants/test_mutants.py``, sets both; ``tests/conftest.py`` adds the path when the variable is set
+by hand), every Python process of the run applies mutant NAME as its interpreter starts
+(``tests/mutants/site/sitecustomize.py``): the test process, local workers and the warm server they fork
+from, the ``hetrain`` command run as a subprocess, torchrun's ranks and Ray's actors.
+
+``no-comm``, for one: the messages still flow (so nothing waits forever), but no worker's model ever
+takes anything from them. Each worker's model changes only by its own optimizer steps:
 
 - the constructor, ``step()``, ``should_stop()`` and ``finish()`` of every protocol class put the
   worker's own model back after they ran (the initial broadcasts of DDP and the parameter server,
@@ -12,8 +17,8 @@ anything from them. Each worker's model changes only by its own optimizer steps:
   parameter server's answer, the final average);
 - DDP's gradient hook returns the worker's own gradients, unreduced.
 
-``tests/mutants/test_mutants.py`` (slow set) runs every multi-process protocol test under it and
-expects each to fail on one of its assertions.
+``tests/mutants/test_mutants.py`` (slow set) runs the tests named for each mutant under it and expects each
+to fail on one of its assertions.
 """
 
 from __future__ import annotations
@@ -28,13 +33,17 @@ from hetrain.errors import UsageError
 ENV = "HETRAIN_MUTANT"
 
 
+_applied: list[str] = []  # this process's (sitecustomize and the test process's conftest both ask)
+
+
 def apply_from_env() -> None:
-    """Apply the mutant ``$HETRAIN_MUTANT`` names, if any (a worker calls this at its start)."""
+    """Apply the mutant ``$HETRAIN_MUTANT`` names, if any, once per process."""
     name = os.environ.get(ENV)
-    if not name:
+    if not name or name in _applied:
         return
     if name not in MUTANTS:
         raise UsageError(f"{ENV}={name!r} is no mutant; known: {', '.join(sorted(MUTANTS))}")
+    _applied.append(name)
     MUTANTS[name]()
 
 
@@ -851,10 +860,19 @@ def results_whole_through_the_pipe() -> None:
 
 def workers_die_on_sigterm() -> None:
     """A worker dies of a SIGTERM sent to every process of the job (the rule before the launcher stopped
-    them on SIGTERM as on Ctrl-C)."""
+    them on SIGTERM as on Ctrl-C). Applied as each interpreter starts, it takes effect in a worker once the
+    worker has set its own dispositions: as it starts its heartbeat, just after."""
     import signal
 
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    from hetrain.jobs import worker_process
+
+    start_heartbeat = worker_process.start_heartbeat
+
+    def dying_on_sigterm(*args, **kwargs):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        return start_heartbeat(*args, **kwargs)
+
+    worker_process.start_heartbeat = dying_on_sigterm
 
 
 def outer_defaults_diloco_always() -> None:
@@ -928,7 +946,37 @@ def comparison_goes_on_after_a_stop() -> None:
     interrupts.stop_received = lambda: None
 
 
-MUTANTS = {"no-comm": no_comm, "arrivals-not-progress": arrivals_not_progress,
+def hop_update_to_first_out_neighbour_only() -> None:
+    """Hop sends each iteration's model to its first out-neighbour only (the fake transport's wiring test)."""
+    from hetrain.runtime.hop import Hop
+
+    send_update = Hop._send_update
+    Hop._send_update = lambda self, dsts, iteration, model: send_update(self, list(dsts)[:1], iteration, model)
+
+
+def hop_graph_not_repaired() -> None:
+    """Hop keeps its graph after a death: the survivors never send over the edges a repair makes."""
+    from hetrain.runtime import hop
+
+    hop.repair = lambda topology, dead: topology
+
+
+def keyframes_always() -> None:
+    """Compressed gossip forgets which receivers hold its public copy: every message a keyframe, no delta."""
+    from hetrain.compression.gossip_codec import PublicCopy
+
+    prepare = PublicCopy.prepare
+
+    def always(self, model, dsts):
+        self.public, self.synced = None, set()
+        return prepare(self, model, dsts)
+
+    PublicCopy.prepare = always
+
+
+MUTANTS = {"no-comm": no_comm,
+           "hop-update-to-first-out-neighbour-only": hop_update_to_first_out_neighbour_only,
+           "hop-graph-not-repaired": hop_graph_not_repaired, "keyframes-always": keyframes_always, "arrivals-not-progress": arrivals_not_progress,
            "arrivals-progress-forever": arrivals_progress_forever,
            "anchors-in-the-model-s-code": anchors_in_the_model_s_code, "orphaned-job-dirs-kept": orphaned_job_dirs_kept,
            "long-tempdir-forkserver": long_tempdir_forkserver,
