@@ -90,9 +90,10 @@ class TrainReport:
     def checks_ok(self) -> bool:
         """Every check within its tolerance: the step against the unpartitioned model, the trajectory
         against the whole model (loss, gradients, parameters after each update), the copies of a weight."""
-        exact = max(self.max_loss_diff_vs_unpartitioned, self.max_grad_diff_vs_unpartitioned,
-                    self.max_module_loss_diff, self.max_update_diff_vs_whole_model, self.max_trajectory_grad_diff)
-        return exact <= CHECK_TOLERANCE and self.replica_disagreement <= REPLICA_TOLERANCE and bool(self.trajectory)
+        exact = (self.max_loss_diff_vs_unpartitioned, self.max_grad_diff_vs_unpartitioned,
+                 self.max_module_loss_diff, self.max_update_diff_vs_whole_model, self.max_trajectory_grad_diff)
+        return (all(diff <= CHECK_TOLERANCE for diff in exact)  # a NaN fails: it is no agreement
+                and self.replica_disagreement <= REPLICA_TOLERANCE and bool(self.trajectory))
 
     @property
     def slower_than_dp_measured(self) -> bool:
@@ -234,6 +235,7 @@ def dp_splits(net, batch: int, dp, world: int) -> list:
 def _report(scheme, devs, batch, steps, scale, plan, dp, results, ddp, splits, predicted_levels,
             leaves) -> TrainReport:
     from hetrain.planner.devices import describe
+    from hetrain.planner.train_check import worst
 
     checks = [{key: max(r["checks"][k][key] for r in results) for key in results[0]["checks"][k]}
               for k in range(len(results[0]["checks"]))]
@@ -256,9 +258,9 @@ def _report(scheme, devs, batch, steps, scale, plan, dp, results, ddp, splits, p
         max_loss_diff_vs_unpartitioned=max(c["loss_diff"] for c in checks),
         max_grad_diff_vs_unpartitioned=max(c["grad_diff"] for c in checks),
         max_module_loss_diff=max(c["module_loss_diff"] for c in checks),
-        max_update_diff_vs_whole_model=max((t["param_diff"] for t in trajectory), default=float("nan")),
-        max_trajectory_grad_diff=max((max(t["grad_diff"], t["loss_diff"]) for t in trajectory), default=float("nan")),
-        replica_disagreement=max(r["replica_disagreement"] for r in results),
+        max_update_diff_vs_whole_model=worst(t["param_diff"] for t in trajectory),
+        max_trajectory_grad_diff=worst(d for t in trajectory for d in (t["grad_diff"], t["loss_diff"])),
+        replica_disagreement=worst(r["replica_disagreement"] for r in results),
         step_s_measured=step_measured, step_s_predicted=plan.step_s * scale,
         dp_step_s_measured=dp_measured, dp_step_s_predicted=dp.step_s * scale,
         speedup_over_dp_predicted=dp.step_s / plan.step_s if plan.step_s > 0 else float("nan"),

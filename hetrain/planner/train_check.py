@@ -16,8 +16,26 @@ After the window the run goes back to float32 from its own state.
 from __future__ import annotations
 
 import copy
+import math
 
-from hetrain.planner.train_step import TrainStep
+from hetrain.planner.train_step import TrainStep, _worse
+
+
+def worst(values) -> float:
+    """The largest of ``values``; NaN if any is NaN (no agreement), NaN if there are none."""
+    values = [float(v) for v in values]
+    if not values or any(math.isnan(v) for v in values):
+        return math.nan
+    return max(values)
+
+
+def _max_over_ranks(torch, dist, values):
+    """Element-wise maximum over all ranks, NaN where any rank has NaN (gloo's maximum may drop it)."""
+    nan = torch.isnan(values).to(values.dtype)
+    values = torch.nan_to_num(values, nan=0.0)
+    both = torch.stack([values, nan])
+    dist.all_reduce(both, op=dist.ReduceOp.MAX)
+    return torch.where(both[1] > 0, torch.full_like(both[0], math.nan), both[0])
 
 
 def check_windows(starts, steps: int, length: int) -> tuple:
@@ -39,13 +57,13 @@ def rebuilt(torch, step, optimizer, dtype, lr: float, momentum: float):
     params = step.parameters()
     buffers = [optimizer.state.get(p, {}).get("momentum_buffer") for p in params]
     buffers = [torch.zeros_like(p) if b is None else b for b, p in zip(buffers, params)]
-    weights, biases, worst = step.gathered()
+    weights, biases, worst_so_far = step.gathered()
     mom_w, mom_b, worst_momentum = step.gathered(buffers)
     new = TrainStep(step.p, step.me, torch, step.dist, dtype, weights, biases)
     new_optimizer = make_optimizer(torch, new.parameters(), lr, momentum)
     for p, b in zip(new.parameters(), new.pieces(mom_w, mom_b)):
         new_optimizer.state[p]["momentum_buffer"] = b.to(dtype).clone()
-    return new, new_optimizer, (weights, biases, mom_w, mom_b), max(worst, worst_momentum)
+    return new, new_optimizer, (weights, biases, mom_w, mom_b), _worse(worst_so_far, worst_momentum)
 
 
 def _swapped(la, w):
@@ -90,13 +108,13 @@ class WholeModel:
         grads = step.pieces(*self._layout("grad"))
         before = [p.detach().clone() for p in self.module.parameters()]
         self.optimizer.step()
-        moved = max(float((p.detach() - b).abs().max()) for p, b in zip(self.module.parameters(), before))
+        moved = worst(float((p.detach() - b).abs().max()) for p, b in zip(self.module.parameters(), before))
         params = step.pieces(*self._layout("data"))
-        grad_diff = max((float((g - r).abs().max()) for g, r in zip(given, grads) if g.numel()), default=0.0)
-        param_diff = max((float((p.detach() - r).abs().max()) for p, r in zip(step.parameters(), params)
-                          if p.numel()), default=0.0)
+        grad_diff = worst([0.0] + [float((g - r).abs().max()) for g, r in zip(given, grads) if g.numel()])
+        param_diff = worst([0.0] + [float((p.detach() - r).abs().max()) for p, r in zip(step.parameters(), params)
+                                    if p.numel()])
         out = torch.tensor([abs(step.loss - float(loss.detach())), grad_diff, param_diff, moved],
                            dtype=torch.float64)
-        step.dist.all_reduce(out, op=step.dist.ReduceOp.MAX)
+        out = _max_over_ranks(torch, step.dist, out)
         return {"step": k, "loss_diff": float(out[0]), "grad_diff": float(out[1]), "param_diff": float(out[2]),
                 "whole_model_moved": float(out[3])}

@@ -28,12 +28,18 @@ model's rule, applied to the bytes the step really moves), both times
 
 from __future__ import annotations
 
+import math
 import time
 
 from hetrain.planner.boxes import allreduce_rounds, area
 from hetrain.planner.execute import _Clock, _Comm, _Step
 from hetrain.planner.layers import INPUT
 from hetrain.planner.program import square_side
+
+
+def _worse(a: float, b: float) -> float:
+    """The larger difference; NaN if either is NaN (no agreement)."""
+    return math.nan if math.isnan(a) or math.isnan(b) else max(a, b)
 
 
 def _pad_until(deadline: float) -> None:
@@ -196,7 +202,7 @@ class TrainStep(_Step):
             self.dist.all_reduce(full)
             weights.append(full[0] / full[1])
             if shards[i].numel():
-                worst = max(worst, float((shards[i] - weights[i][i0:i1, o0:o1]).abs().max()))
+                worst = _worse(worst, float((shards[i] - weights[i][i0:i1, o0:o1]).abs().max()))
             if i not in self.bias_boxes:
                 biases.append(None)
                 continue
@@ -206,7 +212,7 @@ class TrainStep(_Step):
             self.dist.all_reduce(bias)
             biases.append(bias[0] / bias[1])
             if i in held and held[i].numel():
-                worst = max(worst, float((held[i] - biases[i][o0:o1]).abs().max()))
+                worst = _worse(worst, float((held[i] - biases[i][o0:o1]).abs().max()))
         return weights, biases, worst
 
 

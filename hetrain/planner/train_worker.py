@@ -13,7 +13,14 @@ import time
 from dataclasses import dataclass
 
 from hetrain.planner.train_check import WholeModel, make_optimizer, rebuilt
-from hetrain.planner.train_step import EmulatedClock, EmulatedComm, TrainStep, _pad_until, reference_step
+from hetrain.planner.train_step import (
+    EmulatedClock,
+    EmulatedComm,
+    TrainStep,
+    _pad_until,
+    _worse,
+    reference_step,
+)
 
 
 @dataclass(frozen=True)
@@ -90,7 +97,8 @@ def plan_worker(ctx, job: TrainJob, program) -> dict:
             checks.append(_check(torch, dist, step, program, job, x, y, k))
         if k in job.trajectory_steps and whole is None:
             step, optimizer, state, worst = rebuilt(torch, step, optimizer, torch.float64, job.lr, job.momentum)
-            whole, disagreement = WholeModel(torch, job.module, net, state, job.lr, job.momentum), max(disagreement, worst)
+            whole = WholeModel(torch, job.module, net, state, job.lr, job.momentum)
+            disagreement = _worse(disagreement, worst)
         step.set_batch(x, y)
         comm = EmulatedComm(torch, dist, me, step.dtype, levels, program.layout.paths, emu.link_bytes_per_s,
                             emu.scale, pool)
@@ -110,12 +118,12 @@ def plan_worker(ctx, job: TrainJob, program) -> dict:
             trajectory.append(whole.follow(k, x, y, step, given))
             if k + 1 not in job.trajectory_steps:
                 step, optimizer, _, worst = rebuilt(torch, step, optimizer, torch.float32, job.lr, job.momentum)
-                whole, disagreement = None, max(disagreement, worst)
+                whole, disagreement = None, _worse(disagreement, worst)
         if me == 0 and (k + 1) % job.report_every == 0:
             ctx.report(("step", k + 1, step.loss))
     weights, biases, worst = step.gathered()
     result = {"rank": me, "losses": losses, "checks": checks, "trajectory": trajectory,
-              "replica_disagreement": max(disagreement, worst),
+              "replica_disagreement": _worse(disagreement, worst),
               "step_s": statistics.median(_timed(step_s, job)), "compute_s": statistics.median(_timed(compute_s, job)),
               "level_s": [statistics.median(_timed([s[j] for s in level_s], job)) for j in range(levels)],
               "level_bytes": level_bytes[-1]}
