@@ -9,8 +9,10 @@
   level by level.
 
 Data parallelism and one weird trick use the balanced split ratio like the
-plan, so on a heterogeneous array they are the strongest versions of
-themselves; join layouts of residual blocks are chosen optimally for all.
+plan (the cost model's best for them on a heterogeneous array; on tiny models,
+where communication is nearly all of the step, that ratio can leave devices
+idle, so ``plan --train`` also measures data parallelism at the even split and
+keeps the faster); join layouts of residual blocks are chosen optimally for all.
 Only the plan is kept within the devices' memory; a baseline that does not fit
 is reported as such (``GroupPlan.fits``), with its predicted time all the same.
 """

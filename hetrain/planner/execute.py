@@ -73,7 +73,7 @@ class _Comm:
                     shape = shape_of(t)
                     self.count += 1
                     buf = self.pool.get(self.count)
-                    if buf is None or tuple(buf.shape) != tuple(shape):
+                    if buf is None or tuple(buf.shape) != tuple(shape) or buf.dtype != self.dtype:
                         buf = self.pool[self.count] = torch.empty(shape, dtype=self.dtype)
                     ops.append(dist.P2POp(dist.irecv, buf, t.src, tag=k))
                     incoming.append((t, buf))

@@ -1,6 +1,6 @@
 """Plans as JSON and as a readable table.
 
-Units: seconds per training step (``*_s``), bytes per step summed over every
+Units: seconds per training step (``*_s``; the table prints each time in the unit that shows it), bytes per step summed over every
 pair of halves at every level (``comm_bytes``), bytes per device
 (``memory_bytes_per_device``: the largest of any device: weights and their
 gradients at ``dtype_bytes`` per element, the optimizer's state, and the
@@ -13,6 +13,7 @@ from __future__ import annotations
 from hetrain.planner.cost import LAYOUT_NAMES, TYPE_NAMES
 from hetrain.planner.hierarchy import GroupPlan
 from hetrain.planner.layers import Net
+from hetrain.planner.units import duration
 
 MAX_TABLE_GROUPS = 12
 
@@ -62,13 +63,13 @@ def table(net: Net, batch: int, devices: str, plans: dict[str, GroupPlan], setti
              f"{settings['types']} types, {settings['dtype_bytes']} bytes/element, search {search}",
              f"memory per device: weights + gradients + {settings.get('optimizer', 'sgd')} state + kept activations"
              + (", kept within each device's capacity" if settings.get("memory_enforced") else ", not enforced"), ""]
-    head = f"{'scheme':<16} {'step ms':>10} {'compute ms':>11} {'comm ms':>10} {'comm GB':>10} " \
+    head = f"{'scheme':<16} {'step':>10} {'compute':>11} {'comm':>10} {'comm GB':>10} " \
            f"{'mem GiB/dev':>12} {'plan speedup':>13}"
     lines += [head, "-" * len(head)]
     for name, p in plans.items():
         speed = "-" if name == "plan" else f"{p.step_s / main.step_s:.2f}x"
         mem = f"{p.memory_bytes / 2**30:.3f}" + ("" if p.fits else " !")
-        lines.append(f"{name:<16} {p.step_s * 1e3:>10.3f} {p.compute_s * 1e3:>11.3f} {p.comm_s * 1e3:>10.3f} "
+        lines.append(f"{name:<16} {duration(p.step_s):>10} {duration(p.compute_s):>11} {duration(p.comm_s):>10} "
                      f"{p.comm_bytes / 1e9:>10.4f} {mem:>12} {speed:>13}")
     over = [f"{name} (a {p.worst.kind} needs {p.worst.need / 2**30:.2f} of {p.worst.capacity / 2**30:.2f} GiB)"
             for name, p in plans.items() if not p.fits]

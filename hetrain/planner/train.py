@@ -23,11 +23,14 @@ import sys
 from dataclasses import asdict, dataclass, field
 
 from hetrain.errors import UsageError
+from hetrain.planner.units import duration
 
 WORKLOADS = ("cnn", "mlp", "cnn-residual")
 SCHEMES = ("plan", "data-parallel", "one-weird-trick", "hypar")
 TARGET_STEP_S = 0.1   # the plan's predicted step under the default time scale
 CHECK_TOLERANCE = 1e-6
+REPLICA_TOLERANCE = 1e-5  # float32 copies of one weight, updated alike in different orders of additions
+TRAJECTORY_LENGTH = 3    # real optimizer steps per float64 window beside the whole model
 DIGITS_SAMPLE = (64,)
 
 
@@ -62,6 +65,8 @@ class TrainReport:
     max_loss_diff_vs_unpartitioned: float
     max_grad_diff_vs_unpartitioned: float
     max_module_loss_diff: float
+    max_update_diff_vs_whole_model: float
+    max_trajectory_grad_diff: float
     replica_disagreement: float
     step_s_measured: float
     step_s_predicted: float
@@ -75,13 +80,25 @@ class TrainReport:
     level_s_predicted: list
     level_bytes_measured: list
     level_bytes_predicted: list
+    dp_split: str = "cost model"
+    dp_splits: list = field(default_factory=list)
     checks: list = field(default_factory=list)
+    trajectory: list = field(default_factory=list)
     loss_curve: list = field(default_factory=list)
 
     @property
     def checks_ok(self) -> bool:
-        return max(self.max_loss_diff_vs_unpartitioned, self.max_grad_diff_vs_unpartitioned,
-                   self.max_module_loss_diff) <= CHECK_TOLERANCE
+        """Every check within its tolerance: the step against the unpartitioned model, the trajectory
+        against the whole model (loss, gradients, parameters after each update), the copies of a weight."""
+        exact = (self.max_loss_diff_vs_unpartitioned, self.max_grad_diff_vs_unpartitioned,
+                 self.max_module_loss_diff, self.max_update_diff_vs_whole_model, self.max_trajectory_grad_diff)
+        return (all(diff <= CHECK_TOLERANCE for diff in exact)  # a NaN fails: it is no agreement
+                and self.replica_disagreement <= REPLICA_TOLERANCE and bool(self.trajectory))
+
+    @property
+    def slower_than_dp_measured(self) -> bool:
+        """The plan's measured step is longer than the best data parallelism's on the same devices."""
+        return self.speedup_over_dp_measured < 1.0
 
     @property
     def step_error(self) -> float:
@@ -91,31 +108,40 @@ class TrainReport:
 
     def json(self) -> dict:
         data = asdict(self)
-        data.update(checks_ok=self.checks_ok, step_error=self.step_error)
+        data.update(checks_ok=self.checks_ok, step_error=self.step_error,
+                    slower_than_dp_measured=self.slower_than_dp_measured)
         return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in data.items()}
 
     def table(self) -> str:
-        ms = 1e3
+        t = duration
         lines = [f"trained {self.scheme} ({', '.join(self.types)}) on {self.devices}, batch {self.batch}, "
                  f"{self.steps} steps; emulated devices, {self.time_scale:.3g} emulated s per device s", "",
                  f"{'':<34}{'predicted':>12}{'measured':>12}",
-                 f"{'step (ms, emulated)':<34}{self.step_s_predicted * ms:>12.2f}{self.step_s_measured * ms:>12.2f}"
+                 f"{'step (emulated)':<34}{t(self.step_s_predicted):>12}{t(self.step_s_measured):>12}"
                  f"   {self.step_error * 100:+.0f}%",
-                 f"{'compute, slowest device (ms)':<34}{self.compute_s_predicted * ms:>12.2f}"
-                 f"{self.compute_s_measured * ms:>12.2f}"]
+                 f"{'compute, slowest device':<34}{t(self.compute_s_predicted):>12}{t(self.compute_s_measured):>12}"]
         for k, (p, m) in enumerate(zip(self.level_s_predicted, self.level_s_measured)):
-            lines.append(f"{f'level {k} exchanges (ms)':<34}{p * ms:>12.2f}{m * ms:>12.2f}")
+            lines.append(f"{f'level {k} exchanges':<34}{t(p):>12}{t(m):>12}")
         for k, (p, m) in enumerate(zip(self.level_bytes_predicted, self.level_bytes_measured)):
             lines.append(f"{f'level {k} bytes received (kB)':<34}{p / 1e3:>12.2f}{m / 1e3:>12.2f}")
-        lines += [f"{'data parallelism: DDP step (ms)':<34}{self.dp_step_s_predicted * ms:>12.2f}"
-                  f"{self.dp_step_s_measured * ms:>12.2f}",
-                  f"{'speedup over data parallelism':<34}{self.speedup_over_dp_predicted:>11.2f}x"
-                  f"{self.speedup_over_dp_measured:>11.2f}x", "",
-                  f"final test accuracy {self.final_accuracy:.4f} (loss {self.test_loss:.4f})",
+        lines.append(f"{'data parallelism: DDP step':<34}{t(self.dp_step_s_predicted):>12}{t(self.dp_step_s_measured):>12}"
+                     f"   best of: " + ", ".join(f"{run['split']} {run['samples']} {t(run['step_s_measured'])}"
+                                                 for run in self.dp_splits))
+        lines.append(f"{'speedup over data parallelism':<34}{self.speedup_over_dp_predicted:>11.2f}x"
+                     f"{self.speedup_over_dp_measured:>11.2f}x"
+                     + ("   SLOWER than data parallelism as measured" if self.slower_than_dp_measured else ""))
+        moved = max((c["whole_model_moved"] for c in self.trajectory), default=float("nan"))
+        lines += ["", f"final test accuracy {self.final_accuracy:.4f} (loss {self.test_loss:.4f})",
                   f"against the unpartitioned model ({len(self.checks)} checked steps, float64): loss "
                   f"{self.max_loss_diff_vs_unpartitioned:.1e}, gradients {self.max_grad_diff_vs_unpartitioned:.1e}, "
-                  f"module {self.max_module_loss_diff:.1e} {'ok' if self.checks_ok else 'FAILED'} "
-                  f"(tolerance {CHECK_TOLERANCE:g}); weight copies differ by {self.replica_disagreement:.1e}"]
+                  f"module {self.max_module_loss_diff:.1e}",
+                  f"against the whole model trained alongside ({len(self.trajectory)} real optimizer steps in "
+                  f"float64, windows of {TRAJECTORY_LENGTH}): parameters after each update "
+                  f"{self.max_update_diff_vs_whole_model:.1e} (its updates moved them up to {moved:.1e}), loss and "
+                  f"gradients {self.max_trajectory_grad_diff:.1e}",
+                  f"copies of a weight on several devices differ by {self.replica_disagreement:.1e} "
+                  f"(tolerance {REPLICA_TOLERANCE:g})",
+                  f"checks {'ok' if self.checks_ok else 'FAILED'} (tolerance {CHECK_TOLERANCE:g})"]
         return "\n".join(lines)
 
 
@@ -142,8 +168,8 @@ def train_with_plan(module, data, sample_shape, devices, batch: int = 64, steps:
     from hetrain.planner import api
     from hetrain.planner.execute import Program
     from hetrain.planner.measure import _leaves, predicted_levels
-    from hetrain.planner.shapes import first_layers
     from hetrain.planner.trace import trace
+    from hetrain.planner.train_check import check_windows
     from hetrain.planner.train_worker import Emulation, TrainJob, ddp_worker, plan_worker
 
     if scheme not in SCHEMES:
@@ -166,7 +192,8 @@ def train_with_plan(module, data, sample_shape, devices, batch: int = 64, steps:
         raise UsageError(f"--time-scale must be a positive number, got {time_scale}")
     emu = Emulation(tuple(d.flops_per_s for d in devs), tuple(d.link_bytes_per_s for d in devs), time_scale)
     checked = check_steps(steps)
-    job = TrainJob(module, data, batch, steps, checked, lr, momentum, seed, emu)
+    job = TrainJob(module, data, batch, steps, checked, lr, momentum, seed, emu,
+                   trajectory_steps=check_windows(checked, steps, TRAJECTORY_LENGTH))
     bar, on_message = _progress(steps, scheme, progress)
     try:
         results = run_local(plan_worker, len(devs), (job, program), timeout_s=timeout_s, job_timeout_s=timeout_s,
@@ -174,26 +201,51 @@ def train_with_plan(module, data, sample_shape, devices, batch: int = 64, steps:
     finally:
         if bar is not None:
             bar.close()
-    dp_program = Program(net, batch, dp)
-    shares = [dp_program.input_box(0, r)[:2] for r in range(len(devs))]
-    firsts = first_layers(net)
-    flops = [sum(la.flops(b1 - b0) * (2 if i in firsts else 3) for i, la in enumerate(net.layers))
-             for b0, b1 in shares]
+    splits = dp_splits(net, batch, dp, len(devs))
     grad_bytes = 4.0 * sum(p.numel() for p in module.parameters())
     ddp = None
     if ddp_steps > 0:
-        ddp = run_local(ddp_worker, len(devs), (job, shares, flops, grad_bytes, ddp_steps), timeout_s=timeout_s,
-                        job_timeout_s=timeout_s, stoppable=False)
-    return _report(scheme, devs, batch, steps, time_scale, plan, dp, results, ddp, predicted_levels, _leaves)
+        ddp = run_local(ddp_worker, len(devs), (job, [(shares, flops) for _, shares, flops in splits], grad_bytes,
+                                                ddp_steps), timeout_s=timeout_s, job_timeout_s=timeout_s,
+                        stoppable=False)
+    return _report(scheme, devs, batch, steps, time_scale, plan, dp, results, ddp, splits, predicted_levels, _leaves)
 
 
-def _report(scheme, devs, batch, steps, scale, plan, dp, results, ddp, predicted_levels, leaves) -> TrainReport:
+def dp_splits(net, batch: int, dp, world: int) -> list:
+    """The data parallelisms DDP runs: (name, samples per rank, FLOPs per rank) for the cost model's
+    ratio (the data-parallel plan's shares) and for the even split, once if both are the same."""
+    from hetrain.planner.execute import Program
+    from hetrain.planner.shapes import first_layers
+
+    program = Program(net, batch, dp)
+    modelled = [program.input_box(0, r)[:2] for r in range(world)]
+    cuts = [round(r * batch / world) for r in range(world + 1)]
+    even = list(zip(cuts[:-1], cuts[1:]))
+    firsts = first_layers(net)
+    out = []
+    for name, shares in (("cost model", modelled), ("even", even)):
+        if any(shares == known for _, known, _ in out):
+            continue
+        flops = [sum(la.flops(b1 - b0) * (2 if i in firsts else 3) for i, la in enumerate(net.layers))
+                 for b0, b1 in shares]
+        out.append((name, shares, flops))
+    return out
+
+
+def _report(scheme, devs, batch, steps, scale, plan, dp, results, ddp, splits, predicted_levels,
+            leaves) -> TrainReport:
     from hetrain.planner.devices import describe
+    from hetrain.planner.train_check import worst
 
     checks = [{key: max(r["checks"][k][key] for r in results) for key in results[0]["checks"][k]}
               for k in range(len(results[0]["checks"]))]
+    trajectory = results[0]["trajectory"]  # every rank's entries are the maxima over all ranks
     step_measured = max(r["step_s"] for r in results)
-    dp_measured = max(r["step_s"] for r in ddp) if ddp else float("nan")
+    runs = [{"split": name, "samples": [b1 - b0 for b0, b1 in shares],
+             "step_s_measured": max(r["step_s"][j] for r in ddp) if ddp else float("nan")}
+            for j, (name, shares, _) in enumerate(splits)]
+    best = min(runs, key=lambda run: run["step_s_measured"]) if ddp else runs[0]
+    dp_measured = best["step_s_measured"]
     level_pred, bytes_pred = predicted_levels(plan)
     levels = len(results[0]["level_s"])
     losses = results[0]["losses"]
@@ -206,7 +258,9 @@ def _report(scheme, devs, batch, steps, scale, plan, dp, results, ddp, predicted
         max_loss_diff_vs_unpartitioned=max(c["loss_diff"] for c in checks),
         max_grad_diff_vs_unpartitioned=max(c["grad_diff"] for c in checks),
         max_module_loss_diff=max(c["module_loss_diff"] for c in checks),
-        replica_disagreement=max(r["replica_disagreement"] for r in results),
+        max_update_diff_vs_whole_model=worst(t["param_diff"] for t in trajectory),
+        max_trajectory_grad_diff=worst(d for t in trajectory for d in (t["grad_diff"], t["loss_diff"])),
+        replica_disagreement=worst(r["replica_disagreement"] for r in results),
         step_s_measured=step_measured, step_s_predicted=plan.step_s * scale,
         dp_step_s_measured=dp_measured, dp_step_s_predicted=dp.step_s * scale,
         speedup_over_dp_predicted=dp.step_s / plan.step_s if plan.step_s > 0 else float("nan"),
@@ -216,8 +270,8 @@ def _report(scheme, devs, batch, steps, scale, plan, dp, results, ddp, predicted
         level_s_measured=[max(r["level_s"][j] for r in results) for j in range(levels)],
         level_s_predicted=[s * scale for s in level_pred],
         level_bytes_measured=[sum(r["level_bytes"][j] for r in results) for j in range(levels)],
-        level_bytes_predicted=list(bytes_pred),
-        checks=checks, loss_curve=[[k + 1, losses[k]] for k in range(0, len(losses), every)])
+        level_bytes_predicted=list(bytes_pred), dp_split=best["split"], dp_splits=runs,
+        checks=checks, trajectory=trajectory, loss_curve=[[k + 1, losses[k]] for k in range(0, len(losses), every)])
 
 
 def _progress(steps: int, scheme: str, show: bool):

@@ -28,12 +28,18 @@ model's rule, applied to the bytes the step really moves), both times
 
 from __future__ import annotations
 
+import math
 import time
 
 from hetrain.planner.boxes import allreduce_rounds, area
 from hetrain.planner.execute import _Clock, _Comm, _Step
 from hetrain.planner.layers import INPUT
 from hetrain.planner.program import square_side
+
+
+def _worse(a: float, b: float) -> float:
+    """The larger difference; NaN if either is NaN (no agreement)."""
+    return math.nan if math.isnan(a) or math.isnan(b) else max(a, b)
 
 
 def _pad_until(deadline: float) -> None:
@@ -115,6 +121,18 @@ class TrainStep(_Step):
         """Every tensor this rank updates: its weight shards, then the biases it holds."""
         return [*self.shards, *self.biases.values()]
 
+    def pieces(self, weights, biases):
+        """This rank's pieces of whole tensors (executor layout), in the order of :meth:`parameters`."""
+        shards = []
+        for i in range(len(self.shards)):
+            i0, i1, o0, o1 = self.p.weight_box(i, self.me)
+            shards.append(weights[i][i0:i1, o0:o1])
+        held = []
+        for i in self.biases:
+            _, _, o0, o1 = self.p.weight_box(i, self.me)
+            held.append(biases[i][o0:o1])
+        return shards + held
+
     def set_batch(self, x, labels):
         """The global batch (every rank reads the same one and multiplies its boxes' rows)."""
         c0, side = self.p.domain[INPUT]
@@ -166,31 +184,35 @@ class TrainStep(_Step):
         return [grads[i][1] for i in range(len(self.shards))] + [self.bias_grads[i] for i in self.biases]
 
     # -- the whole model, for the checks ---------------------------------------------------------
-    def gathered(self):
+    def gathered(self, values=None):
         """(weights, biases, disagreement): the full tensors assembled from every rank's pieces (one
-        all-reduce each) and the largest difference between a piece and the assembled value."""
+        all-reduce each) and the largest difference between a piece and the assembled value (copies of
+        one element held by several ranks are averaged). ``values``: tensors in the order of
+        :meth:`parameters` to assemble instead of the parameters (the optimizer's momentum, say)."""
         torch, p = self.torch, self.p
+        values = self.parameters() if values is None else values
+        shards, held = values[:len(self.shards)], dict(zip(self.biases, values[len(self.shards):]))
         weights, biases, worst = [], [], 0.0
         for i, la in enumerate(p.net.layers):
             k = square_side(la.kernel) if la.kind == "conv" else 0
             full = torch.zeros((2, la.d_in, la.d_out, *((k, k) if k else ())), dtype=self.dtype)
             i0, i1, o0, o1 = p.weight_box(i, self.me)
-            full[0, i0:i1, o0:o1] = self.shards[i]
+            full[0, i0:i1, o0:o1] = shards[i]
             full[1, i0:i1, o0:o1] = 1
             self.dist.all_reduce(full)
             weights.append(full[0] / full[1])
-            if self.shards[i].numel():
-                worst = max(worst, float((self.shards[i] - weights[i][i0:i1, o0:o1]).abs().max()))
+            if shards[i].numel():
+                worst = _worse(worst, float((shards[i] - weights[i][i0:i1, o0:o1]).abs().max()))
             if i not in self.bias_boxes:
                 biases.append(None)
                 continue
             bias = torch.zeros((2, la.d_out), dtype=self.dtype)
-            if i in self.biases:
-                bias[0, o0:o1], bias[1, o0:o1] = self.biases[i], 1
+            if i in held:
+                bias[0, o0:o1], bias[1, o0:o1] = held[i], 1
             self.dist.all_reduce(bias)
             biases.append(bias[0] / bias[1])
-            if i in self.biases and self.biases[i].numel():
-                worst = max(worst, float((self.biases[i] - biases[i][o0:o1]).abs().max()))
+            if i in held and held[i].numel():
+                worst = _worse(worst, float((held[i] - biases[i][o0:o1]).abs().max()))
         return weights, biases, worst
 
 

@@ -12,7 +12,15 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from hetrain.planner.train_step import EmulatedClock, EmulatedComm, TrainStep, _pad_until, reference_step
+from hetrain.planner.train_check import WholeModel, make_optimizer, rebuilt
+from hetrain.planner.train_step import (
+    EmulatedClock,
+    EmulatedComm,
+    TrainStep,
+    _pad_until,
+    _worse,
+    reference_step,
+)
 
 
 @dataclass(frozen=True)
@@ -38,6 +46,7 @@ class TrainJob:
     seed: int
     emulation: Emulation
     report_every: int = 10
+    trajectory_steps: tuple = ()  # run in float64 beside the whole model (hetrain.planner.train_check)
 
 
 def executor_layout(torch, module, net):
@@ -78,32 +87,43 @@ def plan_worker(ctx, job: TrainJob, program) -> dict:
     net, emu, me = program.net, job.emulation, ctx.rank
     weights, biases = executor_layout(torch, job.module, net)
     step = TrainStep(program, me, torch, dist, torch.float32, weights, biases)
-    optimizer = torch.optim.SGD(step.parameters(), lr=job.lr, momentum=job.momentum)
+    optimizer = make_optimizer(torch, step.parameters(), job.lr, job.momentum)
     levels = max((len(path) for path in program.layout.paths), default=1)
-    sampler, pool = _sampler(job), {}
-    step_s, compute_s, level_s, losses, checks, level_bytes = [], [], [], [], [], []
+    sampler, pool, whole, disagreement = _sampler(job), {}, None, 0.0
+    step_s, compute_s, level_s, losses, checks, level_bytes, trajectory = [], [], [], [], [], [], []
     for k in range(job.steps):
         x, y = sampler.next()
         if k in job.check_steps:
             checks.append(_check(torch, dist, step, program, job, x, y, k))
+        if k in job.trajectory_steps and whole is None:
+            step, optimizer, state, worst = rebuilt(torch, step, optimizer, torch.float64, job.lr, job.momentum)
+            whole = WholeModel(torch, job.module, net, state, job.lr, job.momentum)
+            disagreement = _worse(disagreement, worst)
         step.set_batch(x, y)
-        comm = EmulatedComm(torch, dist, me, torch.float32, levels, program.layout.paths, emu.link_bytes_per_s,
+        comm = EmulatedComm(torch, dist, me, step.dtype, levels, program.layout.paths, emu.link_bytes_per_s,
                             emu.scale, pool)
         clock = EmulatedClock(emu.flops_per_s[me], emu.scale)
         start = time.perf_counter()
         _, grads = step.run(comm, clock)
-        for param, grad in zip(step.parameters(), step.gradients(grads)):
+        given = step.gradients(grads)
+        for param, grad in zip(step.parameters(), given):
             param.grad = grad
         optimizer.step()
         step_s.append(time.perf_counter() - start)
         compute_s.append(clock.seconds)
         level_s.append(comm.seconds)
-        level_bytes.append(comm.bytes)
+        level_bytes.append([b * 4 // comm.elem_bytes for b in comm.bytes])  # as float32, the plan's element
         losses.append(step.loss)
+        if whole is not None:
+            trajectory.append(whole.follow(k, x, y, step, given))
+            if k + 1 not in job.trajectory_steps:
+                step, optimizer, _, worst = rebuilt(torch, step, optimizer, torch.float32, job.lr, job.momentum)
+                whole, disagreement = None, _worse(disagreement, worst)
         if me == 0 and (k + 1) % job.report_every == 0:
             ctx.report(("step", k + 1, step.loss))
-    weights, biases, disagreement = step.gathered()
-    result = {"rank": me, "losses": losses, "checks": checks, "replica_disagreement": disagreement,
+    weights, biases, worst = step.gathered()
+    result = {"rank": me, "losses": losses, "checks": checks, "trajectory": trajectory,
+              "replica_disagreement": _worse(disagreement, worst),
               "step_s": statistics.median(_timed(step_s, job)), "compute_s": statistics.median(_timed(compute_s, job)),
               "level_s": [statistics.median(_timed([s[j] for s in level_s], job)) for j in range(levels)],
               "level_bytes": level_bytes[-1]}
@@ -115,8 +135,8 @@ def plan_worker(ctx, job: TrainJob, program) -> dict:
 
 
 def _timed(values, job):
-    """The steps that count for timing: not the first (warm-up) and not those that ran a check."""
-    kept = [v for k, v in enumerate(values) if k and k not in job.check_steps]
+    """The steps that count for timing: not the first (warm-up) and not those that ran a check or float64."""
+    kept = [v for k, v in enumerate(values) if k and k not in job.check_steps and k not in job.trajectory_steps]
     return kept or values
 
 
@@ -157,21 +177,29 @@ def _module64(torch, module, net, weights, biases):
     return m
 
 
-def ddp_worker(ctx, job: TrainJob, shares: list, flops: list, grad_bytes: float, steps: int) -> dict:
-    """Data parallelism with torch's own DistributedDataParallel on the same emulated devices.
+def ddp_worker(ctx, job: TrainJob, splits: list, grad_bytes: float, steps: int) -> dict:
+    """Data parallelism with torch's own DistributedDataParallel on the same emulated devices, once per split.
 
-    Rank r takes samples ``shares[r]`` of each global batch (the data-parallel plan's balanced shares),
-    its forward and backward padded to ``flops[r]`` at its device's FLOP/s, the gradient all-reduce
-    (a comm hook: sum, since each rank's loss is its samples' share of the global mean) padded to a
-    ring all-reduce of ``grad_bytes`` at the slowest link: 2 (W-1)/W bytes over it.
+    ``splits``: (shares, flops) each: rank r takes samples ``shares[r]`` of each global batch, its forward
+    and backward padded to ``flops[r]`` at its device's FLOP/s, the gradient all-reduce (a comm hook:
+    sum, since each rank's loss is its samples' share of the global mean) padded to a ring all-reduce of
+    ``grad_bytes`` at the slowest link: 2 (W-1)/W bytes over it. Every split starts from the job's model.
+    Returns the rank's median step per split.
     """
+    return {"rank": ctx.rank, "step_s": [_ddp_run(ctx, job, shares, flops, grad_bytes, steps)
+                                         for shares, flops in splits]}
+
+
+def _ddp_run(ctx, job: TrainJob, shares: list, flops: list, grad_bytes: float, steps: int) -> float:
+    import copy
+
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
 
     emu, me, world = job.emulation, ctx.rank, ctx.world_size
-    model = DistributedDataParallel(job.module)
+    model = DistributedDataParallel(copy.deepcopy(job.module))
     clock = {"start": 0.0, "padded": False}
     compute_s = flops[me] / emu.flops_per_s[me] * emu.scale
     ring_s = 2 * (world - 1) / world * grad_bytes / min(emu.link_bytes_per_s) * emu.scale
@@ -204,4 +232,4 @@ def ddp_worker(ctx, job: TrainJob, shares: list, flops: list, grad_bytes: float,
         optimizer.step()
         optimizer.zero_grad()
         times.append(time.perf_counter() - clock["start"])
-    return {"rank": me, "step_s": statistics.median(times[1:])}
+    return statistics.median(times[1:])

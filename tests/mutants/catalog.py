@@ -593,6 +593,43 @@ def plan_shards_frozen() -> None:
     TrainStep.gradients = lambda self, grads: [g.zero_() for g in gradients(self, grads)]
 
 
+def plan_update_unlike_the_whole_model() -> None:
+    """Training with a plan: every rank's optimizer takes Nesterov steps where the whole model takes plain
+    momentum ones (the loss and gradients of each step still equal the whole model's)."""
+    from hetrain.planner import train_check, train_worker
+
+    def nesterov(torch, params, lr, momentum):
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, nesterov=True)
+
+    train_check.make_optimizer = train_worker.make_optimizer = nesterov
+
+
+def plan_replicas_disagree() -> None:
+    """Training with a plan: odd ranks' float32 steps scale their gradients by 1.01, so the copies of a
+    replicated weight part ways between the float64 windows (which start from the copies' average)."""
+    from hetrain.planner.train_step import TrainStep
+
+    gradients = TrainStep.gradients
+
+    def scaled(self, grads):
+        got = gradients(self, grads)
+        if self.me % 2 and self.dtype == self.torch.float32:
+            return [g * 1.01 for g in got]
+        return got
+
+    TrainStep.gradients = scaled
+
+
+def plan_verdict_ignores_replicas() -> None:
+    """Training with a plan: the verdict leaves out the copies' disagreement (the verdict before issue 68)."""
+    from hetrain.planner import train
+
+    train.TrainReport.checks_ok = property(lambda self: max(
+        self.max_loss_diff_vs_unpartitioned, self.max_grad_diff_vs_unpartitioned, self.max_module_loss_diff,
+        self.max_update_diff_vs_whole_model, self.max_trajectory_grad_diff) <= train.CHECK_TOLERANCE
+        and bool(self.trajectory))
+
+
 def plan_bias_on_every_rank() -> None:
     """Training with a plan: every rank holding a layer's bias adds it to its partial outputs, even where
     another rank's box of the same outputs starts at input feature 0 (the bias is summed twice)."""
@@ -1006,4 +1043,6 @@ MUTANTS = {"no-comm": no_comm,
            "stale-replicas-across-edges": stale_replicas_across_edges, "free-gg-requests": free_gg_requests,
            "ingress-in-arrival-order": ingress_in_arrival_order,
            "no-shared-start": no_shared_start, "plan-shards-frozen": plan_shards_frozen,
-           "plan-bias-on-every-rank": plan_bias_on_every_rank, "plan-flat-reductions": plan_flat_reductions}
+           "plan-bias-on-every-rank": plan_bias_on_every_rank, "plan-flat-reductions": plan_flat_reductions,
+           "plan-update-unlike-the-whole-model": plan_update_unlike_the_whole_model,
+           "plan-replicas-disagree": plan_replicas_disagree, "plan-verdict-ignores-replicas": plan_verdict_ignores_replicas}

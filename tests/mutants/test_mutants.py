@@ -72,6 +72,7 @@ def test_every_protocol_test_fails_when_workers_never_communicate(processes, tmp
 # ----- the communication features (issue 36): each mutant removes one, and these tests must see it -------
 OC = "tests/runtime/test_outer_consensus.py"
 PT = "tests/planner/test_plan_train.py"  # training with a plan (issue 42)
+PTC = "tests/planner/test_plan_train_check.py"  # its checks of training (issue 68)
 RS = "tests/jobs/test_resume_state.py"
 FT = "tests/runtime/test_fake_transport.py"  # each protocol shell's wiring on the fake transport
 COMM_MUTANTS = {
@@ -159,7 +160,14 @@ COMM_MUTANTS = {
     "momentum-in-the-model-s-code": [f"{OC}::test_the_outer_momentum_is_mixed_as_the_models_are[hop-int8]"],
     "rates-from-a-few-batches": ["tests/test_data_split.py::test_a_few_batches_give_no_rate_at_all"],
     "int4-one-value-per-byte": ["tests/compression/test_codecs.py::test_int4_holds_its_grid_exactly_in_half_a_byte_per_value"],
-    "plan-shards-frozen": [f"{PT}::test_a_planned_cnn_learns_digits_and_every_checked_step_equals_the_whole_model"],
+    "plan-shards-frozen": [f"{PT}::test_a_planned_cnn_learns_digits_and_every_checked_step_equals_the_whole_model",
+                           f"{PTC}::test_real_optimizer_steps_follow_the_whole_model_and_the_copies_agree"],
+    # issue 68 (item 5): plan --train checks training, not one step
+    "plan-update-unlike-the-whole-model": [
+        f"{PTC}::test_real_optimizer_steps_follow_the_whole_model_and_the_copies_agree"],
+    "plan-replicas-disagree": [f"{PTC}::test_real_optimizer_steps_follow_the_whole_model_and_the_copies_agree"],
+    "plan-verdict-ignores-replicas": [
+        f"{PTC}::test_the_verdict_fails_on_copies_that_disagree_an_update_unlike_the_whole_model_or_no_trajectory"],
     "plan-bias-on-every-rank": [f"{PT}::test_every_split_type_unequal_ratios_and_a_residual_join_train_exactly"],
     "plan-flat-reductions": [
         f"{PT}::test_a_replicated_tensor_crosses_each_level_once_per_side_as_the_cost_model_counts"],
