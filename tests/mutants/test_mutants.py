@@ -73,6 +73,13 @@ OC = "tests/runtime/test_outer_consensus.py"
 PT = "tests/planner/test_plan_train.py"  # training with a plan (issue 42)
 RS = "tests/jobs/test_resume_state.py"
 COMM_MUTANTS = {
+    "calibration-sticks": [
+        "tests/jobs/test_emulation.py::test_a_busy_start_does_not_stick_each_quick_iteration_still_lasts_its_target"],
+    "standalone-ignores-achieved": [
+        "tests/jobs/test_emulation.py::test_the_emulated_standalone_iteration_is_never_shorter_than_the_achieved_phase"],
+    "ddp-wait-as-work": [
+        "tests/jobs/test_emulation_record.py::test_the_record_gives_each_worker_s_compute_phase_against_its_target"
+        "[allreduce]"],
     "outer-step-on-own-anchor": [
         f"{OC}::test_outer_nesterov_without_progress_is_plain_gossip_off_the_complete_graph[exponential]",
         f"{OC}::test_outer_nesterov_without_progress_is_plain_gossip_off_the_complete_graph[torus]"],
