@@ -251,6 +251,11 @@ def format_summary(m: dict) -> str:
                            if link else "") + ")" if comm else ""))
     if m.get("startup_s") is not None:
         lines.append("  " + format_phases(m))
+    if m.get("compute_phase_ratio_min") is not None:
+        over = m.get("compute_phase_over_target") or []
+        lines.append(f"  compute phase per iteration: lowest worker median {m['compute_phase_ratio_min']:.3f}x its target"
+                     + (f"; real compute outlasted the target on worker(s) {', '.join(map(str, over))}" if over
+                        else ""))
     if m.get("final_loss_avg_model") is not None:
         lines.append(f"  loss: validation (averaged model) {_fmt(m['final_loss_avg_model'], '.4f')}"
                      f"  training (last window) {_fmt(m.get('final_train_loss'), '.4f')}")

@@ -1,47 +1,76 @@
 """Emulated compute: make each iteration's compute phase last the time the slowdown spec says.
 
-With ``--compute-ms T`` a worker of slowdown factor f should compute for T*f
-per iteration. It sleeps first and then does the real math (sleeping before
-the forward pass is what makes this work for DDP, whose backward pass holds
-the all-reduce). The phase also holds work that is neither sleep nor math:
-the sleep's own overshoot, taking the batch, zeroing gradients, the optimizer
-step. Unaccounted, that overhead made every worker slower than its standalone
-speed, for every protocol alike (figures: docs/decisions.md, "Measuring"). :class:`ComputeEmulator` measures it each iteration and
-shortens the next sleep by its running mean, so the phase lasts T*f on average.
-The forward/backward time counts as its calibrated median, never as measured,
-so a protocol's wait inside backward (DDP) is never hidden by a shorter sleep.
+With ``--compute-ms T`` a worker of slowdown factor f should compute for T*f per iteration. The
+real work runs first (taking the batch, zeroing gradients, forward, backward, the optimizer step),
+timed in that very iteration; then the worker sleeps for the rest of the target. Nothing is
+calibrated once: a start-up calibration read on a busy machine (78 ms of forward/backward against a
+50 ms target) made a worker never sleep again once its math took a few ms, and the run's
+heterogeneity efficiency read 2.34 (docs/decisions/emulation-measured-each-iteration.md).
+
+A protocol whose backward pass holds communication (DDP's all-reduce) says how long it waited there
+(``excluded_s``): that is not compute, so it is left out of the work the sleep completes. The
+sleep's own overshoot (the kernel wakes late, more so on busy cores) is taken off the next requests
+as the median of the recent overshoots, at most :data:`MAX_COMPENSATION` of the target, so one
+late wake-up cannot shorten the phases after it by much.
+
+Every iteration's target, achieved phase and real work go into a
+:class:`~hetrain.jobs.compute_ledger.ComputeLedger`, which the record reports per worker.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
+from collections import deque
+from collections.abc import Callable
 
-OVERHEAD_EMA = 0.1  # weight of the newest iteration in the running mean of the overhead
+from hetrain.jobs.compute_ledger import ComputeLedger
+
+OVERSHOOT_WINDOW = 16  # recent sleeps whose median overshoot the next request subtracts
+MAX_COMPENSATION = 0.05  # of the target: the most a request is shortened for the sleeps' overshoot
 
 
 class ComputeEmulator:
-    """``sleep(target_s)`` before the math; ``note_overhead(seconds)`` after the iteration's other work."""
+    """``begin()`` before the iteration's work; ``end(target_s)`` after it: sleep for the rest of the target.
 
-    def __init__(self, math_s: float):
-        self.math_s = math_s
-        self.overhead_s = 0.0
-        self._pending_s = 0.0  # overhead measured so far this iteration
+    ``clock`` and ``sleep`` are injectable (tests drive them by hand)."""
 
-    def sleep(self, target_s: float) -> None:
-        """Sleep so that sleep + math + overhead adds up to ``target_s`` (no sleep if the math alone is longer)."""
-        request = target_s - self.math_s - self.overhead_s
-        if request <= 0:
-            self._pending_s = 0.0
-            return
-        began = time.perf_counter()
-        time.sleep(request)
-        self._pending_s = time.perf_counter() - began - request  # the sleep's overshoot
+    def __init__(self, clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep,
+                 ledger: ComputeLedger | None = None):
+        self.clock = clock
+        self._sleep = sleep
+        self.ledger = ledger if ledger is not None else ComputeLedger()
+        self._overshoots: deque[float] = deque(maxlen=OVERSHOOT_WINDOW)
+        self._began: float | None = None
 
-    def note_overhead(self, seconds: float) -> None:
-        """Add some of this iteration's non-math work (seconds)."""
-        self._pending_s += seconds
+    def begin(self) -> None:
+        """The iteration's work starts now."""
+        self._began = self.clock()
 
-    def end_iteration(self) -> None:
-        """Fold this iteration's overhead into the running mean the next sleeps subtract."""
-        self.overhead_s += OVERHEAD_EMA * (self._pending_s - self.overhead_s)
-        self._pending_s = 0.0
+    def end(self, target_s: float | None, factor: float = 1.0, excluded_s: float = 0.0) -> float:
+        """The work is done: sleep so that work + sleep lasts ``target_s * factor``; return the phase's seconds.
+
+        ``target_s`` None: real compute, the target is this iteration's own work times ``factor`` (a
+        straggler of factor f sleeps f - 1 times its work). ``excluded_s``: seconds of the work that were
+        the protocol's waiting inside backward (DDP), not compute. No sleep if the work alone is longer.
+        """
+        if self._began is None:
+            raise RuntimeError("ComputeEmulator.end() without begin()")
+        work_s = max(0.0, self.clock() - self._began - excluded_s)
+        self._began = None
+        target = (work_s if target_s is None else target_s) * factor
+        request = target - work_s - self._compensation_s(target)
+        slept = 0.0
+        if request > 0:
+            fell_asleep = self.clock()
+            self._sleep(request)
+            slept = self.clock() - fell_asleep
+            self._overshoots.append(slept - request)
+        achieved = work_s + slept
+        self.ledger.record(target, achieved, work_s)
+        return achieved
+
+    def _compensation_s(self, target_s: float) -> float:
+        if not self._overshoots:
+            return 0.0
+        return min(max(0.0, statistics.median(self._overshoots)), MAX_COMPENSATION * target_s)

@@ -27,6 +27,7 @@ from hetrain.config import RunConfig
 from hetrain.data import Dataset, check_batch_fits, load_dataset
 from hetrain.jobs import checkpoint, interrupts
 from hetrain.jobs.capacity import efficiency_basis, lost_worker_iteration_s
+from hetrain.jobs.compute_ledger import job_compute_phase, over_target_warning
 from hetrain.jobs.evaluation import evaluation_curve
 from hetrain.jobs.local_job import JobResults, run_local
 from hetrain.jobs.meter import process_started_at
@@ -302,8 +303,10 @@ def finalize_run(config: RunConfig, results: list[dict | None], out, interrupted
                "workers_lost": len(deaths), "deaths": deaths,
                "workers_joined": sum(not j.get("stopped_before_settling") for j in joins or []),  # trained
                "joins": joins or [], "num_workers": config.num_workers, **(gg_stats or {}),
-               **timing, **(launcher_record or {}), "config": config.record()},
+               **timing, **(launcher_record or {}), **job_compute_phase(workers), "config": config.record()},
     )
+    if (warning := over_target_warning(metrics)) is not None:
+        print(warning, file=sys.stderr, flush=True)  # once per run, by the launcher (or torchrun's rank 0)
     # iterations that count: a dead worker's last gradient may never have left it
     metrics["goodput_samples_per_s"] = max(0, metrics["total_iterations"] - len(deaths)) * config.batch_size / wall_s
     metrics["teardown_s"] = time.time() - results_at if results_at is not None else None

@@ -5,8 +5,8 @@ the iteration or time budget is spent (or the launcher asks to stop); then
 protocol.finish(). Emulation (:mod:`hetrain.jobs.emulation`): with
 ``compute_ms`` T, a worker of slowdown factor f sleeps so that each iteration's
 compute lasts T*f ms (the model math still runs); without it, it sleeps
-(f - 1) times its measured math time. The sleep comes before the math, so it
-also works for DDP, whose backward pass contains the all-reduce.
+(f - 1) times its math time. The sleep comes after the work, timed in the same
+iteration; DDP's wait inside backward (the all-reduce) is not counted as work.
 """
 
 from __future__ import annotations
@@ -79,12 +79,12 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
     slowdown = parse_slowdown(config.slowdown, config.seed).check_workers(ctx.world_size)
     math_s = measure_math_s(model, new_sampler(), ctx.device)  # its batches are not trained on: not counted
     sampler = new_sampler()
-    base_s = config.compute_ms / 1000.0 if config.compute_ms else math_s  # 0 or None: real compute
+    base_s = config.compute_ms / 1000.0 if config.compute_ms else None  # 0 or None: real compute
 
     optimizer = make_optimizer(config.resolved_optimizer(), model.parameters(), config.resolved_lr(),
                                config.momentum)
-    # no optimizer hook: the loop calls step() itself, so the emulator's overhead timing of
-    # optimizer.step() never includes the protocol's waiting
+    # no optimizer hook: the loop calls step() itself, so the emulator's timing of the work
+    # (optimizer.step() included) never includes the protocol's waiting
     comm = config.comm_settings()
     on_failure = config.resolved_on_failure() if ctx.continue_on_death else "abort"
     joining = ctx.incarnation > 0  # a replacement: the protocol hands it the model of the running job
@@ -104,7 +104,7 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
     snapshots = SnapshotKeeper(config.resolved_eval_interval_s(), state.model_nbytes, start_s=ctx.clock_offset_s)
     host_copy = lambda: state.gather_model().cpu()  # noqa: E731 (snapshots wait on the host, not the GPU)
     meter = WindowMeter()
-    emulator = ComputeEmulator(math_s)
+    emulator = ComputeEmulator()
     rates = RateBoard(protocol.job.store, ctx.rank, ctx.world_size) if hasattr(sampler, "set_rates") else None
     stop_requested = ctx.stop_requested or (lambda: False)
 
@@ -134,19 +134,16 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
             checkpoints.mark()
         if rates is not None and (known := rates.note(computed)) is not None:
             sampler.set_rates(known)  # --data-split balanced: the shards in deficit (hetrain.shard_balance)
-        emulator.sleep(base_s * slowdown.factor(ctx.rank, computed))
-        began = time.perf_counter()
+        emulator.begin()
         x, y = sampler.next()
         x, y = x.to(ctx.device), y.to(ctx.device)
         optimizer.zero_grad(set_to_none=True)
-        math_began = time.perf_counter()
         loss = loss_fn(protocol.module(x), y)
         loss.backward()
         synchronize(ctx.device)  # the math's kernels on the compute stream, not their launch (GPU)
-        stepped = time.perf_counter()
+        in_backward_wait_s = protocol.backward_wait_s()
         optimizer.step()
-        emulator.note_overhead(math_began - began + time.perf_counter() - stepped)
-        emulator.end_iteration()
+        emulator.end(base_s, slowdown.factor(ctx.rank, computed), excluded_s=in_backward_wait_s)
         computed += 1
         if computed == 1:
             clock.mark("first_iteration_at")
@@ -171,8 +168,12 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
         ctx.report({"iteration": protocol.stats.iteration, "computed": computed, "t_s": loop_s, "done": True,
                     "figures": worker_figures(protocol)})
     worker = protocol.metrics()
-    standalone_s = standalone_iteration_s(config, slowdown, ctx.rank, math_s, worker["compute_s"], worker["iterations"])
+    ledger = emulator.ledger
+    standalone_s = standalone_iteration_s(config, slowdown, ctx.rank, ledger.median_work_s() or math_s,
+                                          worker["compute_s"], worker["iterations"],
+                                          achieved_s=ledger.mean_achieved_s())
     worker.update(rank=ctx.rank, standalone_iteration_s=standalone_s, math_s=math_s, loop_s=loop_s,
+                  compute_phase=ledger.summary(),
                   local_accuracy=local_accuracy, local_loss=local_loss, consensus_accuracy=consensus_accuracy,
                   consensus_loss=consensus_loss, model_fingerprint=fingerprint,
                   tcp_connections_training=connections_training, tcp_connections_end=tcp_connections(),

@@ -178,6 +178,10 @@ class _HookTimer:
         event.record()
         return event
 
+    def pending_wait(self) -> float:
+        """This backward's wait so far, not yet taken (host clock; 0 on a GPU, whose stamps are events)."""
+        return 0.0 if self.events else max(0.0, self.last_done - self.last_launch)
+
     def take_iteration_wait(self) -> float:
         if self.events:
             launch, done, self._launch_event, self._done_events = self._launch_event, self._done_events, None, []
@@ -263,6 +267,10 @@ class AllReduce(SyncProtocol):
         wait = self._timer.take_iteration_wait()
         self.stats.compute_s -= wait
         self.stats.wait_s += wait
+
+    def backward_wait_s(self) -> float:
+        """The all-reduce's wait inside this iteration's backward (not compute: the emulated sleep leaves it out)."""
+        return self._timer.pending_wait()
 
     def should_stop(self, local_done: bool) -> bool:
         if self.stats.iterations % STOP_CHECK_EVERY:

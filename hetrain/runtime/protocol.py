@@ -395,6 +395,11 @@ class SyncProtocol:
         self._hooks = []
         self._release()
 
+    def backward_wait_s(self) -> float:
+        """Seconds this iteration's backward pass waited for communication (a protocol that communicates
+        inside backward says; the emulated compute leaves them out of the work it completes)."""
+        return 0.0
+
     def metrics(self) -> dict:
         if self.dead:
             self.stats.extra["workers_known_dead"] = sorted(self.dead)

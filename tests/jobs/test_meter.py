@@ -1,11 +1,11 @@
-"""Speed and memory over time: windows, job series, quarters; bounded snapshots; emulated compute."""
+"""Speed and memory over time: windows, job series, quarters; bounded snapshots (emulated compute:
+tests/jobs/test_emulation.py)."""
 
 import math
 
 import pytest
 import torch
 
-from hetrain.jobs.emulation import ComputeEmulator
 from hetrain.jobs.meter import WindowMeter, peak_rss_mb, rss_mb, tcp_connections
 from hetrain.jobs.snapshots import MAX_SNAPSHOTS, SnapshotKeeper
 from hetrain.metrics import build_metrics, job_series, quarter_rates, rss_at, rss_median
@@ -130,15 +130,6 @@ def test_a_small_models_snapshots_stop_growing_however_long_the_run():
             counts.append(len(keeper.snapshots))
     assert max(counts) <= MAX_SNAPSHOTS and min(counts[1:]) >= MAX_SNAPSHOTS // 2  # bounded, never emptied
     assert keeper.snapshots[0][0] == 0.0 and keeper.snapshots[-1][0] > 3.9 * 3600  # still the whole run
-
-
-def test_emulator_shortens_the_sleep_by_the_measured_overhead():
-    emulator = ComputeEmulator(math_s=0.001)
-    for _ in range(60):
-        emulator.sleep(0.0)  # nothing to sleep: only the overhead is learned
-        emulator.note_overhead(0.002)
-        emulator.end_iteration()
-    assert emulator.overhead_s == pytest.approx(0.002, rel=0.01)
 
 
 def test_rss_median_reads_a_minute_not_one_window():

@@ -1011,9 +1011,53 @@ def keyframes_always() -> None:
     PublicCopy.prepare = always
 
 
+def calibration_sticks() -> None:
+    """The emulated sleep subtracts the first iteration's work from every target (the rule before: a
+    calibration taken once, which stuck when the machine was busy at the start)."""
+    from hetrain.jobs import emulation
+
+    measured = emulation.ComputeEmulator.end
+
+    def end(self, target_s, factor=1.0, excluded_s=0.0):
+        if not hasattr(self, "_first_work_s"):
+            self._first_work_s = max(0.0, self.clock() - self._began - excluded_s)
+            return measured(self, target_s, factor, excluded_s)
+        real_clock, began = self.clock, self._began
+        work_s = max(0.0, real_clock() - began - excluded_s)
+        shift = self._first_work_s - work_s  # the work counts as the first iteration's, whatever it took
+        self.clock = lambda: real_clock() + shift
+        try:
+            return measured(self, target_s, factor, excluded_s)
+        finally:
+            self.clock = real_clock
+
+    emulation.ComputeEmulator.end = end
+
+
+def ddp_wait_as_work() -> None:
+    """DDP's wait inside backward counts as the work the emulated sleep completes (a fast worker waiting
+    for a straggler reads as math over its target)."""
+    from hetrain.runtime.allreduce import AllReduce
+
+    AllReduce.backward_wait_s = lambda self: 0.0
+
+
+def standalone_ignores_achieved() -> None:
+    """The emulated standalone iteration is the target alone, whatever compute phase the worker achieved."""
+    from hetrain.jobs import capacity, train_worker
+
+    computed = capacity.standalone_iteration_s
+
+    def target_only(config, slowdown, rank, math_s, compute_s, iterations, achieved_s=None):
+        return computed(config, slowdown, rank, math_s, compute_s, iterations)
+
+    capacity.standalone_iteration_s = train_worker.standalone_iteration_s = target_only
+
+
 MUTANTS = {"no-comm": no_comm,
            "hop-update-to-first-out-neighbour-only": hop_update_to_first_out_neighbour_only,
            "hop-graph-not-repaired": hop_graph_not_repaired, "keyframes-always": keyframes_always, "arrivals-not-progress": arrivals_not_progress,
+           "calibration-sticks": calibration_sticks, "ddp-wait-as-work": ddp_wait_as_work, "standalone-ignores-achieved": standalone_ignores_achieved,
            "arrivals-progress-forever": arrivals_progress_forever,
            "anchors-in-the-model-s-code": anchors_in_the_model_s_code, "orphaned-job-dirs-kept": orphaned_job_dirs_kept,
            "long-tempdir-forkserver": long_tempdir_forkserver,

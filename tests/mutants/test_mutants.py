@@ -81,6 +81,13 @@ COMM_MUTANTS = {
     "hop-graph-not-repaired": [
         f"{FT}::test_a_death_on_the_ring_is_repaired_and_the_survivors_send_over_the_new_edges_only"],
     "keyframes-always": [f"{FT}::test_compressed_hop_sends_a_keyframe_first_then_deltas_a_fraction_of_its_size"],
+    "calibration-sticks": [
+        "tests/jobs/test_emulation.py::test_a_busy_start_does_not_stick_each_quick_iteration_still_lasts_its_target"],
+    "standalone-ignores-achieved": [
+        "tests/jobs/test_emulation.py::test_the_emulated_standalone_iteration_is_never_shorter_than_the_achieved_phase"],
+    "ddp-wait-as-work": [
+        "tests/jobs/test_emulation_record.py::test_the_record_gives_each_worker_s_compute_phase_against_its_target"
+        "[allreduce]"],
     "outer-step-on-own-anchor": [
         f"{OC}::test_outer_nesterov_without_progress_is_plain_gossip_off_the_complete_graph[exponential]",
         f"{OC}::test_outer_nesterov_without_progress_is_plain_gossip_off_the_complete_graph[torus]"],
