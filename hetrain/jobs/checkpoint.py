@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 import tempfile
 import time
 import warnings
@@ -89,10 +90,12 @@ def worker_path(directory, rank: int) -> Path:
     return Path(directory) / f"worker-{rank}.pt"
 
 
-def prepare(directory: str, config, resume: bool) -> bool:
+def prepare(directory: str, config, resume: bool, finished_ok: bool = False) -> bool:
     """Launcher side, before anything is written: True when the run resumes from DIR's checkpoints.
 
-    Refuses (one-line OptionError; ``{checkpoint_dir}``, ``{resume}`` read as flags on the command
+    ``finished_ok``: checkpoints with nothing left to train are resumed (the job then only finishes:
+    a torchrun restart after a death past the last checkpoint, :mod:`hetrain.jobs.torchrun_restart`);
+    else they are refused. Refuses (one-line OptionError; ``{checkpoint_dir}``, ``{resume}`` read as flags on the command
     line) a DIR that is not a directory, checkpoints of another configuration, unreadable worker
     files, and checkpoints that a run without ``resume`` would overwrite. Writes nothing: :func:`start` does.
     """
@@ -147,7 +150,11 @@ def prepare(directory: str, config, resume: bool) -> bool:
         reached.append(int(load_worker(path, rank).get("protocol", {}).get("iteration", 0)))
     if config.protocol_spec.runtime_class().steps_together:
         reached = reached[:1]  # every replica resumes from rank 0's state
-    iterations_left(path, config, reached)
+    if finished_ok and config.iterations is not None and min(reached) >= config.iterations:
+        print(f"hetrain: the checkpoints in {path} are at iteration {min(reached)} of --iterations "
+              f"{config.iterations}: this restart trains nothing and finishes the job", file=sys.stderr)
+    else:
+        iterations_left(path, config, reached)
     return True
 
 

@@ -94,6 +94,10 @@ COMM_MUTANTS = {
     "powersgd-cold-resume": [RS + "::test_all_reduce_s_powersgd_resumes_with_its_warm_start_and_each_worker_s_own_residual"],
     "own-state-from-rank-0": [RS + "::test_all_reduce_s_powersgd_resumes_with_its_warm_start_and_each_worker_s_own_residual"],
     "resume-with-nothing-left": ["tests/jobs/test_failures.py::test_resume_with_no_iterations_left_is_refused_in_one_line"],
+    "restart-after-the-end-refused": [
+        "tests/jobs/test_torchrun_failures.py::test_a_torchrun_restart_after_the_last_checkpoint_finishes_the_job"],
+    "any-torchrun-attempt-finishes": [
+        "tests/jobs/test_torchrun_restart.py::test_only_an_attempt_of_the_torchrun_job_that_trained_there_reads_as_its_restart"],
     "free-collectives": [
         "tests/runtime/test_comm_protocols.py::test_a_group_average_holds_its_members_for_its_bytes_over_the_link"],
     "ingress-in-arrival-order": [
