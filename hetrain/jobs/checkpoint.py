@@ -4,7 +4,9 @@ Layout of ``--checkpoint-dir DIR``:
 
 - ``DIR/manifest.json``: the run's configuration fingerprint (what must match
   to resume: protocol, workers, workload, model size (synthetic only), batch, optimizer (momentum: SGD only), seed,
-  protocol options), written by the launcher before any worker starts;
+  protocol options, an edge file's topology by its edges' digest), written by the launcher before any worker starts;
+- ``DIR/torchrun.json``: under torchrun, the run id of the job that trains from DIR (a restart of that
+  job with nothing left to train finishes it: :mod:`hetrain.jobs.torchrun_restart`);
 - ``DIR/worker-<rank>.pt``: one file per worker, replaced atomically (written
   to a temporary file in DIR, then ``os.replace``), so a crash mid-write leaves
   the previous checkpoint intact.
