@@ -862,16 +862,14 @@ def topology_by_its_path() -> None:
 
 
 def refusal_as_a_dump() -> None:
-    """A resume refused for a protocol option names the whole options dict, not the option's flag."""
+    """A resume's refusal shows both fingerprints whole (the dump of dicts it printed), not the flag's values."""
     from hetrain.jobs import checkpoint
 
     first = checkpoint._first_difference
 
     def dump(saved, expected):
         found = first(saved, expected)
-        if found is not None and found[0] not in saved:
-            return "options", saved.get("options"), expected.get("options")
-        return found
+        return None if found is None else (found[0], saved, expected)
 
     checkpoint._first_difference = dump
 
