@@ -182,14 +182,19 @@ class HetrainStrategy(DDPStrategy):
         super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
 
     def load_checkpoint(self, checkpoint_path, *args, **kwargs) -> dict:
-        """As Lightning's; a checkpoint written by this strategy brings the protocol's state back at ``setup``."""
+        """As Lightning's; a checkpoint written by this strategy brings the protocol's state back at ``setup``, or at
+        once when loaded during a fit (a rewound epoch of the shared loader is a full pass again:
+        :mod:`hetrain.integrations.shared_batches`)."""
         checkpoint = super().load_checkpoint(checkpoint_path, *args, **kwargs)
         state = checkpoint.get("hetrain")
         if state is not None:
             if state.get("protocol") != self.spec.name:
                 raise UsageError(f"HetrainStrategy: {checkpoint_path} was written by the {state.get('protocol')!r} "
                                  f"protocol and this run uses {self.spec.name!r}; resume with the same protocol")
-            self._resumed = state
+            if self.sync is not None:  # loaded mid-fit: the running protocol takes it now, not never
+                self.sync.load_state_dict(state)
+            else:
+                self._resumed = state  # taken at setup, once the protocol is built
         return checkpoint
 
     # -- the steps Lightning counts --------------------------------------------------------------

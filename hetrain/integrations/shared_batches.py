@@ -8,7 +8,10 @@ the job's c10d store: a rank three times faster takes three times the batches,
 and every rank runs out within about one batch of the others. An epoch still
 trains on each sample once (the last batch may be short unless ``drop_last``).
 
-Claims are atomic (``store.add``), one round trip to the store per batch. A
+Claims are atomic (``store.add``), one round trip to the store per batch. Each pass over an epoch
+claims from a counter of its own: an epoch rewound (a checkpoint loaded mid-run sets it back to the
+saved one) is a full pass again, not one whose batches were all claimed already (every rank rewinds
+alike, so they agree on which pass they are on). A
 batch claimed by an iterator that is dropped before using it is lost to the
 epoch (a data loader prefetching when the loop ends early, for instance).
 
@@ -70,6 +73,7 @@ class SharedBatches(Sampler):
         self.limit: int | None = None  # at most this many batches per epoch over all ranks (None: all)
         self.claimed = 0  # batches of the current epoch claimed over all ranks, as of this rank's last claim
         self.exhausted = False  # this rank's claim found the epoch's batches all claimed (its iterator ended)
+        self.passes: dict[int, int] = {}  # epoch -> passes over it begun on this rank (more than 1: rewound)
 
     @property
     def num_batches(self) -> int:
@@ -99,7 +103,8 @@ class SharedBatches(Sampler):
         order = list(self.sampler)
         self.taken = self.claimed = 0
         self.exhausted = False
-        key = f"epoch/{self.sampler.epoch}"
+        key = claims_key(self.sampler.epoch, self.passes.get(self.sampler.epoch, 0))
+        self.passes[self.sampler.epoch] = self.passes.get(self.sampler.epoch, 0) + 1
         while True:
             batch = self.store.add(key, 1) - 1
             if batch >= self.num_batches:
@@ -108,6 +113,12 @@ class SharedBatches(Sampler):
             self.claimed = batch + 1
             self.taken += 1
             yield order[batch * self.batch_size:(batch + 1) * self.batch_size]
+
+
+def claims_key(epoch: int, earlier_passes: int) -> str:
+    """The store's counter of an epoch's claims: ``epoch/E`` on its first pass, ``epoch/E/pass/K`` on a
+    rewound epoch's pass K (each pass claims every batch afresh)."""
+    return f"epoch/{epoch}" if earlier_passes == 0 else f"epoch/{epoch}/pass/{earlier_passes}"
 
 
 class LastBatchKnown(DataLoader):

@@ -4,7 +4,9 @@ Layout of ``--checkpoint-dir DIR``:
 
 - ``DIR/manifest.json``: the run's configuration fingerprint (what must match
   to resume: protocol, workers, workload, model size (synthetic only), batch, optimizer (momentum: SGD only), seed,
-  protocol options), written by the launcher before any worker starts;
+  protocol options, an edge file's topology by its edges' digest), written by the launcher before any worker starts;
+- ``DIR/torchrun.json``: under torchrun, the run id of the job that trains from DIR (a restart of that
+  job with nothing left to train finishes it: :mod:`hetrain.jobs.torchrun_restart`);
 - ``DIR/worker-<rank>.pt``: one file per worker, replaced atomically (written
   to a temporary file in DIR, then ``os.replace``), so a crash mid-write leaves
   the previous checkpoint intact.
@@ -21,8 +23,10 @@ before any worker starts.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
+import sys
 import tempfile
 import time
 import warnings
@@ -32,6 +36,7 @@ import torch
 
 from hetrain.comm import settings as comm_carrier
 from hetrain.protocols.options import OptionError
+from hetrain.topology import TOPOLOGIES
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -56,12 +61,39 @@ def comm_fingerprint(comm) -> dict:
 
 def options_fingerprint(config, options: dict) -> dict:
     """The protocol's ``options`` resolved: defaults filled in, and Hop's and D-PSGD's as their graph
-    resolves them (``--backup 1`` typed on a ring is Hop's default), as JSON would read them back."""
+    resolves them (``--backup 1`` typed on a ring is Hop's default), as JSON would read them back. A
+    topology read from an edge file is its edges' digest, not the file's path: a file edited between
+    the run and its resume is another graph."""
     made = config.protocol_spec.make_options(options)
     data = dataclasses.asdict(made)
     if hasattr(made, "resolve"):
-        data.update(vars(made.resolve(config.num_workers)[1]))
+        topology, resolved = made.resolve(config.num_workers)
+        data.update(vars(resolved))
+        if topology.name not in TOPOLOGIES:
+            data["topology"] = edges_digest(topology.edges)
     return json.loads(json.dumps(dict(sorted(data.items())), default=str))
+
+
+def edges_digest(edges) -> str:
+    """A graph's edges as a short digest (``edges sha256:...``): the same for the same edges, in any order."""
+    text = "\n".join(f"{src} {dst}" for src, dst in sorted(edges))
+    return "edges sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _first_difference(saved: dict, expected: dict) -> tuple[str, object, object] | None:
+    """The first setting (the fingerprint's order; a protocol option by its own name) whose value differs:
+    (name, saved value, this run's value), or None."""
+    for name in list(expected) + [k for k in saved if k not in expected]:
+        was, now = saved.get(name), expected.get(name)
+        if was == now:
+            continue
+        if name == "options" and isinstance(was, dict) and isinstance(now, dict) and saved.get("protocol") == \
+                expected.get("protocol"):
+            names = sorted(set(now) | set(was), key=lambda k: k != "topology")  # the graph first: defaults follow it
+            option = next(k for k in names if was.get(k) != now.get(k))
+            return option, was.get(option), now.get(option)
+        return name, was, now
+    return None
 
 
 def fingerprint(config) -> dict:
@@ -89,10 +121,12 @@ def worker_path(directory, rank: int) -> Path:
     return Path(directory) / f"worker-{rank}.pt"
 
 
-def prepare(directory: str, config, resume: bool) -> bool:
+def prepare(directory: str, config, resume: bool, finished_ok: bool = False) -> bool:
     """Launcher side, before anything is written: True when the run resumes from DIR's checkpoints.
 
-    Refuses (one-line OptionError; ``{checkpoint_dir}``, ``{resume}`` read as flags on the command
+    ``finished_ok``: checkpoints with nothing left to train are resumed (the job then only finishes:
+    a torchrun restart after a death past the last checkpoint, :mod:`hetrain.jobs.torchrun_restart`);
+    else they are refused. Refuses (one-line OptionError; ``{checkpoint_dir}``, ``{resume}`` read as flags on the command
     line) a DIR that is not a directory, checkpoints of another configuration, unreadable worker
     files, and checkpoints that a run without ``resume`` would overwrite. Writes nothing: :func:`start` does.
     """
@@ -123,17 +157,13 @@ def prepare(directory: str, config, resume: bool) -> bool:
             saved["options"] = options_fingerprint(config, saved["options"])
         except (OptionError, TypeError, ValueError):
             pass  # not options this version reads: they differ
-    differing = sorted(k for k in set(saved) | set(expected) if saved.get(k) != expected.get(k))
-    if differing:
-        flags = comm_carrier.state_settings()
-        name = next((k for k in flags if k in differing), differing[0])
-        if name in flags:
-            raise OptionError(f"{{resume}}: the checkpoint in {path} was written with {flags[name]} "
-                              f"{saved.get(name)!r}, this run has {expected.get(name)!r}; resume with the "
-                              "settings it was written with, or choose another {checkpoint_dir}")
-        raise OptionError(f"{{resume}}: the checkpoint in {path} is of another configuration ({name} was "
-                          f"{saved.get(name)!r}, now {expected.get(name)!r}); run with the same settings "
-                          "or another {checkpoint_dir}")
+    differing = _first_difference(saved, expected)
+    if differing is not None:
+        name, was, now = differing
+        flag = comm_carrier.state_settings().get(name, "{" + name + "}")
+        raise OptionError(f"{{resume}}: the checkpoint in {path} was written with {flag} {was!r}, this run has "
+                          f"{now!r}; resume with the settings it was written with, or choose another "
+                          "{checkpoint_dir}")
     present = [rank for rank in range(config.num_workers) if worker_path(path, rank).exists()]
     if len(present) < config.num_workers:
         # the run died before its first checkpoint, or before every worker had written one (torchrun
@@ -147,7 +177,11 @@ def prepare(directory: str, config, resume: bool) -> bool:
         reached.append(int(load_worker(path, rank).get("protocol", {}).get("iteration", 0)))
     if config.protocol_spec.runtime_class().steps_together:
         reached = reached[:1]  # every replica resumes from rank 0's state
-    iterations_left(path, config, reached)
+    if finished_ok and config.iterations is not None and min(reached) >= config.iterations:
+        print(f"hetrain: the checkpoints in {path} are at iteration {min(reached)} of --iterations "
+              f"{config.iterations}: this restart trains nothing and finishes the job", file=sys.stderr)
+    else:
+        iterations_left(path, config, reached)
     return True
 
 

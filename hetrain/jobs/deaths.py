@@ -1,7 +1,8 @@
 """What a local job knows of its deaths and replacements (``continue`` and ``respawn``): records only.
 
 A death's record holds the rank and incarnation that died, how (``describe_exit``),
-the training time and iteration of its last report, and ``recovery_s``: seconds
+the training time and iteration of its last report, ``wall_s`` (seconds from the job's start to
+the death seen), and ``recovery_s``: seconds
 until every survivor has computed again (from their progress reports). A
 replacement's record runs from its start until it announces it joined.
 """
@@ -12,8 +13,11 @@ import time
 
 
 class DeathRecords:
-    def __init__(self):
+    """``started_at``: the job's start (``time.monotonic()``); a death's ``wall_s`` counts from it."""
+
+    def __init__(self, started_at: float | None = None):
         self.records: list[dict] = []  # in order; keys starting with "_" are the launcher's own
+        self.started_at = time.monotonic() if started_at is None else started_at
 
     def known(self, rank: int, incarnation: int) -> bool:
         """Whether the death of ``rank``'s process ``incarnation`` is already recorded."""
@@ -29,8 +33,8 @@ class DeathRecords:
         self.records.append({"rank": rank, "incarnation": incarnation, "how": how, "cause": cause,
                              "started_t_s": started_t_s,
                              "iteration": last_report.get("iteration", 0), "t_s": training_time_s,
-                             "wall_s": time.monotonic(), "computed": last_report.get("computed", 0),
-                             "recovery_s": None, "_awaiting": dict(survivors_computed)})
+                             "wall_s": time.monotonic() - self.started_at, "computed": last_report.get("computed", 0),
+                             "recovery_s": None, "_died_at": time.monotonic(), "_awaiting": dict(survivors_computed)})
 
     def last_iteration(self, rank: int) -> int:
         return max((d.get("iteration", 0) for d in self.records if d["rank"] == rank), default=0)
@@ -46,7 +50,7 @@ class DeathRecords:
                 if is_dead(rank) or report.get("done") or report.get("computed", 0) > awaiting[rank]:
                     del awaiting[rank]
             if not awaiting:
-                event["recovery_s"] = time.monotonic() - event["wall_s"]
+                event["recovery_s"] = time.monotonic() - event["_died_at"]
                 event.pop("_awaiting")
 
     def last_cause(self) -> dict:

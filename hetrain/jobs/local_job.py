@@ -165,7 +165,7 @@ class LocalJob:
         self.channels = self.workers.channels
         self.done: dict[int, Any] = {}
         self.failures: dict[int, tuple[str, str, str | None]] = {}  # rank -> (kind, summary, detail)
-        self.deaths = DeathRecords()
+        self.deaths = DeathRecords(started_at=self.launched)
         self.replacements = Replacements()
         self.gone: set[int] = set()  # ranks dead for good (no replacement)
         self.started_t_s: dict[int, float] = {}  # rank -> training time its current process started
@@ -182,7 +182,7 @@ class LocalJob:
         deadline = None if self.job_timeout_s is None else time.monotonic() + self.job_timeout_s
         try:
             with self.interrupt:
-                self.launched = time.monotonic()
+                self.launched = self.deaths.started_at = time.monotonic()  # the job's start
                 for rank in range(self.n):
                     self._start(rank)
                 while len(self.done) + len(self.gone) < self.n:

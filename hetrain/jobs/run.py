@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from hetrain.config import RunConfig
 from hetrain.data import Dataset, check_batch_fits, load_dataset
-from hetrain.jobs import checkpoint, interrupts
+from hetrain.jobs import checkpoint, interrupts, torchrun_restart
 from hetrain.jobs.capacity import efficiency_basis, lost_worker_iteration_s
 from hetrain.jobs.compute_ledger import job_compute_phase, over_target_warning
 from hetrain.jobs.evaluation import evaluation_curve
@@ -241,8 +241,11 @@ def run_training_torchrun(config: RunConfig, out_dir: str | None) -> dict | None
     if config.checkpoint_dir:  # rank 0 checks (and on a fresh start writes the manifest); all learn the verdict
         verdict = [None]
         if ctx.rank == 0:
-            verdict[0] = checkpoint.prepare(config.checkpoint_dir, config, config.resume)
+            # a restart of this job after a death past its last checkpoint finishes it (nothing left to train)
+            restarted = torchrun_restart.restarts_this_job(config.checkpoint_dir)
+            verdict[0] = checkpoint.prepare(config.checkpoint_dir, config, config.resume, finished_ok=restarted)
             checkpoint.start(config.checkpoint_dir, config, verdict[0])
+            torchrun_restart.note_attempt(config.checkpoint_dir)
         dist.broadcast_object_list(verdict, src=0)
         config = config.replace(resume=verdict[0])
     result = train_worker(ctx, config, {})

@@ -85,3 +85,23 @@ def test_a_shared_loader_has_a_length_the_epoch_s_batches_over_all_processes():
     sampler = SharedBatches(100, 8, dist.HashStore(), seed=3)
     loader = SharedLoader(DataLoader(list(range(100)), batch_sampler=sampler), sampler, "cpu")
     assert len(loader) == 13
+
+
+def test_an_epoch_rewound_mid_run_is_a_full_pass_again_on_every_rank():
+    """A checkpoint loaded mid-run sets the epoch back to the saved one (issue 68, item 7): the next pass over
+    it shares out all its batches again, not none (they were claimed on its first pass)."""
+    store = dist.HashStore()
+    ranks = [SharedBatches(32, 8, store, seed=3) for _ in range(2)]
+
+    def one_pass(epoch: int) -> list[int]:
+        for sampler in ranks:
+            sampler.set_epoch(epoch)
+        iterators = [iter(s) for s in ranks]
+        while iterators:  # the ranks take turns, as ranks running apart would
+            for it in list(iterators):
+                if next(it, None) is None:
+                    iterators.remove(it)
+        return [s.taken for s in ranks]
+
+    passes = [sum(one_pass(epoch)) for epoch in (0, 1, 1, 1)]  # epochs 0 and 1, then rewound to 1 twice
+    assert passes == [4, 4, 4, 4], passes

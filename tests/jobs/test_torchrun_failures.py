@@ -108,3 +108,58 @@ def _failure_blamed_on(rank: int, output: str) -> bool:
     lines = [line for line in output.splitlines() if f"hetrain: job failed: worker {named.group(1)}:" in line]
     return any(f"to worker {rank} failed" in line or f"from worker {rank}" in line
                or re.search(rf"worker\(s\) \[[\d, ]*\b{rank}\b", line) for line in lines)
+
+
+def _checkpoints_reached(directory: Path, workers: int) -> list[int]:
+    """The iteration each worker's checkpoint reads (-1 for a file not written yet or mid-replace)."""
+    import torch
+
+    reached = []
+    for rank in range(workers):
+        try:
+            state = torch.load(directory / f"worker-{rank}.pt", map_location="cpu", weights_only=True)
+            reached.append(int(state["protocol"]["iteration"]))
+        except Exception:  # not written yet
+            reached.append(-1)
+    return reached
+
+
+@pytest.mark.timeout(120)  # two torchrun attempts, each importing torch in every rank
+def test_a_torchrun_restart_after_the_last_checkpoint_finishes_the_job(tmp_path, processes):
+    """Rank 0 SIGKILLed once every worker's checkpoint reads ``--iterations``, before the record is written:
+    torchrun restarts the job with nothing left to train, and the restart finishes it (``finish()``,
+    evaluation, the record; exit 0), instead of refusing it as a resume of a finished run (exit 1)."""
+    iterations, ckpt, out = 20, tmp_path / "ckpt", tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+         "-m", "hetrain", "train", "--protocol", "hop", "--iterations", str(iterations), "--compute-ms", "20",
+         "--eval-interval", "0.02", "--timeout", str(TIMEOUT_S), "--checkpoint-dir", str(ckpt),
+         "--checkpoint-every", "0.5", "--resume", "--no-progress", "--out", str(out)],
+        cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True)
+    killed: dict = {}
+
+    def strike() -> None:  # the event: both checkpoints at --iterations (written after finish())
+        while proc.poll() is None:
+            if min(_checkpoints_reached(ckpt, 2)) >= iterations:
+                pid = torchrun_rank_pids(proc.pid).get(0)
+                if pid is None:
+                    return
+                os.kill(pid, signal.SIGSTOP)  # frozen first: the record's absence is read while it cannot write
+                killed.update(record_written=(out / "metrics.json").exists())
+                os.kill(pid, signal.SIGKILL)
+                return
+            time.sleep(0.005)
+
+    thread = threading.Thread(target=strike, daemon=True)
+    thread.start()
+    output = _wait(proc, 110)
+    thread.join(timeout=5)
+    assert killed and not killed["record_written"], f"the kill did not land before the record: {killed}"
+    assert "failed (exitcode: -9) local_rank: 0" in output, output[-3000:]  # torchrun saw the death and restarted
+    assert proc.returncode == 0, output[-3000:]
+    assert "this restart trains nothing and finishes the job" in output, output[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["resumed"] is True
+    assert [w["iteration"] for w in metrics["workers"]] == [iterations, iterations]
+    assert metrics["final_accuracy_avg_model"] is not None

@@ -866,6 +866,81 @@ def resume_with_nothing_left() -> None:
     checkpoint.iterations_left = lambda path, config, reached: None
 
 
+def restart_after_the_end_refused() -> None:
+    """A torchrun restart after a death past the last checkpoint is taken for a user's resume of a finished
+    run: refused (nothing left to train), and torchrun's job fails with no record."""
+    from hetrain.jobs import torchrun_restart
+
+    torchrun_restart.restarts_this_job = lambda directory: False
+
+
+def any_torchrun_attempt_finishes() -> None:
+    """Every torchrun attempt reads as a restart of the job that trained in the directory: a new torchrun
+    command resuming a finished run trains nothing and exits 0, silently."""
+    import os
+
+    from hetrain.jobs import torchrun_restart
+
+    torchrun_restart.restarts_this_job = lambda directory: torchrun_restart.RUN_ID_ENV in os.environ
+
+
+def deaths_on_the_raw_clock() -> None:
+    """A death's ``wall_s`` is the launcher's raw ``time.monotonic()`` (seconds since the machine booted)."""
+    import time
+
+    from hetrain.jobs.deaths import DeathRecords
+
+    died = DeathRecords.died
+
+    def raw(self, *args, **kwargs):
+        died(self, *args, **kwargs)
+        self.records[-1]["wall_s"] = time.monotonic()
+
+    DeathRecords.died = raw
+
+
+def topology_by_its_path() -> None:
+    """The resume fingerprint reads no edge file's content (as when it held the path): a file edited between a run
+    and its resume is accepted."""
+    from hetrain.jobs import checkpoint
+
+    checkpoint.edges_digest = lambda edges: "edges"
+
+
+def refusal_as_a_dump() -> None:
+    """A resume's refusal shows both fingerprints whole (the dump of dicts it printed), not the flag's values."""
+    from hetrain.jobs import checkpoint
+
+    first = checkpoint._first_difference
+
+    def dump(saved, expected):
+        found = first(saved, expected)
+        return None if found is None else (found[0], saved, expected)
+
+    checkpoint._first_difference = dump
+
+
+def rewound_epoch_claimed_again() -> None:
+    """A pass over a rewound epoch claims from the counter its first pass emptied: it yields no batch."""
+    from hetrain.integrations import shared_batches
+
+    shared_batches.claims_key = lambda epoch, earlier_passes: f"epoch/{epoch}"
+
+
+def mid_fit_load_deferred() -> None:
+    """A checkpoint HetrainStrategy loads during a fit keeps the protocol's state for a setup already past."""
+    from lightning.pytorch.strategies import DDPStrategy
+
+    from hetrain.integrations.lightning import HetrainStrategy
+
+    def load_checkpoint(self, checkpoint_path, *args, **kwargs):
+        checkpoint = DDPStrategy.load_checkpoint(self, checkpoint_path, *args, **kwargs)
+        self._resumed = checkpoint.get("hetrain")
+        return checkpoint
+
+    HetrainStrategy.load_checkpoint = load_checkpoint
+
+
 def replaced_edge_kept() -> None:
     """A death and its replacement seen in one look keep the edge as it was (the dead process's queued
     updates and spent tokens carried over to its replacement)."""
@@ -1066,7 +1141,12 @@ MUTANTS = {"no-comm": no_comm,
            "hop-resumed-from-own-iteration": hop_resumed_from_own_iteration, "record-unheld": record_unheld,
            "comparison-goes-on-after-a-stop": comparison_goes_on_after_a_stop, "every-worker-scores-the-final-model": every_worker_scores_the_final_model, "one-queue-for-all": one_queue_for_all, "workers-die-on-sigterm": workers_die_on_sigterm,
            "results-whole-through-the-pipe": results_whole_through_the_pipe, "replaced-edge-kept": replaced_edge_kept, "powersgd-cold-resume": powersgd_cold_resume,
-           "own-state-from-rank-0": own_state_from_rank_0, "resume-with-nothing-left": resume_with_nothing_left, "late-updates-as-models": late_updates_as_models,
+           "own-state-from-rank-0": own_state_from_rank_0, "resume-with-nothing-left": resume_with_nothing_left,
+           "restart-after-the-end-refused": restart_after_the_end_refused,
+           "any-torchrun-attempt-finishes": any_torchrun_attempt_finishes,
+           "deaths-on-the-raw-clock": deaths_on_the_raw_clock, "topology-by-its-path": topology_by_its_path,
+           "refusal-as-a-dump": refusal_as_a_dump, "rewound-epoch-claimed-again": rewound_epoch_claimed_again,
+           "mid-fit-load-deferred": mid_fit_load_deferred, "late-updates-as-models": late_updates_as_models,
            "progress-with-the-mixing": progress_with_the_mixing,
            "loaded-weights-as-progress": loaded_weights_as_progress, "reanchor-outer-only": reanchor_outer_only, "replacements-admitted-together": replacements_admitted_together, "unsettled-replacements-kept": unsettled_replacements_kept,
            "freeze-after-the-wait": freeze_after_the_wait, "first-sends-unwatched": first_sends_unwatched, "idle-edges-bounded": idle_edges_bounded, "finished-neighbours-sent-to": finished_neighbours_sent_to,

@@ -109,6 +109,19 @@ COMM_MUTANTS = {
     "powersgd-cold-resume": [RS + "::test_all_reduce_s_powersgd_resumes_with_its_warm_start_and_each_worker_s_own_residual"],
     "own-state-from-rank-0": [RS + "::test_all_reduce_s_powersgd_resumes_with_its_warm_start_and_each_worker_s_own_residual"],
     "resume-with-nothing-left": ["tests/jobs/test_failures.py::test_resume_with_no_iterations_left_is_refused_in_one_line"],
+    "restart-after-the-end-refused": [
+        "tests/jobs/test_torchrun_failures.py::test_a_torchrun_restart_after_the_last_checkpoint_finishes_the_job"],
+    "deaths-on-the-raw-clock": ["tests/jobs/test_death_records.py::test_a_death_s_wall_s_counts_from_the_job_s_start",
+                                "tests/jobs/test_failures.py::test_survivors_go_on_when_a_worker_is_killed_mid_training[hop-options0]"],
+    "topology-by-its-path": ["tests/jobs/test_resume_refusals.py::test_an_edge_file_counts_by_its_content_not_its_path"],
+    "refusal-as-a-dump": ["tests/jobs/test_resume_refusals.py::test_every_refusal_is_one_line_naming_the_flag_that_differs"],
+    "rewound-epoch-claimed-again": [
+        "tests/integrations/test_shared_batches.py::test_an_epoch_rewound_mid_run_is_a_full_pass_again_on_every_rank",
+        "tests/integrations/test_accelerate_reload.py::test_a_state_loaded_inside_the_block_rewinds_the_shared_epoch_to_a_full_pass[hop]"],
+    "mid-fit-load-deferred": [
+        "tests/integrations/test_lightning_mid_fit_load.py::test_a_checkpoint_loaded_during_a_fit_reaches_the_running_protocol"],
+    "any-torchrun-attempt-finishes": [
+        "tests/jobs/test_torchrun_restart.py::test_only_an_attempt_of_the_torchrun_job_that_trained_there_reads_as_its_restart"],
     "free-collectives": [
         "tests/runtime/test_comm_protocols.py::test_a_group_average_holds_its_members_for_its_bytes_over_the_link"],
     "ingress-in-arrival-order": [
