@@ -12,5 +12,7 @@ def on_page_markdown(markdown, page, config, files):
     if MARKER not in markdown:
         raise ValueError(f"docs/reference/cli.md lost its {MARKER} marker: the generated reference goes there")
     from hetrain.cli_markdown import cli_markdown
+    from hetrain.testing.mutants import apply_from_env
 
+    apply_from_env()  # tests only: $HETRAIN_MUTANT reaches the generated page as it reaches a job's workers
     return markdown.replace(MARKER, cli_markdown())

@@ -928,6 +928,21 @@ def comparison_goes_on_after_a_stop() -> None:
     interrupts.stop_received = lambda: None
 
 
+def cli_reference_without_last_flag() -> None:
+    """The site's command-line reference leaves out each command's last flag (a page drifted from the parser)."""
+    from hetrain import cli_markdown
+
+    full = cli_markdown.flag_rows
+    cli_markdown.flag_rows = lambda parser: full(parser)[:-1]
+
+
+def compare_writes_no_plot() -> None:
+    """``hetrain compare`` writes its table and record but not the ``over_time.png`` the README promises."""
+    from hetrain import comparison
+
+    comparison.plot_over_time = lambda runs, path: None
+
+
 MUTANTS = {"no-comm": no_comm, "arrivals-not-progress": arrivals_not_progress,
            "arrivals-progress-forever": arrivals_progress_forever,
            "anchors-in-the-model-s-code": anchors_in_the_model_s_code, "orphaned-job-dirs-kept": orphaned_job_dirs_kept,
@@ -958,4 +973,6 @@ MUTANTS = {"no-comm": no_comm, "arrivals-not-progress": arrivals_not_progress,
            "stale-replicas-across-edges": stale_replicas_across_edges, "free-gg-requests": free_gg_requests,
            "ingress-in-arrival-order": ingress_in_arrival_order,
            "no-shared-start": no_shared_start, "plan-shards-frozen": plan_shards_frozen,
-           "plan-bias-on-every-rank": plan_bias_on_every_rank, "plan-flat-reductions": plan_flat_reductions}
+           "plan-bias-on-every-rank": plan_bias_on_every_rank, "plan-flat-reductions": plan_flat_reductions,
+           "cli-reference-without-last-flag": cli_reference_without_last_flag,
+           "compare-writes-no-plot": compare_writes_no_plot}
