@@ -1,4 +1,4 @@
-"""The command line as markdown, from the parser itself: the site's reference page (docs/reference/cli.md,
+"""The command line as markdown, from its parser (:func:`hetrain.cli.build_parser`): the site's reference page (docs/reference/cli.md,
 filled in by docs/hooks/cli_reference.py at build time), so the page cannot drift from the flags.
 
 Each sub-command gets a section: its one-line help, its usage line, and a table of its flags (names,
@@ -8,8 +8,6 @@ value, default, help as ``--help`` prints it).
 from __future__ import annotations
 
 import argparse
-
-from hetrain.cli import COMMANDS, _build_parser
 
 
 def _cell(text: str) -> str:
@@ -44,13 +42,10 @@ def flag_rows(parser: argparse.ArgumentParser) -> list[tuple[str, str, str, str]
     return rows
 
 
-def cli_markdown() -> str:
-    """Markdown for every ``hetrain`` sub-command, built from :mod:`hetrain.cli`'s own parser."""
-    parser = _build_parser(None)
-    subs = _subparsers(parser)
+def cli_markdown(parser: argparse.ArgumentParser) -> str:
+    """Markdown for every sub-command of ``parser``: :func:`hetrain.cli.build_parser`'s, for the site."""
     parts = []
-    for name in COMMANDS:
-        sub = subs[name]
+    for name, sub in _subparsers(parser).items():
         usage = " ".join(sub.format_usage().split()).removeprefix("usage: ")
         parts += [f"## `hetrain {name}`", "", _cell(sub.description or ""), "", "```text", usage, "```", "",
                   "| flag | value | default | meaning |", "|---|---|---|---|"]

@@ -42,6 +42,7 @@ def test_the_readme_first_run_trains_and_writes_what_it_says(processes, tmp_path
         protocols = re.search(r"--protocols (\S+)", line).group(1).split(",")
         for name in ("summary.md", "summary.json", "over_time.png"):  # what the README says it writes
             assert (out / name).is_file(), f"{short}: no {name}"
+        assert (out / "over_time.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", "over_time.png is no PNG"
         summary = json.loads((out / "summary.json").read_text())
         rates = {row["protocol"]: row["samples_per_s"] for row in summary["runs"]}
         assert sorted(rates) == sorted(protocols) and all(rate > 0 for rate in rates.values()), rates

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from hetrain.cli import _build_parser
+from hetrain.cli import build_parser
 from hetrain.testing.doc_blocks import ROOT
 
 
@@ -19,7 +19,7 @@ def test_the_site_builds_strict_with_the_generated_references(processes, tmp_pat
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=50)
     assert done.returncode == 0, done.stderr[-3000:]
     cli_page = (site / "reference" / "cli" / "index.html").read_text(encoding="utf-8")
-    parser = _build_parser(None)
+    parser = build_parser()
     sub = next(a for a in parser._actions if hasattr(a, "choices") and isinstance(a.choices, dict))
     missing = [f"{name} {flag}" for name, command in sub.choices.items() for action in command._actions
                for flag in action.option_strings[:1] if flag != "-h" and f"<code>{flag}</code>" not in cli_page]
