@@ -12,7 +12,7 @@ between requests) for ``--duration`` seconds: job-wide requests/s, and p50 /
 p99 of a request's round trip. Clients and server share this machine's cores,
 so (b) is a lower bound of what a dedicated GG host would serve. The
 simulator charges ``hetrain simulate --gg-service-us`` per request; the
-figures calibrate it (docs/simulator.md). Writes OUT/gg_service.md and .json.
+figures calibrate it (docs/guides/simulator.md). Writes OUT/gg_service.md and .json.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Planner benchmarks (measure, don't test). Each section prints markdown tables for docs/planner.md.
+"""Planner benchmarks (measure, don't test). Each section prints markdown tables for docs/guides/planner.md.
 
     python benchmarks/planner_bench.py speed     [--repeats 5]   # planning time vs devices (8..4,096) and layers
     python benchmarks/planner_bench.py command   [--repeats 5]   # whole `hetrain plan` command, every zoo model
@@ -10,7 +10,7 @@
     python benchmarks/planner_bench.py measure   [--workers 2 4]  # hetrain profile + hetrain plan --measure
     python benchmarks/planner_bench.py train     [--repeats 1]    # hetrain plan --train, 300 steps, 5 plans
 
-Times are wall-clock on whatever machine runs this; the figures in docs/planner.md were taken on a
+Times are wall-clock on whatever machine runs this; the figures in docs/guides/planner.md were taken on a
 shared 2-core machine, so each is the minimum and median of several repeats.
 """
 

@@ -13,7 +13,7 @@
                                                        # hetrain train vs hetrain simulate, same settings;
                                                        # the simulator's all-reduce step measured per N
 
-Each prints a markdown table; docs/simulator.md records the figures.
+Each prints a markdown table; docs/guides/simulator.md records the figures.
 """
 
 from __future__ import annotations

@@ -49,6 +49,11 @@ def _build_parser(command: str | None) -> argparse.ArgumentParser:
     return parser
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The whole parser, every sub-command's flags (the documentation's command-line reference reads it)."""
+    return _build_parser(None)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv[0] if argv and argv[0] in COMMANDS else None

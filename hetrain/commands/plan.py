@@ -118,7 +118,7 @@ def _train(args: argparse.Namespace) -> int:
 
     if args.model is not None:
         raise UsageError("--train trains a built-in --workload (" + ", ".join(WORKLOADS) + "), not --model; for a "
-                         "module of your own call hetrain.planner.train_with_plan (docs/planner.md)")
+                         "module of your own call hetrain.planner.train_with_plan (docs/guides/planner.md)")
     if args.measure:
         raise UsageError("--train and --measure are separate runs; drop one")
     if args.devices is None:

@@ -116,7 +116,7 @@ def add_runtime_options(parser: argparse.ArgumentParser, defaults: RunConfig) ->
                         "handled as a death (default 30; 0: off)")
     g.add_argument("--log", default=",".join(defaults.log), metavar="KINDS",
                    help="where the figures over time go, comma-separated: csv (OUT/scalars.csv), tensorboard, "
-                        "wandb (offline), mlflow (a file store in OUT), or none (default csv; docs/logging.md)")
+                        "wandb (offline), mlflow (a file store in OUT), or none (default csv; docs/guides/logging.md)")
     c = parser.add_argument_group("checkpoints")
     c.add_argument("--checkpoint-dir", default=None,
                    help="write each worker's model, optimizer, data position, RNG and protocol state here")

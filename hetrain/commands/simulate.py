@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "processes than cores it is larger: benchmarks/sim_bench.py network measures it")
     s.add_argument("--gg-service-us", type=float, default=DEFAULT_GG_SERVICE_US,
                    help=f"a Group Generator's time per request in microseconds (default {DEFAULT_GG_SERVICE_US:g}; "
-                        "measured: benchmarks/gg_service_bench.py, docs/simulator.md)")
+                        "measured: benchmarks/gg_service_bench.py, docs/guides/simulator.md)")
     s.add_argument("--math", default="none",
                    help=f"{' or '.join(MATH_MODES)}: digits trains a real MLP per simulated worker "
                         "(default none: timing only)")

@@ -7,7 +7,7 @@ the worker waits for the thread (usually done by then) and applies the
 average as a correction, ``x <- x + (average - snapshot)``: the result is the
 group's average plus the worker's own step k+1, taken from the model before
 averaging. This is one-step-delayed averaging (as AD-PSGD overlaps its
-averaging with computing); docs/prague.md measures what it does to accuracy.
+averaging with computing); docs/concepts/prague.md measures what it does to accuracy.
 
 Groups still run one after another in the order the Group Generator gave (one
 thread, and a sync waits for the previous step's groups before it starts the

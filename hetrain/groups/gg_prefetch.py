@@ -1,7 +1,7 @@
 """Ask the Group Generator for the next iteration's groups shortly before the compute ends.
 
 A Prague worker asks the GG for its groups after every local step and waits
-for the answer: a round trip to the GG service (measured in docs/prague.md)
+for the answer: a round trip to the GG service (measured in docs/concepts/prague.md)
 during which it neither computes nor averages. :class:`GroupPrefetch` sends that request from a
 helper thread at ``expected end of compute - lead``, so the answer is usually
 there when the step ends. The GG sees the same request, only ``lead`` earlier,

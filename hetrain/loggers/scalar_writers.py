@@ -19,7 +19,7 @@ runs share, by default ``run_dir``):
 - ``mlflow``: the file store ``shared_dir/mlruns``, experiment ``hetrain``, one run per ``run_name``
   (unless the user set ``MLFLOW_TRACKING_URI``).
 
-The tags hetrain writes are listed in docs/logging.md.
+The tags hetrain writes are listed in docs/guides/logging.md.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ the way from a zoo name to a plan imports torch at all. torch is imported to
 trace a module (:mod:`hetrain.planner.trace`), and in the worker processes of
 the executable checks (:mod:`hetrain.planner.verify`, :mod:`hetrain.planner.execute`,
 :mod:`hetrain.planner.profile`). Entry points: :func:`plan_model`; :func:`train_with_plan` (local processes, emulated devices) and
-:func:`parallelize` (your model under torchrun) train with a plan; see docs/planner.md.
+:func:`parallelize` (your model under torchrun) train with a plan; see docs/guides/planner.md.
 """
 
 from hetrain.planner.api import PlanResult, plan_model

@@ -6,7 +6,7 @@ list in halves recursively (left half = the first ``ceil(n/2)`` devices).
 
 Figures are per chip, dense 16-bit peak (no sparsity); ``link_bytes_per_s`` is
 one direction of the chip's accelerator interconnect (ICI or NVLink). They are
-public, rounded, and only as good as peak figures are: see docs/planner.md.
+public, rounded, and only as good as peak figures are: see docs/guides/planner.md.
 
 A device file (``.yaml``, ``.yml`` or ``.json``) looks like::
 
@@ -74,7 +74,7 @@ def load_device_file(path: str | Path) -> tuple[dict[str, Device], str | None]:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise UsageError(f"device file {path}: not valid {path.suffix[1:].upper()} ({first})") from None
     if not isinstance(data, dict) or not isinstance(data.get("devices", {}), dict):
-        raise UsageError(f"device file {path}: expected a mapping with a 'devices' mapping; see docs/planner.md")
+        raise UsageError(f"device file {path}: expected a mapping with a 'devices' mapping; see docs/guides/planner.md")
     kinds = {}
     for kind, spec in (data.get("devices") or {}).items():
         name = str(kind).strip().lower()  # array specs are read in lower case: so are the kinds

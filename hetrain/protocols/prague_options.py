@@ -23,7 +23,7 @@ class PragueOptions(ProtocolOptions):
 
     gg: str = option("smart", type=str, choices=GG_MODES,
                      help="prague: Group Generator mode (default smart: heterogeneity-aware)")
-    group_size: int = option(2, help="prague: P-Reduce group size s (default 2, see docs/prague.md)")
+    group_size: int = option(2, help="prague: P-Reduce group size s (default 2, see docs/concepts/prague.md)")
     communicator_cache: int = option(60, help="prague/adpsgd: communicators kept per worker (default 60)")
     comm_memory_mb: int = comm_memory_option()
     workers_per_node: int | None = option(help="prague: node size for the node-aware static schedule")
@@ -31,12 +31,12 @@ class PragueOptions(ProtocolOptions):
                                    help="prague: ask the Group Generator this many ms before the compute is "
                                         "expected to end, hiding the round trip (default 5; 0: ask after it)")
     gg_shards: int = option(1, help="prague: Group Generators, each over a shard of the workers redrawn every "
-                                    "--gg-epoch-s (default 1: one for the job; docs/prague.md)")
+                                    "--gg-epoch-s (default 1: one for the job; docs/concepts/prague.md)")
     gg_epoch_s: float = option(1.0, type=float, help="prague: seconds between redraws of the shards (default 1)")
     preduce_overlap: int = option(1, choices=(0, 1),
                                   help="prague: 1 runs each step's P-Reduces while the next step computes, "
                                        "applying the average one step late (default 1; 0: block on them; "
-                                       "docs/prague.md)")
+                                       "docs/concepts/prague.md)")
 
     def validate(self, num_workers: int) -> PragueOptions:
         validate_gg(num_workers, self.group_size, self.gg, self.communicator_cache, self.workers_per_node)

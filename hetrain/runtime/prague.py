@@ -9,7 +9,7 @@
 :class:`~hetrain.protocols.ledger.GroupScheduler` (served beside rank 0 by
 :mod:`hetrain.groups.gg_service`, or computed locally for the static
 schedule) for groups and runs them with :class:`~hetrain.groups.preduce.PReduce`.
-Reasons behind the design are in ``docs/prague.md``.
+Reasons behind the design are in ``docs/concepts/prague.md``.
 """
 
 from __future__ import annotations
@@ -303,7 +303,7 @@ class Prague(GroupProtocol):
     keyword (defaults there) or as one ``options=PragueOptions(...)``:
     ``gg``: ``smart`` (heterogeneity-aware, the default), ``random``, ``buffer``,
     ``division`` or ``static``; ``group_size``: members per group (2 by default,
-    docs/prague.md); ``communicator_cache``: communicators kept per worker, at most
+    docs/concepts/prague.md); ``communicator_cache``: communicators kept per worker, at most
     as many as ``comm_memory_mb`` holds (compressed copies, NCCL communicators:
     :mod:`~hetrain.protocols.comm_budget`);
     ``workers_per_node``: node size for the node-aware static schedule;

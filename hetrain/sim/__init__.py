@@ -4,7 +4,7 @@
     from hetrain.sim import simulate
     record = simulate(RunConfig(protocol="hop", num_workers=64, iterations=100, slowdown="every:8:5x"))
 
-See docs/simulator.md for the engine, the network model and the fidelity checks.
+See docs/guides/simulator.md for the engine, the network model and the fidelity checks.
 """
 
 from hetrain.sim.network import NetworkParams

@@ -4,7 +4,7 @@ The sequence number breaks ties in scheduling order, so a run is a pure
 function of its inputs (same seed, same trace). Callbacks rather than
 generator processes keep the per-event cost at one heap pop and one call:
 on this machine the loop pops about 1.8 million bare events per second,
-SimPy about 1.1 million (see docs/simulator.md), and the protocol logic per
+SimPy about 1.1 million (see docs/guides/simulator.md), and the protocol logic per
 event costs more than either.
 """
 

@@ -22,7 +22,7 @@ member to be scheduled: ``benchmarks/sim_bench.py network`` measures it). A P-Re
 runtime does (:mod:`hetrain.protocols.exchange_rule`): for small buffers a direct
 exchange, every member sends ``b`` to each of the ``n - 1`` others, charged
 ``(n - 1) (L + b / B)`` (one latency per peer: posting and receiving each
-message costs CPU time; why, with the measurements, in docs/simulator.md);
+message costs CPU time; why, with the measurements, in docs/guides/simulator.md);
 otherwise a ring all-reduce over its group. A collective starts when every member's links
 are free and holds them until it ends (members cannot send anything else
 meanwhile).
@@ -63,8 +63,8 @@ class NetworkParams:
 
     latency_us: float = DEFAULT_LATENCY_US
     bandwidth_gbps: float = DEFAULT_BANDWIDTH_GBPS
-    new_group_ms: float = 5.0  # creating a communicator (P-Reduce cache miss), from docs/simulator.md
-    gg_service_us: float = DEFAULT_GG_SERVICE_US  # a Group Generator's time per request (docs/simulator.md)
+    new_group_ms: float = 5.0  # creating a communicator (P-Reduce cache miss), from docs/guides/simulator.md
+    gg_service_us: float = DEFAULT_GG_SERVICE_US  # a Group Generator's time per request (docs/guides/simulator.md)
     collective_step_us: float | None = None  # one step of a ring all-reduce; None: latency_us
 
     @property

@@ -1,6 +1,6 @@
 """A communication setting is one field of CommSettings: nothing else is touched, yet it becomes a flag,
 travels in a RunConfig, enters the resume fingerprint and the metrics record, and reaches a protocol shell
-(by ``comm=`` and by keyword) and the simulator as the one object (docs/protocol-anatomy.md, issue 39).
+(by ``comm=`` and by keyword) and the simulator as the one object (docs/concepts/protocol-anatomy.md, issue 39).
 
 The toy setting below is declared the way a real one is (a field with ``comm_option``); the test swaps the
 class in where the code looks it up (``hetrain.comm.settings``), as a new field would be found there.

@@ -126,7 +126,7 @@ def test_log_to_writes_the_protocols_own_figures_every_n_steps(processes, tmp_pa
             assert all(0 <= v <= 1 for t, _, v in points if t.endswith("wait_fraction"))
 
 
-# what a local Hop run writes (docs/logging.md); Hop keeps queues, so their tags are there too
+# what a local Hop run writes (docs/guides/logging.md); Hop keeps queues, so their tags are there too
 LIVE_TAGS = {"throughput/samples_per_s", "workers/live", "workers/iteration_spread", "comm/bytes_sent"}
 WORKER_TAGS = {"wait_fraction", "exchanges", "bytes_sent", "queue_length", "updates_stale", "max_iteration_gap"}
 RECORD_TAGS = {"eval/accuracy", "eval/loss", "train/loss", "efficiency/heterogeneity"}

@@ -1129,6 +1129,24 @@ def standalone_ignores_achieved() -> None:
     capacity.standalone_iteration_s = train_worker.standalone_iteration_s = target_only
 
 
+def cli_reference_without_last_flag() -> None:
+    """The site's command-line reference leaves out each command's last flag (a page drifted from the parser)."""
+    from hetrain import cli_markdown
+
+    full = cli_markdown.flag_rows
+    cli_markdown.flag_rows = lambda parser: full(parser)[:-1]
+
+
+def compare_writes_no_plot() -> None:
+    """``hetrain compare`` leaves an empty ``over_time.png`` where the README promises a plot (figures are
+    saved as zero bytes: matplotlib is patched, not hetrain.comparison, whose imports reach back here)."""
+    from pathlib import Path
+
+    from matplotlib.figure import Figure
+
+    Figure.savefig = lambda self, fname, *args, **kwargs: Path(fname).write_bytes(b"")
+
+
 MUTANTS = {"no-comm": no_comm,
            "hop-update-to-first-out-neighbour-only": hop_update_to_first_out_neighbour_only,
            "hop-graph-not-repaired": hop_graph_not_repaired, "keyframes-always": keyframes_always, "arrivals-not-progress": arrivals_not_progress,
@@ -1170,3 +1188,5 @@ MUTANTS = {"no-comm": no_comm,
            "plan-bias-on-every-rank": plan_bias_on_every_rank, "plan-flat-reductions": plan_flat_reductions,
            "plan-update-unlike-the-whole-model": plan_update_unlike_the_whole_model,
            "plan-replicas-disagree": plan_replicas_disagree, "plan-verdict-ignores-replicas": plan_verdict_ignores_replicas}
+           "cli-reference-without-last-flag": cli_reference_without_last_flag,
+           "compare-writes-no-plot": compare_writes_no_plot}

@@ -68,7 +68,7 @@ def test_unequal_halves_are_balanced_to_the_root():
 
 
 def test_the_ratio_searches_spend_few_trials_on_a_large_heterogeneous_array():
-    """Each trial plans both 512-device halves (19 DPs); the counts are the speed (docs/planner.md)."""
+    """Each trial plans both 512-device halves (19 DPs); the counts are the speed (docs/guides/planner.md)."""
     from hetrain.planner.baselines import compare
     from hetrain.planner.models import load
 

@@ -7,7 +7,7 @@ Where every split is an equal one, ratios, seconds, bytes and memory are the sam
 floats (``==``; memory as it was counted then: weights, gradients and kept
 inputs, i.e. SGD). Where halves are unequal, the balanced ratio is found by a
 different search since then (Newton steps on the re-costed plan instead of
-regula falsi, docs/planner.md "Speed"); both stop within 1e-4 of the root, so ratios
+regula falsi, docs/guides/planner.md "Speed"); both stop within 1e-4 of the root, so ratios
 agree to 1e-4, a level's seconds and bytes to 1e-3 relative (a half's sizes
 scale with its ratio, and a ratio of 0.04 off by 7e-6 is 2e-4 off), the step
 time, total bytes and memory to 1e-4. A step's compute/communication

@@ -1,4 +1,4 @@
-"""A toy protocol added through the registry alone, as docs/protocol-anatomy.md says a protocol is put together.
+"""A toy protocol added through the registry alone, as docs/concepts/protocol-anatomy.md says a protocol is put together.
 
 One options class (its setting and its rule), one runtime shell, one simulated
 shell and one registry entry; nothing else in hetrain is touched, yet its option

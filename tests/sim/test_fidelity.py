@@ -2,7 +2,7 @@
 
 A real run's rate depends on the machine's load (a wall-clock measurement, not a
 behaviour), so this is a slow check, kept out of the default suite:
-`scripts/test -m slow tests/sim`. docs/simulator.md records the full 4- and
+`scripts/test -m slow tests/sim`. docs/guides/simulator.md records the full 4- and
 8-worker comparison (benchmarks/sim_bench.py fidelity).
 """
 
