@@ -1187,6 +1187,6 @@ MUTANTS = {"no-comm": no_comm,
            "no-shared-start": no_shared_start, "plan-shards-frozen": plan_shards_frozen,
            "plan-bias-on-every-rank": plan_bias_on_every_rank, "plan-flat-reductions": plan_flat_reductions,
            "plan-update-unlike-the-whole-model": plan_update_unlike_the_whole_model,
-           "plan-replicas-disagree": plan_replicas_disagree, "plan-verdict-ignores-replicas": plan_verdict_ignores_replicas}
+           "plan-replicas-disagree": plan_replicas_disagree, "plan-verdict-ignores-replicas": plan_verdict_ignores_replicas,
            "cli-reference-without-last-flag": cli_reference_without_last_flag,
            "compare-writes-no-plot": compare_writes_no_plot}
