@@ -119,7 +119,35 @@ def rewrite(text: str, rel: str, mapping: Mapping) -> tuple[str, list[str]]:
     return CITATION.sub(replace, text), unplaced
 
 
-def files(paths: list[str]):
+# A citation of a record or a result by its file.
+CITED = re.compile(r"docs/(?P<kind>decisions|results)/(?P<name>[\w.-]+?)\.md")
+
+
+def cited(paths: tuple[str, ...] | list[str] = DEFAULT_PATHS) -> list[tuple[str, str]]:
+    """(file, cited path) for every citation of a record or a result in the given files or folders."""
+    found = []
+    for file, rel in files(paths):
+        try:
+            text = file.read_text()
+        except UnicodeDecodeError:
+            continue
+        found += [(rel, match.group(0)) for match in CITED.finditer(text)]
+    return found
+
+
+def old_citations(paths: tuple[str, ...] | list[str] = DEFAULT_PATHS) -> list[str]:
+    """"file:line: text" for every citation of the old pages left in the given files or folders."""
+    left = []
+    for file, rel in files(paths):
+        try:
+            text = file.read_text()
+        except UnicodeDecodeError:
+            continue
+        left += [f"{rel}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)}" for m in CITATION.finditer(text)]
+    return left
+
+
+def files(paths: tuple[str, ...] | list[str]):
     for name in paths:
         path = (ROOT / name)
         found = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file()) if path.exists() else []

@@ -928,6 +928,73 @@ def comparison_goes_on_after_a_stop() -> None:
     interrupts.stop_received = lambda: None
 
 
+
+def citations_left_as_they_were() -> None:
+    """scripts/cite_records.py rewrites no citation of the split docs pages (the text stays as it was)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    if "cite_records" not in sys.modules:
+        path = Path(__file__).resolve().parents[2] / "scripts" / "cite_records.py"
+        spec = importlib.util.spec_from_file_location("cite_records", path)
+        sys.modules["cite_records"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["cite_records"])
+    sys.modules["cite_records"].rewrite = lambda text, rel, mapping: (text, [])
+
+
+def part_titles_dropped() -> None:
+    """scripts/cite_records.py drops the title of a cited part of a record (the reader loses the part)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    if "cite_records" not in sys.modules:
+        path = Path(__file__).resolve().parents[2] / "scripts" / "cite_records.py"
+        spec = importlib.util.spec_from_file_location("cite_records", path)
+        sys.modules["cite_records"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["cite_records"])
+    module = sys.modules["cite_records"]
+    place = module.place
+
+    def place_without_titles(*args):
+        placed = place(*args)
+        return None if placed is None else (placed[0], False)
+
+    module.place = place_without_titles
+
+
+def unplaced_citations_unreported() -> None:
+    """scripts/cite_records.py leaves a citation it cannot place without a word."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    if "cite_records" not in sys.modules:
+        path = Path(__file__).resolve().parents[2] / "scripts" / "cite_records.py"
+        spec = importlib.util.spec_from_file_location("cite_records", path)
+        sys.modules["cite_records"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["cite_records"])
+    module = sys.modules["cite_records"]
+    rewrite = module.rewrite
+    module.rewrite = lambda text, rel, mapping: (rewrite(text, rel, mapping)[0], [])
+
+
+def record_citations_unseen() -> None:
+    """scripts/cite_records.py finds no citation of a record or a result (so none can be missing)."""
+    import importlib.util
+    import re
+    import sys
+    from pathlib import Path
+
+    if "cite_records" not in sys.modules:
+        path = Path(__file__).resolve().parents[2] / "scripts" / "cite_records.py"
+        spec = importlib.util.spec_from_file_location("cite_records", path)
+        sys.modules["cite_records"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["cite_records"])
+    sys.modules["cite_records"].CITED = re.compile(r"(?!)")
+
+
 MUTANTS = {"no-comm": no_comm, "arrivals-not-progress": arrivals_not_progress,
            "arrivals-progress-forever": arrivals_progress_forever,
            "anchors-in-the-model-s-code": anchors_in_the_model_s_code, "orphaned-job-dirs-kept": orphaned_job_dirs_kept,
@@ -958,4 +1025,7 @@ MUTANTS = {"no-comm": no_comm, "arrivals-not-progress": arrivals_not_progress,
            "stale-replicas-across-edges": stale_replicas_across_edges, "free-gg-requests": free_gg_requests,
            "ingress-in-arrival-order": ingress_in_arrival_order,
            "no-shared-start": no_shared_start, "plan-shards-frozen": plan_shards_frozen,
-           "plan-bias-on-every-rank": plan_bias_on_every_rank, "plan-flat-reductions": plan_flat_reductions}
+           "plan-bias-on-every-rank": plan_bias_on_every_rank, "plan-flat-reductions": plan_flat_reductions,
+           "citations-left-as-they-were": citations_left_as_they_were, "part-titles-dropped": part_titles_dropped,
+           "unplaced-citations-unreported": unplaced_citations_unreported,
+           "record-citations-unseen": record_citations_unseen}
