@@ -75,10 +75,10 @@ def place(mapping: Mapping, rel: str, text: str, match: re.Match) -> tuple[str, 
     """The text that replaces one citation, and whether the quoted title is kept; None if unplaced."""
     kind = PAGE_KIND[match["page"].split("/")[-1]]
     window = text[max(0, match.start() - 300):match.end() + 300]
-    for site in mapping.sites:
-        if site["path"] == rel and site["near"] in window and site.get("kind", kind) == kind:
-            if "title" in site and (not match["title"] or normalize(match["title"]) != normalize(site["title"])):
-                continue
+    title = normalize(match["title"]) if match["title"] else None
+    for site in mapping.sites:  # a site names its citation's title, if it has one
+        if (site["path"] == rel and site["near"] in window and site.get("kind", kind) == kind
+                and normalize(site.get("title", "")) == (title or "")):
             return record_path(kind, site["record"]), bool(site.get("keep_title"))
     if match["title"]:
         title = normalize(match["title"])
@@ -112,8 +112,8 @@ def rewrite(text: str, rel: str, mapping: Mapping) -> tuple[str, list[str]]:
         new = f"{tick}{target}{tick}"
         if match["titled"] and keep_title:
             new += match["titled"]
-        elif match["titled"] and not match["titled"].startswith(","):
-            new += " "  # `page "Title"`: keep the word apart from what follows
+        elif match["titled"] and not match["titled"].startswith(",") and text[match.end():match.end() + 1].isalnum():
+            new += " "  # `page "Title" and`: keep the file apart from the word that follows
         return new
 
     return CITATION.sub(replace, text), unplaced
