@@ -57,7 +57,7 @@ def _run_under_mutant(tmp_path: Path, mutant: str | None) -> dict[str, str | Non
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-def test_every_protocol_test_fails_when_workers_never_communicate(tmp_path):
+def test_every_protocol_test_fails_when_workers_never_communicate(tmp_path, processes):
     mutated = _run_under_mutant(tmp_path, "no-comm")
     assert len(mutated) >= 39, sorted(mutated)  # 6 of test_protocols_mp (with parameters), 12 group, 5 respawn,
     # 1 Lightning, 2 of the final model, 13 of the thread tier
@@ -237,7 +237,7 @@ def _run_tests_under(tmp_path: Path, mutant: str, tests: list[str]) -> dict[str,
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("mutant", sorted(COMM_MUTANTS))
-def test_every_communication_feature_is_missed_by_some_test_when_removed(tmp_path, mutant):
+def test_every_communication_feature_is_missed_by_some_test_when_removed(tmp_path, mutant, processes):
     """Each mutant makes every test named for it fail on an assertion (and the same tests pass unmutated:
     the default suite runs them)."""
     outcomes = _run_tests_under(tmp_path, mutant, COMM_MUTANTS[mutant])
