@@ -6,7 +6,7 @@ the forward pass is what makes this work for DDP, whose backward pass holds
 the all-reduce). The phase also holds work that is neither sleep nor math:
 the sleep's own overshoot, taking the batch, zeroing gradients, the optimizer
 step. Unaccounted, that overhead made every worker slower than its standalone
-speed, for every protocol alike (figures: docs/decisions/emulated-compute.md). :class:`ComputeEmulator` measures it each iteration and
+speed, for every protocol alike (figures: docs/decisions.md, "Measuring"). :class:`ComputeEmulator` measures it each iteration and
 shortens the next sleep by its running mean, so the phase lasts T*f on average.
 The forward/backward time counts as its calibrated median, never as measured,
 so a protocol's wait inside backward (DDP) is never hidden by a shorter sleep.
