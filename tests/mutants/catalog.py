@@ -1147,6 +1147,73 @@ def compare_writes_no_plot() -> None:
     Figure.savefig = lambda self, fname, *args, **kwargs: Path(fname).write_bytes(b"")
 
 
+
+def citations_left_as_they_were() -> None:
+    """scripts/cite_records.py rewrites no citation of the split docs pages (the text stays as it was)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    if "cite_records" not in sys.modules:
+        path = Path(__file__).resolve().parents[2] / "scripts" / "cite_records.py"
+        spec = importlib.util.spec_from_file_location("cite_records", path)
+        sys.modules["cite_records"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["cite_records"])
+    sys.modules["cite_records"].rewrite = lambda text, rel, mapping: (text, [])
+
+
+def part_titles_dropped() -> None:
+    """scripts/cite_records.py drops the title of a cited part of a record (the reader loses the part)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    if "cite_records" not in sys.modules:
+        path = Path(__file__).resolve().parents[2] / "scripts" / "cite_records.py"
+        spec = importlib.util.spec_from_file_location("cite_records", path)
+        sys.modules["cite_records"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["cite_records"])
+    module = sys.modules["cite_records"]
+    place = module.place
+
+    def place_without_titles(*args):
+        placed = place(*args)
+        return None if placed is None else (placed[0], False)
+
+    module.place = place_without_titles
+
+
+def unplaced_citations_unreported() -> None:
+    """scripts/cite_records.py leaves a citation it cannot place without a word."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    if "cite_records" not in sys.modules:
+        path = Path(__file__).resolve().parents[2] / "scripts" / "cite_records.py"
+        spec = importlib.util.spec_from_file_location("cite_records", path)
+        sys.modules["cite_records"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["cite_records"])
+    module = sys.modules["cite_records"]
+    rewrite = module.rewrite
+    module.rewrite = lambda text, rel, mapping: (rewrite(text, rel, mapping)[0], [])
+
+
+def record_citations_unseen() -> None:
+    """scripts/cite_records.py finds no citation of a record or a result (so none can be missing)."""
+    import importlib.util
+    import re
+    import sys
+    from pathlib import Path
+
+    if "cite_records" not in sys.modules:
+        path = Path(__file__).resolve().parents[2] / "scripts" / "cite_records.py"
+        spec = importlib.util.spec_from_file_location("cite_records", path)
+        sys.modules["cite_records"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["cite_records"])
+    sys.modules["cite_records"].CITED = re.compile(r"(?!)")
+
+
 MUTANTS = {"no-comm": no_comm,
            "hop-update-to-first-out-neighbour-only": hop_update_to_first_out_neighbour_only,
            "hop-graph-not-repaired": hop_graph_not_repaired, "keyframes-always": keyframes_always, "arrivals-not-progress": arrivals_not_progress,
@@ -1189,4 +1256,7 @@ MUTANTS = {"no-comm": no_comm,
            "plan-update-unlike-the-whole-model": plan_update_unlike_the_whole_model,
            "plan-replicas-disagree": plan_replicas_disagree, "plan-verdict-ignores-replicas": plan_verdict_ignores_replicas,
            "cli-reference-without-last-flag": cli_reference_without_last_flag,
-           "compare-writes-no-plot": compare_writes_no_plot}
+           "compare-writes-no-plot": compare_writes_no_plot,
+           "citations-left-as-they-were": citations_left_as_they_were, "part-titles-dropped": part_titles_dropped,
+           "unplaced-citations-unreported": unplaced_citations_unreported,
+           "record-citations-unseen": record_citations_unseen}

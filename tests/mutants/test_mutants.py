@@ -75,6 +75,7 @@ PT = "tests/planner/test_plan_train.py"  # training with a plan (issue 42)
 PTC = "tests/planner/test_plan_train_check.py"  # its checks of training (issue 68)
 RS = "tests/jobs/test_resume_state.py"
 FT = "tests/runtime/test_fake_transport.py"  # each protocol shell's wiring on the fake transport
+DR = "tests/test_docs_records.py"
 COMM_MUTANTS = {
     "hop-update-to-first-out-neighbour-only": [
         f"{FT}::test_hop_sends_each_iteration_s_model_to_every_out_neighbour_and_a_token_back_to_every_in_neighbour"],
@@ -247,6 +248,12 @@ COMM_MUTANTS = {
         "test_replacements_are_admitted_one_at_a_time_each_once_the_one_before_holds_a_model"],
     "first-sends-unwatched": [
         "tests/transport/test_first_send.py::test_a_first_send_to_a_process_that_never_connects_ends_when_it_is_named_dead"],
+    # the docs' records and results cited by file (scripts/cite_records.py)
+    "citations-left-as-they-were": [f"{DR}::test_a_citation_by_title_over_a_line_break_names_the_record_file",
+                                    f"{DR}::test_a_citation_of_a_part_of_a_record_keeps_the_part_s_title"],
+    "part-titles-dropped": [f"{DR}::test_a_citation_of_a_part_of_a_record_keeps_the_part_s_title"],
+    "unplaced-citations-unreported": [f"{DR}::test_a_citation_it_cannot_place_is_reported_and_left_as_it_was"],
+    "record-citations-unseen": [f"{DR}::test_every_cited_record_and_result_exists"],
     "decoders-scaled": ["tests/compression/test_codecs.py::test_topk_keeps_exactly_the_largest_values_and_nothing_else",
                         "tests/compression/test_codecs.py::test_powersgd_reconstructs_a_low_rank_model_and_sends_vectors_whole",
                         "tests/compression/test_codecs.py::test_quantizers_decode_to_the_values_not_a_scaled_copy"],
