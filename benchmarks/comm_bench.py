@@ -207,7 +207,7 @@ def _digits_plain(runs: dict, protocol: str) -> dict | None:
 def outer_rounds(rows: list[dict]) -> list[str]:
     """``outer`` over several rounds: for each protocol and each model (averaged, worst worker), the
     median time to 95% with nesterov and with none, and in how many rounds nesterov was no later.
-    One pair is one draw: runs of one setting spread by seconds (docs/benchmarks.md)."""
+    One pair is one draw: runs of one setting spread by seconds (docs/results/2026-12-06-outer-five-rounds.md)."""
     times: dict = {}
     for r in rows:
         protocol, _, arm = r["name"].rpartition("-")

@@ -45,7 +45,7 @@ Left out of every row alike: this process's own imports and the warm server's
 one-time start (``hetrain.jobs.warm_start``), which an untimed 2-worker warm-up
 job pays before the first row, so that the row run first (failure-free
 allreduce) does not pay it alone. A fresh ``hetrain train`` command pays them
-once more per job (its launcher's 1.9 s, ``docs/benchmarks.md``, "Start-up").
+once more per job (its launcher's 1.9 s, ``docs/results/2026-12-02-start-up.md``, "Start-up").
 The restarted allreduce's attempts start warm workers from the same server; a
 torchrun restart starts fresh interpreters and costs more.
 

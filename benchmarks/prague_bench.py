@@ -13,7 +13,7 @@ the averaged model hovers at 0.94-0.95 for seconds before it stays above), so
 (b) runs every configuration ``--repeats`` times, interleaved, and reports the
 median with the range. Runs one job at a time through ``run_training`` and
 prints a markdown table (also written to OUT/prague_bench.md);
-docs/benchmarks-prague.md records the figures.
+docs/results/index.md records the figures.
 """
 
 from __future__ import annotations

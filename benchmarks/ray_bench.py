@@ -1,6 +1,6 @@
 """Ray benchmark: a job on Ray actors against the local launcher, and under node churn against no churn.
 
-    .venv/bin/python benchmarks/ray_bench.py --out runs/ray                       # both, as docs/benchmarks.md
+    .venv/bin/python benchmarks/ray_bench.py --out runs/ray                       # both, as docs/results/2026-12-04-ray-node-churn.md
     .venv/bin/python benchmarks/ray_bench.py --out runs/ray --mode churn --seconds 300 --period 60 --back-after 30
 
 Every cluster is Ray's own multi-node harness (``ray.cluster_utils.Cluster``) on this machine, every node
@@ -34,7 +34,7 @@ bundles of a lost node are placed again at once on the survivors (Ray's reschedu
 replacements start there, not when a node comes back.
 
 A torchrun comparison (``--max-restarts --resume`` on the same losses) is not part of this script
-(docs/benchmarks.md, "Ray", says why).
+(docs/results/2026-12-04-torchrun-churn.md, says why).
 """
 
 from __future__ import annotations

@@ -91,7 +91,7 @@ def console_main() -> None:
     """The ``hetrain`` command: :func:`main`, then leave without tearing the interpreter down.
 
     Everything is written and flushed by then; what is left is finalizing torch's modules, which
-    takes 0.45-0.7 s here (docs/decisions.md, "Warm workers"). The exit
+    takes 0.45-0.7 s here (docs/decisions/warm-workers.md). The exit
     handlers still run (multiprocessing's finalizers release the job's semaphores).
     """
     code = main()

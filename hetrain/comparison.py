@@ -4,7 +4,7 @@ The plot, ``over_time.png``, has panels side by side, one line per protocol, aga
 wall time: the averaged model's test accuracy and its test loss (for ``lm``: its
 validation loss, one panel), and the job's throughput (samples/s per 5 s window).
 The loss panel shows what accuracy hides on a long run: a model whose loss climbs
-while its accuracy holds is drifting (docs/decisions.md, "Hop uses late updates");
+while its accuracy holds is drifting (docs/decisions/hop-uses-late-updates.md);
 the table says the same in two columns, the averaged model's loss at a quarter of
 the run and its loss at the end over that one (above 1: worse the longer it trains).
 A Ctrl-C or SIGTERM during one protocol ends the comparison after that protocol's record; one in a

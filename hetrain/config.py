@@ -209,7 +209,7 @@ class RunConfig:
         return self.backend or ("nccl" if self.device == "cuda" else "gloo")
 
     def _check_nccl(self, spec) -> None:
-        """What NCCL cannot do is refused here, naming the way out (docs/decisions.md, "The GPU path")."""
+        """What NCCL cannot do is refused here, naming the way out (docs/decisions/gpu-path.md)."""
         if self.on_failure in ("continue", "respawn"):
             raise OptionError(f"{{on_failure}} {self.on_failure} cannot work on NCCL: its watchdog tears down "
                               "a process whose peer died; use {on_failure} abort (with checkpoints to restart "

@@ -8,7 +8,7 @@
 
 Each worker trains on its own shard of the training set with its own seed, or (``split="whole"``)
 on the whole set with its own seed: with a worker that is always slow, its shard is sampled a
-fraction as often as the others' and the job under-fits it (docs/decisions.md, "The straggler's
+fraction as often as the others' and the job under-fits it (docs/decisions/hop-uses-late-updates.md, "The straggler's
 shard"); drawing from the whole set leaves no part of the data behind.
 One loss for all (cross-entropy over the last dimension of the logits) and one
 evaluation, :func:`evaluate`: (accuracy, loss) on the test/validation set.

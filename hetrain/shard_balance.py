@@ -2,7 +2,7 @@
 
 Each worker owns a shard (its ``rank::world`` slice). A worker that is always
 slow samples its own shard at its own slow rate, so its data is under-trained
-and the job's model drifts toward the fast workers' shards (docs/decisions.md,
+and the job's model drifts toward the fast workers' shards (docs/decisions/hop-uses-late-updates.md,
 "The straggler's shard"). Here a shard is *in deficit* when its owner's rate
 (batches per second) is below the fair rate R / n (R: all workers' rates
 together); every worker above the fair rate gives part of its batches to the

@@ -47,7 +47,7 @@ SLOWMO_OUTER_MOMENTUM = 0.5
 def outer_defaults(inner: str | None) -> tuple[float, float]:
     """The outer (lr, momentum) of a run that names neither: SlowMo's with SGD inside (``inner`` "sgd"), else
     DiLoCo's (Adam-family inside, or none known). With SGD inside, DiLoCo's momentum 0.9 multiplied each outer
-    step by about 7 and ended at 3-5x plain averaging's loss on the digits MLP (docs/decisions.md, "The outer
+    step by about 7 and ended at 3-5x plain averaging's loss on the digits MLP (docs/decisions/outer-step-off-the-complete-graph.md, "The outer
     defaults follow the optimizer inside")."""
     if inner is not None and inner.lower() == "sgd":
         return SLOWMO_OUTER_LR, SLOWMO_OUTER_MOMENTUM

@@ -27,7 +27,7 @@ from hetrain.registry import PROTOCOL_NAMES
 
 HELP = "run several protocols side by side with identical settings (the main job)"
 DEFAULT_PROTOCOLS = "allreduce,dpsgd,hop,prague"
-# 120 s per protocol: a shorter run hid a leak once (docs/benchmarks.md, "Soak"); headline
+# 120 s per protocol: a shorter run hid a leak once (docs/results/2026-12-01-soak.md); headline
 # figures come from runs of at least two minutes. `--time-budget 20` gives a quick look.
 COMPARE_DEFAULTS = RunConfig(num_workers=8, slowdown="0:5x", compute_ms=50.0, time_budget_s=120.0)
 

@@ -100,7 +100,7 @@ class CompressionSpec:
 
     def default_gossip_step(self, numel: int, shapes: list[tuple] | None = None) -> float:
         """CHOCO's consensus step for these messages: 1 for the quantizers (none, bf16, int8, int4), the fraction
-        of the bytes sent for topk and powersgd (a larger step diverged: docs/decisions.md, "Compression")."""
+        of the bytes sent for topk and powersgd (a larger step diverged: docs/decisions/communication.md, "Compression")."""
         if self.kind in ("topk", "powersgd"):
             return min(1.0, 1.0 / self.ratio(numel, shapes))
         return 1.0

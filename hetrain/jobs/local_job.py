@@ -33,8 +33,7 @@ temporary directory (no ports to pick). The launcher watches the workers:
   replacement process starts for the same rank, one *incarnation* later. It
   builds its protocol, which announces ``{"joined": incarnation}``; only then
   does the launcher mark the rank alive again (``ctx.membership``), so the
-  survivors connect to it and hand it the model (docs/decisions.md,
-  "Respawn"). No replacement starts once a worker has finished or Ctrl-C
+  survivors connect to it and hand it the model (docs/decisions/respawn.md). No replacement starts once a worker has finished or Ctrl-C
   was pressed: the job is ending.
 """
 
@@ -353,7 +352,7 @@ class LocalJob:
         agreed set of members); replacements still joining are stopped, and so are those admitted that
         hold no model yet: their neighbours, finishing, may never send them one (a neighbour that
         looked before the admission finishes without it), and the final average would wait for them
-        (docs/decisions.md, "A replacement admitted as the job ends")."""
+        (docs/decisions/replacement-admitted-as-the-job-ends.md)."""
         if self.channels.closing.is_set():
             return
         self.channels.closing.set()
@@ -381,11 +380,9 @@ class LocalJob:
         self._admit(rank, incarnation)
 
     def _may_admit(self) -> bool:
-        """Whether a ready replacement may join now: one at a time (docs/decisions.md, "Replacements
-        admitted one at a time"), and only once the start gate is open, i.e. every original is ready (its
+        """Whether a ready replacement may join now: one at a time (docs/decisions/replacements-admitted-one-at-a-time.md), and only once the start gate is open, i.e. every original is ready (its
         protocol built: at the start barrier or its first step) or dead. An original still in its handshake
-        would wait for the replacement's, which a replacement never sends (docs/decisions.md, "A
-        replacement admitted during start-up")."""
+        would wait for the replacement's, which a replacement never sends (docs/decisions/replacement-admitted-during-start-up.md)."""
         return not self.replacements.admitting() and start_gate.admits_replacements(self.channels.go)
 
     def _admit(self, rank: int, incarnation: int) -> None:

@@ -8,7 +8,7 @@ when its own parent dies (``prctl(PR_SET_PDEATHSIG)``), and a thread also
 watches the launcher's pid (in case the server outlives it, and on systems
 without ``prctl``). multiprocessing's ``daemon=True`` only reaps children on
 a normal interpreter exit, so without this a killed ``hetrain train`` left its
-workers blocked for good (docs/decisions.md, "Processes").
+workers blocked for good (docs/decisions/no-orphans.md).
 """
 
 from __future__ import annotations

@@ -227,8 +227,7 @@ def _restore(state: dict, model, optimizer, sampler, protocol) -> None:
 def _first_live_rank(ctx) -> int:
     """The lowest rank not known dead: the one worker that evaluates the final model. Every worker holds
     that model after ``finish()`` (``model_fingerprint`` shows it), and at 25M parameters an evaluation on
-    4 workers sharing 2 cores took 8 s of each worker's end (docs/decisions.md, "One evaluation of the
-    final model")."""
+    4 workers sharing 2 cores took 8 s of each worker's end (docs/decisions/one-evaluation-of-the-final-model.md)."""
     dead = ctx.dead_workers() if ctx.dead_workers is not None else set()
     return min(set(range(ctx.world_size)) - set(dead), default=ctx.rank)
 

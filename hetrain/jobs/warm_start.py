@@ -8,8 +8,7 @@ imports torch, torch.distributed, torch._dynamo (which torch's optimizers
 import on first use), the runtime's protocols and the training app once, and
 each worker -- a replacement under ``respawn`` too -- is a fork of it.
 
-Why a forkserver and not a fork of the launcher (docs/decisions.md, "Warm
-workers"): the server is single-threaded and has never made a process group,
+Why a forkserver and not a fork of the launcher (docs/decisions/warm-workers.md): the server is single-threaded and has never made a process group,
 a CUDA context or a gloo connection, so a fork of it is safe with gloo and
 CUDA; the launcher, by then, runs threads (the Group Generator's server, the
 progress bar's monitor, queue feeders) whose locks a fork would copy held.

@@ -200,7 +200,7 @@ def exit_without_teardown(code: int) -> None:
 
     PyTorch 2.13's gloo/DDP objects destroyed during finalization sometimes abort
     the process ("terminate called without an active exception") after all work is
-    done -- reproduced with a plain DDP script under torchrun (docs/decisions.md).
+    done -- reproduced with a plain DDP script under torchrun (docs/decisions/local-job-processes.md).
     """
     sys.stdout.flush()
     sys.stderr.flush()

@@ -4,7 +4,7 @@ A direct exchange sends the buffer to every other member at once: one message
 latency, (s-1) x buffer bytes in and out per member. gloo's ring all-reduce
 takes 2(s-1) latencies in sequence and moves 2(s-1)/s x buffer. Small buffers
 are latency-bound, so they go direct; large ones go round the ring. Where the
-limits below come from, measured: ``docs/benchmarks-prague.md``, "Where the
+limits below come from, measured: ``docs/results/2026-11-30-preduce-direct-exchange.md``, "Where the
 direct exchange pays".
 """
 

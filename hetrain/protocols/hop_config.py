@@ -17,11 +17,11 @@ from hetrain.topology import Topology, make_topology
 TOPOLOGY_HELP = ("dpsgd/hop graph: ring, double_ring, torus, hypercube, exponential, complete, "
                  "or an edge-list file (SRC DST per line); default ring")
 
-# Defaults of the `hop` protocol when the user leaves a setting out (docs/decisions.md):
+# Defaults of the `hop` protocol when the user leaves a setting out (docs/decisions/hop-defaults.md):
 HOP_DEFAULT_STALENESS = 1
 HOP_DEFAULT_MAX_IG = 8  # > a 5x straggler's lead: its neighbours are not throttled within one of its iterations
 HOP_DEFAULT_SKIP_THRESHOLD = 2
-LATE_UPDATES = ("model", "progress")  # docs/decisions.md, "Hop keeps the steps an old update would undo"
+LATE_UPDATES = ("model", "progress")  # docs/decisions/hop-late-updates-progress.md
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ class HopOptions(ProtocolOptions):
     late_updates: str = option("model", type=str, choices=LATE_UPDATES,
                                help="hop: an update older than the iteration is averaged as the model it is "
                                     "(default model, Hop's rule: it pulls the worker back by the steps taken "
-                                    "since) or with those steps put back (progress; docs/decisions.md)")
+                                    "since) or with those steps put back (progress; docs/decisions/hop-late-updates-progress.md)")
 
     def topology_for(self, num_workers: int) -> Topology:
         """The graph over ``num_workers`` (a given Topology as it is)."""

@@ -23,16 +23,14 @@ only the newest such update of j is kept (older ones are dropped and counted).
 Late updates are never waited for, so backup workers keep their speed; but a
 neighbour that is always late (the straggler under backup workers) still has
 its work mixed in. Dropping them instead left the straggler's data out of the
-model, whose test loss then rose the longer it trained (docs/decisions.md,
-"Hop uses late updates"). Tokens bound how late an update can be: max_ig.
+model, whose test loss then rose the longer it trained (docs/decisions/hop-uses-late-updates.md). Tokens bound how late an update can be: max_ig.
 
 An update older than the iteration it is averaged into (stale, or late) is a neighbour's model of
 iteration k' < k: averaged as it is, it pulls this worker back by the steps taken since k' (at equal
 speeds on a ring with backup 1 the average advanced about 3/4 of a step per iteration). So such a
 term can carry ``reference = k'`` (``late_updates="progress"``; the default, "model", is Hop's
 rule) and the driver then adds back ``weight * (P_k - P_k')``, the worker's own steps since k'
-(:mod:`hetrain.protocols.lag_compensation`; docs/decisions.md, "Hop keeps the steps an old update
-would undo"). A term of this iteration, or a newer stand-in, needs nothing.
+(:mod:`hetrain.protocols.lag_compensation`; docs/decisions/hop-late-updates-progress.md). A term of this iteration, or a newer stand-in, needs nothing.
 """
 
 from __future__ import annotations

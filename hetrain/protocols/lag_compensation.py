@@ -5,8 +5,7 @@ late updates). A model of iteration k' lags this worker's by the k - k' steps ta
 it as it is pulls the worker back: with weight w and lag d, w * d of its own steps lost at every such
 average. At equal speeds on a ring with backup 1 (every iteration one fresh and one one-iteration-old
 update, weights 1/3) the models advance 3/4 of a step per iteration; measured, Hop's averaged model
-needed 1.25-1.5x the samples of D-PSGD's to the same accuracy (docs/decisions.md, "Hop keeps the
-steps an old update would undo").
+needed 1.25-1.5x the samples of D-PSGD's to the same accuracy (docs/decisions/hop-late-updates-progress.md).
 
 The rule: the average is Hop's (a convex combination of the models: the mixing is exactly Hop's),
 plus, for each term of iteration k' < k, ``weight * (P_k - P_k')``, where P is the worker's own

@@ -315,7 +315,7 @@ class AllReduce(SyncProtocol):
     def _release(self) -> None:
         # Release DDP's reducer while the process group still exists: with a plain DDP script,
         # deleting the module before destroy_process_group avoided PyTorch 2.13's abort at exit
-        # (docs/decisions.md). References the user still holds can keep it alive regardless.
+        # (docs/decisions/local-job-processes.md). References the user still holds can keep it alive regardless.
         self.ddp = None
         gc.collect()  # DDP sits in reference cycles
 

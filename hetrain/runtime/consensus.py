@@ -94,7 +94,7 @@ def freeze_membership(job: JobView, dead_workers, what: str) -> Membership:
     """Tell the launcher this worker is finishing and wait until it admits no more replacements (and has
     stopped those admitted that hold no model yet); return the membership. Before any wait for the
     others: a replacement admitted as its neighbours finished may never get a model, and would be
-    waited for until the timeout (docs/decisions.md, "A replacement admitted as the job ends")."""
+    waited for until the timeout (docs/decisions/replacement-admitted-as-the-job-ends.md)."""
     membership = Membership.of(dead_workers)
     if not membership.freeze(job.timeout_s):
         raise WorkerError(f"worker {job.rank} waited {job.timeout_s:.0f} s for the launcher to close the "

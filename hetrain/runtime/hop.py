@@ -368,7 +368,7 @@ class Hop(SyncProtocol):
 
     def _apply(self, plan: AveragePlan, own: torch.Tensor) -> None:
         self_weight, weights = plan.self_weight, [term.weight for term in plan.terms]
-        if self.local_work == "auto":  # by the local steps behind each model (docs/decisions.md)
+        if self.local_work == "auto":  # by the local steps behind each model (docs/decisions/weighted-consensus-local-work-auto.md)
             if self.topology.is_symmetric:
                 self_weight, weights = weights_by_steps(weights, [term.payload.steps for term in plan.terms],
                                                         self.sync_every)

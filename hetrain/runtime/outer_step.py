@@ -17,8 +17,7 @@ the complete graph the average of the stepped anchors is DiLoCo's step on the
 averaged pseudo-gradient (every worker's anchor and momentum are the same there).
 Off the complete graph the momentum acts on progress, never on the workers'
 disagreement: with no progress the pseudo-gradient is zero, the momentum stays
-zero and the exchange is plain gossip (docs/decisions.md, "The outer step off
-the complete graph"). Hop, D-PSGD and the parameter server work so.
+zero and the exchange is plain gossip (docs/decisions/outer-step-off-the-complete-graph.md). Hop, D-PSGD and the parameter server work so.
 
 Hop and D-PSGD also mix the momentum buffers of an SGD outer optimizer as they
 mix the models (:meth:`mix_momentum`: the buffers travel in the flat state beside
@@ -27,8 +26,7 @@ outer step starts from its neighbourhood's momentum as its next interval starts
 from its neighbourhood's model. On the complete graph the mixed buffer is DiLoCo's
 own (the mean of ``mu m + g_i`` is ``mu m + mean g``), so nothing changes there;
 on a ring each worker's unmixed momentum carried its own shard's direction and
-held its model 2x later to 95% than no outer optimizer (docs/decisions.md, "The
-outer momentum mixed beside the model").
+held its model 2x later to 95% than no outer optimizer (docs/decisions/outer-momentum-mixed-beside-the-model.md).
 
 Prague's and AD-PSGD's groups change at every exchange, and a momentum of each
 worker's own progress there amplifies how unlike the workers' data are (measured:

@@ -73,7 +73,7 @@ class GroupProtocol(SyncProtocol):
             if self.dead_workers else None
         self._running = None  # the group being reduced now (respawn: a member replaced since is gone)
         # the anchors beside the model (an outer optimizer: combine, then adapt) go one bit a value, as Hop's
-        # mixed momentum does (docs/decisions.md, "The anchors one bit a value")
+        # mixed momentum does (docs/decisions/anchors-one-bit-a-value.md)
         codec = make_codec(self.compression, self.state.numel, [tuple(t.shape) for t in self.state.tensors],
                            head=self.state.model_numel) if self.compression.enabled else None
         self.preduce = PReduce(job.store, job.rank, cache_size=communicator_cache, timeout_s=job.timeout_s,
@@ -366,7 +366,7 @@ class Prague(GroupProtocol):
         collective: every worker loads its state at the same point). Each writes its file on its own timer, so
         a kill can leave files of different exchanges; the workers then leave together at the first stop vote
         any wants, and one that went on from an older file ended short of ``--iterations``
-        (docs/decisions.md, "Known limits")."""
+        (docs/decisions/known-limits.md)."""
         if not self.options.local_schedule or self.job.world_size == 1:
             return
         self.stats.iteration = self._lowest_of_workers(self.stats.iteration, "resumed iteration")

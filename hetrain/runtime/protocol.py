@@ -157,7 +157,7 @@ class SyncProtocol:
             # an original knows the job as it started, every rank at process 0: a rank replaced before this
             # worker built its protocol (a death during start-up) is a join at its first look, owed a model.
             # Taken as an original, it was waited on for tokens while it waited for a model (Ray, start-up
-            # kills: "worker 1 waited 60 s for a token from worker(s) [0]", docs/decisions.md)
+            # kills: "worker 1 waited 60 s for a token from worker(s) [0]", docs/decisions/replacement-admitted-during-start-up.md)
             self.incarnations = [0] * self.job.world_size
         # an outer lr and momentum not given follow the optimizer inside (SlowMo's with SGD, DiLoCo's else)
         self.comm = (comm or comm_carrier.CommSettings()).for_inner(_inner_kind(optimizer)).validate(self.job.world_size)

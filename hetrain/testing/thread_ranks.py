@@ -8,7 +8,7 @@ that dies here stops and is named dead, but its sockets stay open (a thread cann
 dead process's exit does): a peer's first send to it waits for the job's timeout instead of failing at
 once. Replacements (``respawn``) connect to the dead rank's successor while such sends are pending,
 and in trials here hung or, with the dead rank's groups aborted, aborted the test process at exit
-(docs/decisions.md, "One transport under every protocol")::
+(docs/decisions/one-transport.md)::
 
     def worker(rank):
         sync = hetrain.Hop(model, None, topology="ring", transport=rank.transport("hop"))

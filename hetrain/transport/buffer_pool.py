@@ -5,7 +5,7 @@ gather, every mix and every received update, each one is a new ``mmap``
 (glibc serves nothing that large from its heap) whose 25,600 pages the kernel
 zero-fills on first touch and unmaps on free: measured on D-PSGD at 4 workers,
 60% of all CPU time was kernel time at 400-500k page faults/s
-(docs/benchmarks.md, "Soak").
+(docs/results/2026-12-01-soak.md).
 
 :class:`BufferPool` keeps the buffers and hands out views of them. A buffer is
 free again once nothing but the pool refers to its storage (the storage's use

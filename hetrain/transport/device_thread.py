@@ -15,7 +15,7 @@ wait for the transfer: ``WorkNCCL::wait`` orders the *caller's current stream* a
   order on the compute stream from a helper.
 - :func:`synchronize` waits for the calling thread's current stream (the compute stream on the main
   thread), never for the device: a timer around a step counts the step's kernels, not those of
-  NCCL's or a helper's streams (docs/decisions.md, "The GPU path").
+  NCCL's or a helper's streams (docs/decisions/gpu-path.md).
 
 On the CPU every function here is a plain thread, a plain wait, or a no-op.
 """

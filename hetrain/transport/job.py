@@ -49,8 +49,7 @@ def prefer_lazy_connections() -> None:
     """Let gloo connect a pair of ranks on their first message, not every pair when a group is made.
 
     A decentralized worker talks to a few neighbours; eagerly, each world-sized
-    group costs it a connection to every other rank (docs/decisions.md,
-    "Connections"). An explicit ``TORCH_GLOO_LAZY_INIT`` in the environment wins.
+    group costs it a connection to every other rank (docs/decisions/gloo-connects-lazily.md). An explicit ``TORCH_GLOO_LAZY_INIT`` in the environment wins.
     """
     os.environ.setdefault(GLOO_LAZY_ENV, "1")
 
@@ -67,7 +66,7 @@ def init(backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, devic
     optimizer a script creates imports it), it takes 10 references to that group (torch 2.13), so
     ``destroy_process_group()`` cannot free it: its gloo threads outlive Python's finalization, and
     one that drops a tensor then aborts the process ("terminate called without an active
-    exception"; the example under torchrun: 1 run in 4-20, docs/decisions.md).
+    exception"; the example under torchrun: 1 run in 4-20, docs/decisions/local-job-processes.md).
     """
     prefer_lazy_connections()
     if not dist.is_initialized():

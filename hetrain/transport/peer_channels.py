@@ -388,7 +388,7 @@ class PeerChannels:
         that process dead. gloo connects a pair on its first message and waits for a peer that never
         connects until its timeout: a replacement that died just after it was admitted, before it
         connected, held each neighbour's main thread that long, and the others waited for those
-        neighbours' updates (docs/decisions.md, "A replacement admitted as the job ends")."""
+        neighbours' updates (docs/decisions/replacement-admitted-as-the-job-ends.md)."""
         incarnation = self._peer_incarnation.get(dst, 0)
         if self._peer_gone is None or (dst, incarnation) in self._reached:
             return start

@@ -1,8 +1,7 @@
 """Asynchronous sends to one peer with a bounded number in flight.
 
 On gloo, ``Work.is_completed()`` of an ``isend`` stays False until ``wait()``
-is called, even after the receiver has the data (docs/decisions.md, "Bounded
-sends"). A sender that keeps each work and its tensor "until completed" keeps
+is called, even after the receiver has the data (docs/decisions/bounded-sends.md). A sender that keeps each work and its tensor "until completed" keeps
 them forever: memory grows with the run and every scan of the list gets slower.
 
 :class:`SendWindow` fixes both. The caller posts its ``isend`` works with the

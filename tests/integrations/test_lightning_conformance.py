@@ -37,7 +37,7 @@ def run(out: Path, strategy: str, case: str, *args: str) -> list[dict]:
 
 
 def check_features(ranks: list[dict], strategy: str) -> None:
-    # DDP's numbers: each rank's half of the epoch; a shared epoch's are over all ranks (docs/decisions.md)
+    # DDP's numbers: each rank's half of the epoch; a shared epoch's are over all ranks (docs/decisions/lightning-trainer-features.md)
     per_epoch = BATCHES // ACCUMULATE // (2 if strategy == "ddp" else 1)
     for r in ranks:
         assert r["estimated"] == per_epoch * EPOCHS, r  # -1 before: no length

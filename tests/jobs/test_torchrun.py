@@ -93,7 +93,7 @@ def test_example_user_loop_under_torchrun(processes, tmp_path):
 @pytest.mark.timeout(900)
 def test_example_exits_cleanly_every_time(tmp_path):
     """20 runs, every rank exit code 0: torch 2.13 aborted 1 run in 4-20 at interpreter exit until
-    hetrain.init() imported torch._dynamo before creating the group (docs/decisions.md)."""
+    hetrain.init() imported torch._dynamo before creating the group (docs/decisions/local-job-processes.md)."""
     for attempt in range(20):
         ranks = _example(tmp_path / f"report-{attempt}.json")
         assert len({r["digest"] for r in ranks}) == 1

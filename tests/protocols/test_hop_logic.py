@@ -150,7 +150,7 @@ def test_stale_and_dropped_counts_by_hand():
 
 def test_an_always_late_neighbours_newest_update_is_used_at_its_full_weight():
     """Backup workers never wait for a straggler; its updates, too late for their window, must still be
-    mixed in (once each, the newest only), or its data drops out of the model (docs/decisions.md)."""
+    mixed in (once each, the newest only), or its data drops out of the model (docs/decisions/hop-uses-late-updates.md)."""
     topology = make_topology("ring", 3)
     config = HopConfig(backup=1, staleness=1, max_ig=8).validated_for(topology)
     w = make_hop_workers(topology, config)[0]  # in-neighbours 1 (fast) and 2 (the straggler)

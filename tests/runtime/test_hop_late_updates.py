@@ -1,6 +1,5 @@
 """With ``late_updates="progress"`` Hop puts back the steps an old update would undo
-(:mod:`hetrain.protocols.lag_compensation`; docs/decisions.md, "Hop keeps the steps an old update would
-undo").
+(:mod:`hetrain.protocols.lag_compensation`; docs/decisions/hop-late-updates-progress.md).
 
 A constant gradient (loss ``-sum(w)``, SGD lr 1, no momentum) moves every model by exactly 1 a step, so
 a worker's model minus its own steps is what mixing made of the workers' different starts (0, 10, 20,

@@ -94,7 +94,7 @@ def test_prague_overlapping_its_preduces_hides_them_and_still_learns():
 
 
 def test_a_simulated_hop_skip_hands_out_the_averaged_model():
-    """As the runtime does (docs/decisions.md, "A skip hands out the model too"): after a skip from k to j
+    """As the runtime does (docs/decisions/a-skip-hands-out-the-model.md): after a skip from k to j
     the worker sends its model tagged j - 1 to its out-neighbours, who may be waiting for it."""
     from hetrain.protocols.hop_config import HopOptions
     from hetrain.sim.common import SimSetup
