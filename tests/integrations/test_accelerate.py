@@ -54,13 +54,13 @@ def test_prague_around_an_accelerate_loop_shares_the_epoch_and_leaves_every_proc
 
 
 @pytest.mark.slow
-def test_hop_over_accelerates_prepared_loader_keeps_its_static_shards(tmp_path):
+def test_hop_over_accelerates_prepared_loader_keeps_its_static_shards(processes, tmp_path):
     reports = run_example(tmp_path, "--protocol", "hop", "--static-shards")
     assert [r["metrics"]["iterations"] for r in reports] == [23, 23]  # Accelerate's shards: 1,437 images / 2 / 32
 
 
 @pytest.mark.slow  # CI time (19 s): Lightning's checkpoint resume stays in the fast set
-def test_save_state_and_load_state_carry_the_protocols_state_and_the_shared_loaders_epoch(tmp_path):
+def test_save_state_and_load_state_carry_the_protocols_state_and_the_shared_loaders_epoch(processes, tmp_path):
     """accelerator.register_for_checkpointing(sync): a run resumed by load_state goes on counting from
     the saved iteration (rank 0's, as the model is) and its shared loader from the saved epoch."""
     first = run_example(tmp_path / "a", "--protocol", "prague", "--save-state", str(tmp_path / "state"))
@@ -74,7 +74,7 @@ def test_save_state_and_load_state_carry_the_protocols_state_and_the_shared_load
 
 
 @pytest.mark.slow  # CI time (10 s)
-def test_gradient_accumulation_and_a_prepared_one_cycle_schedule_follow_the_shared_epochs(tmp_path):
+def test_gradient_accumulation_and_a_prepared_one_cycle_schedule_follow_the_shared_epochs(processes, tmp_path):
     """accelerator.accumulate(model) with 2 steps and a OneCycleLR through accelerator.prepare, sized as
     Accelerate's docs size it (the epoch's batches x epochs / accumulation): the processes take unequal
     shares, sync only on real optimizer steps, and both end at the end of the schedule."""

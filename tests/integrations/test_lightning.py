@@ -69,7 +69,7 @@ def test_hop_strategy_trains_shares_batches_by_speed_validates_checkpoints_and_e
 
 
 @pytest.mark.slow  # the fast suite runs the strategy under Lightning's own launcher (above)
-def test_prague_strategy_runs_under_torchrun(tmp_path):
+def test_prague_strategy_runs_under_torchrun(processes, tmp_path):
     torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
     run_example(tmp_path, "--strategy", "prague", launcher=torchrun)
     assert_ranks_agree(tmp_path)
@@ -80,7 +80,7 @@ def test_prague_strategy_runs_under_torchrun(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("protocol", ["dpsgd", "allreduce", "prague", "adpsgd", "ps"])
-def test_every_other_protocol_trains_under_the_strategy_and_ends_in_consensus(tmp_path, protocol):
+def test_every_other_protocol_trains_under_the_strategy_and_ends_in_consensus(processes, tmp_path, protocol):
     run_example(tmp_path, "--strategy", protocol)
     assert_ranks_agree(tmp_path)
     batches = [r["batches"] for r in reports(tmp_path)]
@@ -135,7 +135,7 @@ def assert_epochs_end_as_lightning_ends_them(report: dict) -> None:
 
 
 @pytest.mark.slow  # 6-14 s here (Lightning's import in a subprocess): CI's budget; the unit test below is fast
-def test_a_rank_s_share_of_a_shared_epoch_ends_as_lightning_ends_an_epoch(tmp_path):
+def test_a_rank_s_share_of_a_shared_epoch_ends_as_lightning_ends_an_epoch(processes, tmp_path):
     """The loader's length is the epoch over all ranks, so Lightning's fetcher (which flags the last batch by
     count) never flagged a rank's last one: the epoch ended by StopIteration, without the optimizer step for
     the last, partial accumulation window, without the epoch-interval scheduler's step, and validation went
@@ -148,7 +148,7 @@ def test_a_rank_s_share_of_a_shared_epoch_ends_as_lightning_ends_an_epoch(tmp_pa
 
 
 @pytest.mark.slow  # two ranks sharing the epochs for real (the fast test above simulates the second)
-def test_two_ranks_sharing_epochs_end_them_as_lightning_ends_an_epoch(tmp_path):
+def test_two_ranks_sharing_epochs_end_them_as_lightning_ends_an_epoch(processes, tmp_path):
     report = run_epoch_end_job(tmp_path, devices=2)
     assert sum(r["batches"] for r in report) == 60  # 2 epochs of 30 batches, shared out
     for rank in report:

@@ -56,13 +56,13 @@ def test_hop_schedulers_fractional_validation_accumulation_test_and_predict(proc
 
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["prague", "adpsgd", "dpsgd", "ps", "ddp"])
-def test_every_strategy_schedulers_fractional_validation_accumulation_test_and_predict(tmp_path, strategy):
+def test_every_strategy_schedulers_fractional_validation_accumulation_test_and_predict(processes, tmp_path, strategy):
     check_features(run(tmp_path, strategy, "features"), strategy)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["hop", "prague", "adpsgd", "dpsgd", "ps", "ddp"])
-def test_a_cosine_schedule_sized_by_the_estimate_ends_at_its_minimum_on_every_rank(tmp_path, strategy):
+def test_a_cosine_schedule_sized_by_the_estimate_ends_at_its_minimum_on_every_rank(processes, tmp_path, strategy):
     ranks = run(tmp_path, strategy, "features", "--schedule", "cosine")
     check_features(ranks, strategy)
     assert all(r["final_lr"] == pytest.approx(0.0, abs=1e-12) for r in ranks)  # eta_min at T_max
@@ -85,7 +85,7 @@ def test_a_resumed_fit_continues_the_protocols_counters_anchor_and_outer_momentu
 
 @pytest.mark.slow  # CI time (14 s; 2026-12-05 evening): the other conformance cases keep Lightning in the fast set
 @pytest.mark.parametrize("strategy", ["hop", "prague", "adpsgd", "dpsgd", "ps", "ddp"])
-def test_max_steps_with_a_rank_ten_times_slower_ends_in_consensus_soon_after_the_slow_ranks_work(tmp_path,
+def test_max_steps_with_a_rank_ten_times_slower_ends_in_consensus_soon_after_the_slow_ranks_work(processes, tmp_path,
                                                                                                strategy):
     steps = 200
     ranks = run(tmp_path, strategy, "maxsteps", "--steps", str(steps), "--slow-ms", str(SLOW_MS))
@@ -106,13 +106,13 @@ def check_more(ranks: list[dict]) -> None:
 
 
 @pytest.mark.slow  # CI time: the fast set keeps the features, resume and max_steps cases
-def test_hop_bf16_two_validation_loaders_int_val_check_interval_early_stopping_and_validate(tmp_path):
+def test_hop_bf16_two_validation_loaders_int_val_check_interval_early_stopping_and_validate(processes, tmp_path):
     check_more(run(tmp_path, "hop", "more"))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["prague", "adpsgd", "dpsgd", "ps", "ddp"])
-def test_every_strategy_bf16_two_validation_loaders_int_val_check_interval_early_stopping(tmp_path, strategy):
+def test_every_strategy_bf16_two_validation_loaders_int_val_check_interval_early_stopping(processes, tmp_path, strategy):
     check_more(run(tmp_path, strategy, "more"))
 
 
@@ -124,13 +124,13 @@ def check_limits(ranks: list[dict], strategy: str) -> None:
 
 
 @pytest.mark.slow  # CI time (as above)
-def test_hop_limit_train_batches_as_a_fraction_of_the_shared_epoch_and_check_val_every_n_epoch(tmp_path):
+def test_hop_limit_train_batches_as_a_fraction_of_the_shared_epoch_and_check_val_every_n_epoch(processes, tmp_path):
     check_limits(run(tmp_path, "hop", "limits"), "hop")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["prague", "adpsgd", "dpsgd", "ps", "ddp"])
-def test_every_strategy_limit_train_batches_and_check_val_every_n_epoch(tmp_path, strategy):
+def test_every_strategy_limit_train_batches_and_check_val_every_n_epoch(processes, tmp_path, strategy):
     check_limits(run(tmp_path, strategy, "limits"), strategy)
 
 

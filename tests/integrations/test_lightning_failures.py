@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not os.path.isdir("/proc"), r
 
 
 @pytest.mark.parametrize("protocol", ["hop", "prague"])
-def test_a_rank_killed_mid_fit_leaves_the_survivors_finishing_in_consensus(tmp_path, protocol):
+def test_a_rank_killed_mid_fit_leaves_the_survivors_finishing_in_consensus(processes, tmp_path, protocol):
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_PORT", "MASTER_ADDR", "WORLD_SIZE", "RANK",
                                                              "LOCAL_RANK", "NODE_RANK")}
     env["OMP_NUM_THREADS"] = "1"

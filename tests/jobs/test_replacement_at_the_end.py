@@ -172,7 +172,7 @@ def test_the_final_average_closes_the_membership_before_it_waits_for_anyone():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("protocol", ["hop", "prague"])
-def test_a_worker_killed_just_before_the_end_is_replaced_or_stopped_and_the_job_ends(protocol):
+def test_a_worker_killed_just_before_the_end_is_replaced_or_stopped_and_the_job_ends(processes, protocol):
     """Kills 0.4-0.05 s before the end of the training time: the replacement joins before the end, or is
     stopped as the job ends, or is never started; the job ends well within the timeout every time."""
     killed = 0

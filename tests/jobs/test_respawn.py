@@ -84,14 +84,14 @@ def test_edges_a_repair_made_and_a_join_unmade_neither_hang_nor_end_the_job(proc
 
 
 @pytest.mark.slow
-def test_two_workers_die_and_both_are_replaced():
+def test_two_workers_die_and_both_are_replaced(processes):
     metrics = _respawn("hop", "1@2s,3@4s")
     assert metrics["workers_lost"] == 2 and metrics["workers_joined"] == 2
     assert sorted(j["rank"] for j in metrics["joins"]) == [1, 3]
 
 
 @pytest.mark.slow
-def test_a_replacement_that_dies_is_replaced_in_turn():
+def test_a_replacement_that_dies_is_replaced_in_turn(processes):
     metrics = _respawn("hop", "1@2s,1@4s")  # the second kill finds the replacement (joined or still joining)
     assert metrics["workers_lost"] == 2 and 1 <= metrics["workers_joined"] <= 2
     assert [d["incarnation"] for d in metrics["deaths"]] == [0, 1]
@@ -113,7 +113,7 @@ def test_respawn_at_random_points_never_hangs(processes, protocol, seed=0):
 @pytest.mark.slow
 @pytest.mark.parametrize("protocol", ["hop", "dpsgd", "prague", "adpsgd"])
 @pytest.mark.parametrize("seed", range(1, 21))
-def test_respawn_at_random_points_over_twenty_seeds(protocol, seed):
+def test_respawn_at_random_points_over_twenty_seeds(processes, protocol, seed):
     metrics = _respawn(protocol, _random_points(seed))
     assert metrics["workers_joined"] <= metrics["workers_lost"] <= 1
 

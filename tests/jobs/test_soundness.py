@@ -83,7 +83,7 @@ def _ps_pushes(ctx, pushes, numel):
 
 
 @pytest.mark.slow  # CI time: 10 s of a small soak
-def test_parameter_server_keeps_a_bounded_number_of_answers_and_flat_memory():
+def test_parameter_server_keeps_a_bounded_number_of_answers_and_flat_memory(processes):
     server, worker = run_local(_ps_pushes, 2, (MESSAGES, ONE_MB_FLOATS), timeout_s=60)
     assert server["metrics"]["answers_in_flight_max"] <= 2
     assert server["rss_growth_mb"] < RSS_GROWTH_LIMIT_MB, server
@@ -261,7 +261,7 @@ def test_a_worker_killed_from_outside_fails_the_cli_in_one_line_naming_it(proces
 
 @pytest.mark.slow  # CI time: the SIGTERM test below runs the same stop end to end (tests/jobs/test_stop_signals.py: SIGINT's)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_ctrl_c_stops_the_workers_and_writes_what_the_run_had(tmp_path):
+def test_ctrl_c_stops_the_workers_and_writes_what_the_run_had(processes, tmp_path):
     job = _Launch(tmp_path)
     job.wait_until_training()
     workers = _workers_of(job.pid)

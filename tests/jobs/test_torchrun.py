@@ -91,7 +91,7 @@ def test_example_user_loop_under_torchrun(processes, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_example_exits_cleanly_every_time(tmp_path):
+def test_example_exits_cleanly_every_time(processes, tmp_path):
     """20 runs, every rank exit code 0: torch 2.13 aborted 1 run in 4-20 at interpreter exit until
     hetrain.init() imported torch._dynamo before creating the group (docs/decisions/local-job-processes.md)."""
     for attempt in range(20):
@@ -101,7 +101,7 @@ def test_example_exits_cleanly_every_time(tmp_path):
 
 @pytest.mark.slow  # CI time (12 s): test_example_user_loop_under_torchrun keeps torchrun in the fast set
 @pytest.mark.parametrize("protocol", ["hop", "prague"])
-def test_hetrain_train_on_two_nodes_of_localhost(tmp_path, protocol):
+def test_hetrain_train_on_two_nodes_of_localhost(processes, tmp_path, protocol):
     port = _free_port()
     out = tmp_path / "run"
     common = ["--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",

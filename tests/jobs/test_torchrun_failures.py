@@ -58,7 +58,7 @@ def _wait(proc: subprocess.Popen, timeout_s: float) -> str:
         pytest.fail(f"torchrun job still running after {timeout_s:.0f} s")
 
 
-def test_a_rank_killed_mid_training_ends_the_job_within_the_timeout_naming_it(tmp_path):
+def test_a_rank_killed_mid_training_ends_the_job_within_the_timeout_naming_it(processes, tmp_path):
     proc = _start(["-m", "hetrain", "train", "--protocol", "hop", "--time-budget", "60", "--compute-ms", "20",
                    "--timeout", str(TIMEOUT_S), "--no-progress", "--out", str(tmp_path / "run")])
     killed: dict = {}
@@ -73,7 +73,7 @@ def test_a_rank_killed_mid_training_ends_the_job_within_the_timeout_naming_it(tm
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("seed", range(4))
-def test_torchrun_restarts_resume_after_a_death_at_any_moment(tmp_path, seed):
+def test_torchrun_restarts_resume_after_a_death_at_any_moment(processes, tmp_path, seed):
     """From the launch to the job's end: start-up, connecting, training, checkpoint writes, finish."""
     rng = random.Random(seed)
     rank, at_s = rng.randrange(3), rng.uniform(0.0, 20.0)

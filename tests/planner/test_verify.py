@@ -24,6 +24,6 @@ def test_verify_two_processes(processes):
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_verify_four_processes():
+def test_verify_four_processes(processes):
     reports = verify(4, timeout_s=150)
     assert reports and all(r.ok for r in reports), [r.line() for r in reports]

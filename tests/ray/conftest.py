@@ -23,7 +23,7 @@ HERE = str(Path(__file__).parent)
 
 
 @pytest.fixture
-def make_cluster(monkeypatch):
+def make_cluster(monkeypatch, processes):
     """``make_cluster(head_cpus, *node_cpus)``: a cluster whose head has ``head_cpus`` CPUs (0: the driver's
     node only, no worker lands there) and one more node per ``node_cpus``."""
     from ray.cluster_utils import Cluster

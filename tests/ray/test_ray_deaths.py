@@ -38,7 +38,7 @@ class KillRank:
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_a_users_own_loop_survives_a_killed_actor(joined):
+def test_a_users_own_loop_survives_a_killed_actor(processes, joined):
     joined(3)
     kill = KillRank(1, at_iteration=30)
     results = hetrain.ray.run(ray_probe.hook_form_hop, 3, args=(3000,), on_failure="continue", on_message=kill)
@@ -55,7 +55,7 @@ def test_a_users_own_loop_survives_a_killed_actor(joined):
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_a_stopped_actor_is_found_hung_by_heartbeat_and_the_job_goes_on(joined):
+def test_a_stopped_actor_is_found_hung_by_heartbeat_and_the_job_goes_on(processes, joined):
     joined(3)
     config = RunConfig(protocol="hop", num_workers=3, compute_ms=20.0, time_budget_s=10.0, timeout_s=30.0,
                        fail="1@2s:stop", heartbeat_timeout_s=3.0, on_failure="continue")
@@ -69,7 +69,7 @@ def test_a_stopped_actor_is_found_hung_by_heartbeat_and_the_job_goes_on(joined):
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_an_actor_stopped_before_its_first_heartbeat_is_found_hung_too(joined):
+def test_an_actor_stopped_before_its_first_heartbeat_is_found_hung_too(processes, joined):
     """Its silence counted from its first beat, so an actor stopped in start-up was never found hung and
     its neighbour failed the job at --timeout ("could not reach its neighbour 1"), continue or not."""
     joined(2)
@@ -92,7 +92,7 @@ def _actor_processes() -> list[psutil.Process]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_a_killed_driver_leaves_no_actor_behind(make_cluster, tmp_path):
+def test_a_killed_driver_leaves_no_actor_behind(processes, make_cluster, tmp_path):
     cluster = make_cluster(2)
     driver = subprocess.Popen(
         train_command(cluster.address, tmp_path, "--time-budget", "60", "--no-progress"),
@@ -114,7 +114,7 @@ def test_a_killed_driver_leaves_no_actor_behind(make_cluster, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(150)
-def test_abort_fails_the_cli_in_one_line_naming_the_killed_actor(make_cluster, tmp_path):
+def test_abort_fails_the_cli_in_one_line_naming_the_killed_actor(processes, make_cluster, tmp_path):
     cluster = make_cluster(2)
     done = subprocess.run(
         train_command(cluster.address, tmp_path, "--compute-ms", "50", "--time-budget", "20", "--on-failure",

@@ -65,7 +65,7 @@ def _assert_consensus(survivors: list[dict]) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_a_lost_node_leaves_the_survivors_training_to_consensus(joined):
+def test_a_lost_node_leaves_the_survivors_training_to_consensus(processes, joined):
     cluster = joined(0, 2, 2)
     loss = NodeLoss(cluster, after_s=2.0)
     results = hetrain.ray.run(ray_probe.train_reporting_node, 4, on_failure="continue",
@@ -82,7 +82,7 @@ def test_a_lost_node_leaves_the_survivors_training_to_consensus(joined):
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_respawn_starts_the_lost_workers_on_a_node_added_afterwards(joined):
+def test_respawn_starts_the_lost_workers_on_a_node_added_afterwards(processes, joined):
     """The replacements start cold on the new node (a Ray worker process importing torch and hetrain):
     seconds on an idle machine, more than the 18 s left of a 20 s budget with the two cores loaded
     (1 of 2 joined beside the respawn sweep), hence a longer one."""

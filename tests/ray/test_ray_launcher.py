@@ -54,7 +54,7 @@ def test_a_hop_job_on_ray_actors_trains_and_writes_its_record(processes, make_cl
 
 @pytest.mark.slow
 @pytest.mark.timeout(150)
-def test_ctrl_c_stops_the_actors_and_writes_what_the_run_had(make_cluster, tmp_path):
+def test_ctrl_c_stops_the_actors_and_writes_what_the_run_had(processes, make_cluster, tmp_path):
     cluster = make_cluster(2)
     driver = subprocess.Popen(
         train_command(cluster.address, tmp_path, "--compute-ms", "50", "--time-budget", "60"),
@@ -83,7 +83,7 @@ def test_ctrl_c_stops_the_actors_and_writes_what_the_run_had(make_cluster, tmp_p
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_a_cluster_too_small_for_the_job_fails_it_in_one_line_and_leaves_nothing(joined):
+def test_a_cluster_too_small_for_the_job_fails_it_in_one_line_and_leaves_nothing(processes, joined):
     import ray
 
     from hetrain.errors import WorkerError

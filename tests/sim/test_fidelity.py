@@ -26,7 +26,7 @@ def _run(command, protocol, out):
 
 @pytest.mark.slow  # wall-clock: a real run's rate depends on what else the machine is doing
 @pytest.mark.parametrize("protocol", list(FLAGS))
-def test_simulated_rates_within_15_percent_of_a_real_run(protocol, tmp_path):
+def test_simulated_rates_within_15_percent_of_a_real_run(processes, protocol, tmp_path):
     real = _run("train", protocol, tmp_path / "train")
     sim = _run("simulate", protocol, tmp_path / "sim")
     assert sim["samples_per_s"] == pytest.approx(real["samples_per_s"], rel=TOLERANCE)
