@@ -25,6 +25,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from hetrain.errors import WorkerError
+from hetrain.jobs.job_secret import new_secret
 from hetrain.jobs.worker_process import WorkerSpec
 from hetrain.ray.channels import DriverChannels
 from hetrain.ray.driver_store import DriverStore
@@ -52,7 +53,8 @@ class RayWorkers:
         n = template.world_size
         self.server = DriverStore(placement.host, template.timeout_s)
         self._results: queue.Queue = queue.Queue()
-        self.channels = DriverChannels(self.server.store, n, _Results(self))
+        self.secret = new_secret()  # to the actors in their Ray call (run's argument), never through the store
+        self.channels = DriverChannels(self.server.store, n, _Results(self), self.secret)
         self.payload = ray.put((template.fn, template.args))
         self.actor_class = ray.remote(WorkerActor)
         self.actors: list = [None] * n
@@ -86,7 +88,7 @@ class RayWorkers:
         ).remote(self.placement.env)
         self.actors[rank], self.codes[rank], self.reasons[rank] = actor, None, None
         self.incarnations[rank] = incarnation
-        self.refs[rank] = actor.run.remote(spec, self.server.address, self.payload)
+        self.refs[rank] = actor.run.remote(spec, self.server.address, self.secret, self.payload)
         self.where[(rank, incarnation)] = actor.where.remote()
 
     def pid(self, rank: int):
