@@ -25,11 +25,11 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from hetrain.errors import WorkerError
-from hetrain.jobs.job_secret import new_secret
 from hetrain.jobs.worker_process import WorkerSpec
 from hetrain.ray.channels import DriverChannels
 from hetrain.ray.driver_store import DriverStore
 from hetrain.ray.worker_actor import WorkerActor
+from hetrain.transport.job_secret import new_secret
 
 KILLED = -9  # the exit code an actor that died (killed, or its node lost) reads as
 

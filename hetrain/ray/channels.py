@@ -14,7 +14,7 @@ hosts (:mod:`hetrain.ray.driver_store`), under ``launcher/``:
 
 The store is torch's ``TCPStore``, which anyone who reaches its port may read and write. So nothing
 read from it is unpickled: every value is JSON (or an integer), sealed with the job's secret
-(:mod:`hetrain.jobs.job_secret`; the driver hands it to the actors in their Ray call, never through
+(:mod:`hetrain.transport.job_secret`; the driver hands it to the actors in their Ray call, never through
 the store), and a reader keeps only what unseals: a stranger's value, garbage, or a pickle is dropped
 and counted (``rejected``). A report carries its sender's sequence number, so a replayed one is dropped
 too; the view carries the driver's version, so an old view written back is ignored.
@@ -33,7 +33,7 @@ import threading
 import time
 
 from hetrain.errors import WorkerError
-from hetrain.jobs import job_secret
+from hetrain.transport import job_secret
 
 PREFIX = "launcher/"
 VIEW_KEY = PREFIX + "view"

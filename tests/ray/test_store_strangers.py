@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from hetrain.jobs.job_secret import seal
 from hetrain.ray.channels import MAX_REPORT_BYTES, MESSAGES_KEY, VIEW_KEY, DriverChannels, WorkerChannels
 from hetrain.ray.driver_store import DriverStore, connect
+from hetrain.transport.job_secret import seal
 
 SECRET = "5e" * 32
 
