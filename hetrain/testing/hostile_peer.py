@@ -94,14 +94,17 @@ def store_values(port: int, host: str = "127.0.0.1", limit: int = 10000, timeout
         return {}
 
 
-def attack_lines(port: int, marker, guesses=(), host: str = "127.0.0.1", timeout_s: float = 2.0) -> list:
-    """As a client of a line-of-JSON service (the Group Generator): a hello with a made-up secret and with
-    each of ``guesses`` (say, every value read from the job's store), each followed by a request; requests
-    without any hello; a pickle as a line. Return the reply to each hello (None: no reply)."""
+def attack_lines(port: int, marker, guesses=(), host: str = "127.0.0.1", timeout_s: float = 10.0) -> list:
+    """As a client of a line-of-JSON service (the Group Generator): a hello with a made-up secret (no reply:
+    no such service, and nothing more is sent), then one with each of ``guesses`` (say, every value read
+    from the job's store), each followed by a request; requests without any hello; a pickle as a line.
+    Return the reply to each hello (None: no reply)."""
     replies = []
     for secret in ["0" * 64, *guesses]:
         replies.append(_exchange(port, host, [{"op": "hello", "secret": secret}, {"op": "stats", "worker": 0}],
                                  timeout_s))
+        if replies[0] is None:
+            return replies
     _exchange(port, host, [{"op": "request", "worker": 1}, {"op": "leave", "worker": 0}], timeout_s)
     try:
         with socket.create_connection((host, port), timeout=timeout_s) as conn:
