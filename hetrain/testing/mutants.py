@@ -928,7 +928,16 @@ def comparison_goes_on_after_a_stop() -> None:
     interrupts.stop_received = lambda: None
 
 
-MUTANTS = {"no-comm": no_comm, "arrivals-not-progress": arrivals_not_progress,
+def unauthenticated_peer_accepted() -> None:
+    """hetrain's services take any peer: the check of the job's secret is skipped (the Group Generator's
+    hello, the MAC of what a Ray job's channels read from the driver's store)."""
+    from hetrain.transport import job_secret
+
+    job_secret.same_secret = lambda given, secret: True
+    job_secret.unseal = lambda secret, key, data: bytes(data).partition(b".")[2] if b"." in bytes(data) else None
+
+
+MUTANTS = {"unauthenticated-peer-accepted": unauthenticated_peer_accepted, "no-comm": no_comm, "arrivals-not-progress": arrivals_not_progress,
            "arrivals-progress-forever": arrivals_progress_forever,
            "anchors-in-the-model-s-code": anchors_in_the_model_s_code, "orphaned-job-dirs-kept": orphaned_job_dirs_kept,
            "long-tempdir-forkserver": long_tempdir_forkserver,

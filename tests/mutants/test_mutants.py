@@ -73,6 +73,9 @@ OC = "tests/runtime/test_outer_consensus.py"
 PT = "tests/planner/test_plan_train.py"  # training with a plan (issue 42)
 RS = "tests/jobs/test_resume_state.py"
 COMM_MUTANTS = {
+    "unauthenticated-peer-accepted": [
+        "tests/jobs/test_hostile_peer.py::test_a_stranger_on_a_local_jobs_group_generator_gets_nothing_in",
+        "tests/ray/test_store_strangers.py::test_a_strangers_pickles_garbage_and_forgeries_are_dropped_and_run_nothing"],
     "outer-step-on-own-anchor": [
         f"{OC}::test_outer_nesterov_without_progress_is_plain_gossip_off_the_complete_graph[exponential]",
         f"{OC}::test_outer_nesterov_without_progress_is_plain_gossip_off_the_complete_graph[torus]"],
