@@ -35,6 +35,7 @@ from hetrain.protocols.ledger import Group, GroupScheduler
 from hetrain.transport import job_secret
 
 ADDRESS_KEY = "gg_address"
+HELLO_TIMEOUT_S = 30.0  # how long a new connection may take to send its hello
 MAX_LINE_BYTES = 65536  # a request is a few dozen bytes; longer lines are refused unread
 
 
@@ -174,7 +175,9 @@ class GGServer(SchedulerHost):
     def _serve(self, conn: socket.socket) -> None:
         try:
             with conn, conn.makefile("rwb") as stream:
+                conn.settimeout(HELLO_TIMEOUT_S)  # a peer that says nothing holds no thread for long
                 hello = _read_message(stream)
+                conn.settimeout(None)
                 if not (isinstance(hello, dict) and hello.get("op") == "hello"
                         and job_secret.same_secret(hello.get("secret"), self.secret)):
                     self._refuse(stream, "not a worker of this job (the first line must be a hello with the job's secret)")
