@@ -8,30 +8,34 @@ object per line. A lock serialises requests, so the pure scheduler (any
 :class:`~hetrain.protocols.ledger.GroupScheduler`) sees them one at a time,
 stamped with the server's clock. Rank 0 talks to the scheduler in-process.
 
-Only the job's workers may talk to it: rank 0 draws a random secret and
-publishes it with the address through the job's store; a connection's first
-line must be ``{"op": "hello", "secret": ...}``. A connection that fails the
-handshake, or sends a line that is not a JSON object, gets one error line and
-is closed; the job goes on.
+Only the job's workers may talk to it: a connection's first line must be
+``{"op": "hello", "secret": ...}`` with the job's secret
+(:mod:`hetrain.transport.job_secret`), which never travels through the store (anyone
+who reaches the store may read it): a local or Ray job's launcher hands it to
+its workers, and the ranks of a torchrun job take it from
+``$HETRAIN_JOB_SECRET`` or a file only the user can read
+(:mod:`hetrain.groups.gg_secret`). Only the address (and that file's name) goes
+through the store. A connection that fails the handshake, or sends a line that
+is not a JSON object, gets one error line and is closed; the job goes on.
 """
 
 from __future__ import annotations
 
 import datetime
-import hmac
 import ipaddress
 import json
 import os
-import secrets
 import socket
 import threading
 import time
 
 from hetrain.errors import WorkerError
+from hetrain.groups import gg_secret
 from hetrain.protocols.ledger import Group, GroupScheduler
+from hetrain.transport import job_secret
 
 ADDRESS_KEY = "gg_address"
-SECRET_KEY = "gg_secret"
+HELLO_TIMEOUT_S = 30.0  # how long a new connection may take to send its hello
 MAX_LINE_BYTES = 65536  # a request is a few dozen bytes; longer lines are refused unread
 
 
@@ -110,14 +114,22 @@ class SchedulerHost:
 
 
 class GGServer(SchedulerHost):
-    """A :class:`SchedulerHost` reachable over TCP by clients that know the job's secret."""
+    """A :class:`SchedulerHost` reachable over TCP by clients that know the job's secret.
 
-    def __init__(self, scheduler: GroupScheduler, host: str | None = None, multi_node: bool = False):
+    ``secret``: the job's (a launcher's); None: the server is rank 0 of a job without hetrain's launcher,
+    and takes it as :func:`hetrain.groups.gg_secret.rank0_secret` says (refused when it would listen
+    beyond this machine without ``$HETRAIN_JOB_SECRET``)."""
+
+    def __init__(self, scheduler: GroupScheduler, host: str | None = None, multi_node: bool = False,
+                 secret: str | None = None):
         super().__init__(scheduler)
-        self.secret = secrets.token_hex(16)
+        bind, self.host = (host, host) if host else gg_bind_address(multi_node)
+        self.secret_file = None
+        if secret is None:
+            secret, self.secret_file = gg_secret.rank0_secret(bind, _is_loopback(bind))
+        self.secret = secret
         self.rejected = 0  # connections refused (bad handshake or malformed line)
         self._closed = False
-        bind, self.host = (host, host) if host else gg_bind_address(multi_node)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.bind((bind, 0))
         self._sock.listen(256)
@@ -126,14 +138,20 @@ class GGServer(SchedulerHost):
         threading.Thread(target=self._accept_loop, name="hetrain-gg", daemon=True).start()
 
     def publish(self, store) -> None:
-        """Publish the secret, then the address (clients wait for the address)."""
-        store.set(SECRET_KEY, self.secret)
+        """Publish the name of the secret's file ("" when the environment gives the secret), then the address
+        (clients wait for the address); never the secret."""
+        store.set(gg_secret.FILE_KEY, os.path.basename(self.secret_file) if self.secret_file else "")
         store.set(ADDRESS_KEY, f"{self.host}:{self.port}")
 
     def close(self) -> None:
         """Stop listening and drop every connection (a shutdown first: on Linux a plain close leaves a
         socket that another thread is blocked in accept() on still listening)."""
         self._closed = True
+        if self.secret_file is not None:
+            try:
+                os.unlink(self.secret_file)
+            except OSError:
+                pass
         for sock in [self._sock, *list(self._connections)]:
             try:
                 sock.shutdown(socket.SHUT_RDWR)
@@ -157,9 +175,11 @@ class GGServer(SchedulerHost):
     def _serve(self, conn: socket.socket) -> None:
         try:
             with conn, conn.makefile("rwb") as stream:
+                conn.settimeout(HELLO_TIMEOUT_S)  # a peer that says nothing holds no thread for long
                 hello = _read_message(stream)
+                conn.settimeout(None)
                 if not (isinstance(hello, dict) and hello.get("op") == "hello"
-                        and hmac.compare_digest(str(hello.get("secret", "")), self.secret)):
+                        and job_secret.same_secret(hello.get("secret"), self.secret)):
                     self._refuse(stream, "not a worker of this job (the first line must be a hello with the job's secret)")
                     return
                 _write(stream, {"ok": True})
@@ -249,13 +269,13 @@ class SocketClient(_Client):
         try:
             store.wait([ADDRESS_KEY], datetime.timedelta(seconds=timeout_s))
             address = store.get(ADDRESS_KEY).decode()
-            secret = store.get(SECRET_KEY).decode()
+            secret_file = store.get(gg_secret.FILE_KEY).decode()
         except Exception as exc:  # c10d raises its own store timeout types
             raise WorkerError(
                 f"worker {worker} waited {timeout_s:.0f} s for the Group Generator's address "
                 f"(rank 0 publishes it): {exc}"
             ) from None
-        self._connect(worker, address, secret, timeout_s)
+        self._connect(worker, address, gg_secret.worker_secret(worker, secret_file), timeout_s)
 
     @classmethod
     def to(cls, worker: int, address: str, secret: str, *, timeout_s: float) -> SocketClient:

@@ -199,9 +199,12 @@ def _launcher_gg(config: RunConfig, host: str = "127.0.0.1"):
     """The Group Generator of a local Prague / AD-PSGD job, served by the launcher on ``host`` (None for the
     others)."""
     from hetrain.groups.gg_service import GGServer
+    from hetrain.transport.job_secret import new_secret
 
     scheduler = config.protocol_spec.make_scheduler(config.num_workers, fitted_protocol_options(config), config.seed)
-    return GGServer(scheduler, host=host) if scheduler is not None and config.num_workers > 1 else None
+    if scheduler is None or config.num_workers < 2:
+        return None
+    return GGServer(scheduler, host=host, secret=new_secret())  # to the workers with their arguments, not a store
 
 
 def _faults(config: RunConfig) -> list:

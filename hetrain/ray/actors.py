@@ -29,6 +29,7 @@ from hetrain.jobs.worker_process import WorkerSpec
 from hetrain.ray.channels import DriverChannels
 from hetrain.ray.driver_store import DriverStore
 from hetrain.ray.worker_actor import WorkerActor
+from hetrain.transport.job_secret import new_secret
 
 KILLED = -9  # the exit code an actor that died (killed, or its node lost) reads as
 
@@ -52,7 +53,8 @@ class RayWorkers:
         n = template.world_size
         self.server = DriverStore(placement.host, template.timeout_s)
         self._results: queue.Queue = queue.Queue()
-        self.channels = DriverChannels(self.server.store, n, _Results(self))
+        self.secret = new_secret()  # to the actors in their Ray call (run's argument), never through the store
+        self.channels = DriverChannels(self.server.store, n, _Results(self), self.secret)
         self.payload = ray.put((template.fn, template.args))
         self.actor_class = ray.remote(WorkerActor)
         self.actors: list = [None] * n
@@ -86,7 +88,7 @@ class RayWorkers:
         ).remote(self.placement.env)
         self.actors[rank], self.codes[rank], self.reasons[rank] = actor, None, None
         self.incarnations[rank] = incarnation
-        self.refs[rank] = actor.run.remote(spec, self.server.address, self.payload)
+        self.refs[rank] = actor.run.remote(spec, self.server.address, self.secret, self.payload)
         self.where[(rank, incarnation)] = actor.where.remote()
 
     def pid(self, rank: int):

@@ -12,6 +12,13 @@ hosts (:mod:`hetrain.ray.driver_store`), under ``launcher/``:
 * progress, heartbeats and membership reports go through a store queue, tagged with the sender's rank
   and incarnation: the driver drops those of a process it has already replaced.
 
+The store is torch's ``TCPStore``, which anyone who reaches its port may read and write. So nothing
+read from it is unpickled: every value is JSON (or an integer), sealed with the job's secret
+(:mod:`hetrain.transport.job_secret`; the driver hands it to the actors in their Ray call, never through
+the store), and a reader keeps only what unseals: a stranger's value, garbage, or a pickle is dropped
+and counted (``rejected``). A report carries its sender's sequence number, so a replayed one is dropped
+too; the view carries the driver's version, so an old view written back is ignored.
+
 The driver's objects (:class:`DriverChannels`) and the workers' (:class:`WorkerChannels`) have the
 attributes and methods of ``JobChannels``' members that the launcher and the workers use, so
 :class:`hetrain.jobs.local_job.LocalJob`, :class:`~hetrain.jobs.context.LauncherMembership` and
@@ -21,27 +28,33 @@ attributes and methods of ``JobChannels``' members that the launcher and the wor
 from __future__ import annotations
 
 import json
-import pickle
 import queue
 import threading
 import time
+
+from hetrain.errors import WorkerError
+from hetrain.transport import job_secret
 
 PREFIX = "launcher/"
 VIEW_KEY = PREFIX + "view"
 MESSAGES_KEY = PREFIX + "messages"
 VIEW_REFRESH_S = 0.01
 _POLL_S = 0.01
+MAX_REPORT_BYTES = 1 << 20  # a report is a few hundred bytes; a larger value in the queue is no worker's
 
 
 class StoreArray:
-    """Integers kept one per store key (``launcher/NAME/I``): written by workers, read by anyone, directly."""
+    """Integers kept one per store key (``launcher/NAME/I``): written by workers, read by anyone, directly;
+    each value sealed under its key (a value that does not unseal reads as the last one that did)."""
 
-    def __init__(self, store, name: str, size: int):
-        self._store, self._name, self._size = store, name, size
+    def __init__(self, store, name: str, size: int, secret: str):
+        self._store, self._name, self._size, self._secret = store, name, size, secret
+        self._last = [0] * size
 
     def create(self) -> StoreArray:
         """The driver: every value 0 (a get of a missing key would wait)."""
-        self._store.multi_set([self._key(i) for i in range(self._size)], ["0"] * self._size)
+        keys = [self._key(i) for i in range(self._size)]
+        self._store.multi_set(keys, [job_secret.seal(self._secret, key, b"0") for key in keys])
         return self
 
     def _key(self, index: int) -> str:
@@ -53,10 +66,15 @@ class StoreArray:
         return self._size
 
     def __getitem__(self, index: int) -> int:
-        return int(self._store.get(self._key(index)))
+        key = self._key(index)
+        body = job_secret.unseal(self._secret, key, self._store.get(key))
+        if body is not None and body.isdigit():
+            self._last[index] = int(body)
+        return self._last[index]
 
     def __setitem__(self, index: int, value: int) -> None:
-        self._store.set(self._key(index), str(int(value)))
+        key = self._key(index)
+        self._store.set(key, job_secret.seal(self._secret, key, str(int(value)).encode()))
 
 
 class DriverView:
@@ -65,8 +83,8 @@ class DriverView:
     Ctrl-C's handler sets ``stop`` on the watch loop's thread, possibly in the middle of a publish: each
     change bumps a version, and a publish writes again until the version it wrote is the latest."""
 
-    def __init__(self, store, size: int):
-        self._store = store
+    def __init__(self, store, size: int, secret: str):
+        self._store, self._secret = store, secret
         self.values = {"dead": [0] * size, "incarnations": [0] * size, "stop": 0, "closing": 0, "go": 0}
         self._version = 0
         self._lock = threading.RLock()
@@ -84,7 +102,8 @@ class DriverView:
         with self._lock:
             while True:
                 version = self._version
-                self._store.set(VIEW_KEY, json.dumps(self.values))
+                body = json.dumps({"version": version, "values": self.values}).encode()
+                self._store.set(VIEW_KEY, job_secret.seal(self._secret, VIEW_KEY, body))
                 if version == self._version:
                     return
 
@@ -125,38 +144,68 @@ class PublishedFlag:
 
 
 class DriverMessages:
-    """The queue of the workers' reports, as ``JobChannels.messages`` (``get_nowait`` -> (rank, message))."""
+    """The queue of the workers' reports, as ``JobChannels.messages`` (``get_nowait`` -> (rank, message)).
 
-    def __init__(self, store, incarnations: PublishedArray):
-        self._store, self._incarnations = store, incarnations
+    A report is kept only if it unseals, is a JSON object of the expected fields, comes from a current
+    process (a replaced process's last words are dropped) and carries a sequence number above the last one
+    kept from that process (a replay is dropped); anything else counts in ``rejected``."""
+
+    def __init__(self, store, incarnations: PublishedArray, secret: str):
+        self._store, self._incarnations, self._secret = store, incarnations, secret
+        self._last_seq: dict[tuple[int, int], int] = {}
+        self.rejected = 0
 
     def get_nowait(self):
         from torch.distributed import QueueEmptyError
 
         while True:
             try:
-                rank, incarnation, message = pickle.loads(self._store.queue_pop(MESSAGES_KEY, block=False))
+                data = self._store.queue_pop(MESSAGES_KEY, block=False)
             except QueueEmptyError:
                 raise queue.Empty from None
-            if incarnation == self._incarnations[rank]:  # a replaced process's last words are dropped
-                return rank, message
+            report = self._open(data)
+            if report is None:
+                self.rejected += 1
+                continue
+            rank, incarnation, seq, message = report
+            if incarnation != self._incarnations[rank]:  # a replaced process's last words are dropped
+                continue
+            if seq <= self._last_seq.get((rank, incarnation), -1):
+                self.rejected += 1
+                continue
+            self._last_seq[(rank, incarnation)] = seq
+            return rank, message
+
+    def _open(self, data: bytes):
+        """(rank, incarnation, seq, message) of a worker's sealed report; None for anything else."""
+        body = job_secret.unseal(self._secret, MESSAGES_KEY, data) if len(data) <= MAX_REPORT_BYTES else None
+        if body is None:
+            return None
+        try:
+            report = json.loads(body)
+            rank, incarnation, seq, message = (report[k] for k in ("rank", "incarnation", "seq", "message"))
+        except (ValueError, TypeError, KeyError):
+            return None
+        if not all(type(v) is int for v in (rank, incarnation, seq)) or not 0 <= rank < len(self._incarnations):
+            return None
+        return rank, incarnation, seq, message
 
 
 class DriverChannels:
     """The driver's side of a Ray job's channels (the fields of ``JobChannels`` that ``LocalJob`` uses);
     ``results`` is filled by :class:`hetrain.ray.actors.RayWorkers` from the actors' returns."""
 
-    def __init__(self, store, size: int, results):
-        self.view = DriverView(store, size)
+    def __init__(self, store, size: int, results, secret: str):
+        self.view = DriverView(store, size, secret)
         self.dead = PublishedArray(self.view, "dead")
         self.incarnations = PublishedArray(self.view, "incarnations")
         self.stop = PublishedFlag(self.view, "stop")
         self.closing = PublishedFlag(self.view, "closing")
         self.go = PublishedFlag(self.view, "go")
-        self.ready = StoreArray(store, "ready", size).create()
-        self.finished = StoreArray(store, "finished", size).create()
-        self.stops = StoreArray(store, "stops", size * size).create()
-        self.messages = DriverMessages(store, self.incarnations)
+        self.ready = StoreArray(store, "ready", size, secret).create()
+        self.finished = StoreArray(store, "finished", size, secret).create()
+        self.stops = StoreArray(store, "stops", size * size, secret).create()
+        self.messages = DriverMessages(store, self.incarnations, secret)
         self.results = results
 
 
@@ -164,11 +213,17 @@ class ViewReader:
     """A worker's copy of the driver's view, refreshed every :data:`VIEW_REFRESH_S` on a daemon thread.
 
     If the store stops answering (the driver is gone), ``on_lost(error)`` is called once and the
-    thread ends."""
+    thread ends. A view that does not unseal, or older than the one held, is ignored (``rejected``)."""
 
-    def __init__(self, store, on_lost):
-        self._store = store
-        self.values = json.loads(self._store.get(VIEW_KEY))
+    def __init__(self, store, on_lost, secret: str, timeout_s: float = 60.0):
+        self._store, self._secret = store, secret
+        self.rejected = 0
+        self._version = -1
+        self.values = None
+        # the driver wrote it before any actor started: only a stranger's value stands in its way
+        if not _poll(lambda: self._take(self._store.get(VIEW_KEY)), timeout_s):
+            raise WorkerError(f"waited {timeout_s:.0f} s for a view of the driver's that unseals with the job's "
+                              f"secret at {VIEW_KEY} (something else writes it)")
         self._on_lost = on_lost
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hetrain-ray-view", daemon=True)
@@ -181,10 +236,26 @@ class ViewReader:
     def _run(self) -> None:
         while not self._stop.wait(VIEW_REFRESH_S):
             try:
-                self.values = json.loads(self._store.get(VIEW_KEY))
+                data = self._store.get(VIEW_KEY)
             except Exception as error:  # noqa: BLE001 - any failure of the store means the driver is unreachable
                 self._on_lost(error)
                 return
+            self._take(data)
+
+    def _take(self, data: bytes) -> bool:
+        """Take the driver's sealed view if it is newer than the one held."""
+        body = job_secret.unseal(self._secret, VIEW_KEY, data)
+        try:
+            view = json.loads(body) if body is not None else None
+            version, values = view["version"], view["values"]
+        except (ValueError, TypeError, KeyError):
+            self.rejected += 1
+            return False
+        if type(version) is not int or version < self._version:
+            self.rejected += 1
+            return False
+        self._version, self.values = version, values
+        return True
 
 
 class ViewArray:
@@ -216,32 +287,44 @@ class WorkerChannels:
     """A worker's side: the view (dead, incarnations, stop, closing, go), its own arrays, and ``report``.
 
     ``stores``: a function returning a fresh client of the driver's store (each thread gets its own
-    connection: the view's thread, the heartbeat's and the training thread's)."""
+    connection: the view's thread, the heartbeat's and the training thread's); ``secret``: the job's."""
 
-    def __init__(self, stores, size: int, rank: int, incarnation: int, on_lost):
+    def __init__(self, stores, size: int, rank: int, incarnation: int, on_lost, secret: str):
         self.rank, self.incarnation = rank, incarnation
+        self._secret = secret
         self._store = stores()
         self._report_store = stores()
         self._report_lock = threading.Lock()
-        self._reader = reader = ViewReader(stores(), on_lost)
+        self._seq = 0
+        self._reader = reader = ViewReader(stores(), on_lost, secret)
         self.dead = ViewArray(reader, "dead")
         self.incarnations = ViewArray(reader, "incarnations")
         self.stop = ViewFlag(reader, "stop")
         self.closing = ViewFlag(reader, "closing")
         self.go = ViewFlag(reader, "go")
-        self.ready = StoreArray(self._store, "ready", size)
-        self.finished = StoreArray(self._store, "finished", size)
-        self.stops = StoreArray(self._store, "stops", size * size)
+        self.ready = StoreArray(self._store, "ready", size, secret)
+        self.finished = StoreArray(self._store, "finished", size, secret)
+        self.stops = StoreArray(self._store, "stops", size * size, secret)
 
     def close(self) -> None:
         """Stop reading the view (a worker process leaves without it; tests close theirs)."""
         self._reader.close()
 
     def report(self, message) -> None:
-        """Send a picklable message to the driver (from any thread)."""
-        data = pickle.dumps((self.rank, self.incarnation, message))
+        """Send a message to the driver (from any thread): JSON (tuples arrive as lists; a number type of
+        numpy's or torch's as a Python number)."""
         with self._report_lock:
-            self._report_store.queue_push(MESSAGES_KEY, data)
+            self._seq += 1
+            body = json.dumps({"rank": self.rank, "incarnation": self.incarnation, "seq": self._seq,
+                               "message": message}, default=_plain).encode()
+            self._report_store.queue_push(MESSAGES_KEY, job_secret.seal(self._secret, MESSAGES_KEY, body))
+
+
+def _plain(value):
+    """JSON for a scalar of numpy's or torch's (anything else in a report is a bug of its sender)."""
+    if hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"a Ray worker's report holds a {type(value).__name__}, which is not JSON: {value!r}")
 
 
 def _poll(predicate, timeout_s: float) -> bool:

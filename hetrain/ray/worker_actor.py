@@ -45,11 +45,11 @@ class WorkerActor:
     def signal_self(self, signum: int) -> None:
         os.kill(os.getpid(), signum)
 
-    def run(self, spec, store_address: tuple[str, int], payload) -> tuple:
-        return run_worker(spec, store_address, *payload)
+    def run(self, spec, store_address: tuple[str, int], secret: str, payload) -> tuple:
+        return run_worker(spec, store_address, secret, *payload)
 
 
-def run_worker(spec, store_address: tuple[str, int], fn, args: tuple) -> tuple:
+def run_worker(spec, store_address: tuple[str, int], secret: str, fn, args: tuple) -> tuple:
     """The body of ``WorkerActor.run``: returns (kind, value, detail) as a local worker's result message."""
     from hetrain.jobs.heartbeat import start_heartbeat
     from hetrain.jobs.worker_process import name_process
@@ -67,7 +67,7 @@ def run_worker(spec, store_address: tuple[str, int], fn, args: tuple) -> tuple:
 
     try:
         channels = WorkerChannels(lambda: connect(host, port, spec.timeout_s), spec.world_size, rank,
-                                  spec.incarnation, driver_lost)
+                                  spec.incarnation, driver_lost, secret)
     except Exception as exc:  # noqa: BLE001 - reported as this worker's error
         return "error", f"worker {rank} could not reach the job's store at {host}:{port}: {exc}", \
             traceback.format_exc()

@@ -42,7 +42,7 @@ def test_the_environment_variable_wins(loopback):
 
 def test_a_server_on_all_interfaces_answers_on_its_published_address(loopback, monkeypatch):
     monkeypatch.setenv("HETRAIN_GG_HOST", "0.0.0.0")
-    server = GGServer(GroupGenerator(2, 2, "smart"))
+    server = GGServer(GroupGenerator(2, 2, "smart"), secret="c0" * 32)
     try:
         with socket.create_connection((server.host, server.port), timeout=10) as conn, conn.makefile("rwb") as f:
             for message in ({"op": "hello", "secret": server.secret}, {"op": "status"}):

@@ -89,6 +89,9 @@ COMM_MUTANTS = {
     "ddp-wait-as-work": [
         "tests/jobs/test_emulation_record.py::test_the_record_gives_each_worker_s_compute_phase_against_its_target"
         "[allreduce]"],
+    "unauthenticated-peer-accepted": [
+        "tests/jobs/test_hostile_peer.py::test_a_stranger_on_a_local_jobs_group_generator_gets_nothing_in",
+        "tests/ray/test_store_strangers.py::test_a_strangers_pickles_garbage_and_forgeries_are_dropped_and_run_nothing"],
     "outer-step-on-own-anchor": [
         f"{OC}::test_outer_nesterov_without_progress_is_plain_gossip_off_the_complete_graph[exponential]",
         f"{OC}::test_outer_nesterov_without_progress_is_plain_gossip_off_the_complete_graph[torus]"],

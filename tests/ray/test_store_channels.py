@@ -12,6 +12,8 @@ from hetrain.jobs.context import LauncherMembership
 from hetrain.ray.channels import VIEW_REFRESH_S, DriverChannels, WorkerChannels
 from hetrain.ray.driver_store import DriverStore, connect
 
+SECRET = "a3" * 32  # the job's (the driver draws one per job and hands it to the actors in their Ray call)
+
 
 def _eventually(predicate, within_s: float = 2.0) -> bool:
     deadline = time.monotonic() + within_s
@@ -37,7 +39,7 @@ def _next_message(channels):
 def driver():
     server = DriverStore("127.0.0.1", timeout_s=10)
     try:
-        yield server, DriverChannels(server.store, 3, results=queue.Queue())
+        yield server, DriverChannels(server.store, 3, results=queue.Queue(), secret=SECRET)
     finally:
         server.close()
 
@@ -49,7 +51,7 @@ def workers():
 
     def make(server, rank, incarnation=0, lost=None):
         made.append(WorkerChannels(lambda: connect(*server.address, 10), 3, rank, incarnation,
-                                   lost or (lambda e: None)))
+                                   lost or (lambda e: None), SECRET))
         return made[-1]
 
     try:
@@ -111,7 +113,7 @@ def test_reports_of_a_replaced_process_are_dropped(loopback, driver, workers):
 
 def test_a_worker_learns_its_driver_is_gone(loopback, workers):
     server = DriverStore("127.0.0.1", timeout_s=10)
-    DriverChannels(server.store, 2, results=queue.Queue())
+    DriverChannels(server.store, 2, results=queue.Queue(), secret=SECRET)
     lost = threading.Event()
     workers(server, 0, lost=lambda error: lost.set())
     server.close()
