@@ -11,10 +11,7 @@ def on_page_markdown(markdown, page, config, files):
         return markdown
     if MARKER not in markdown:
         raise ValueError(f"docs/reference/cli.md lost its {MARKER} marker: the generated reference goes there")
-    from hetrain.testing.mutants import apply_from_env
-
     from hetrain.cli import build_parser
     from hetrain.cli_markdown import cli_markdown
 
-    apply_from_env()  # tests only: $HETRAIN_MUTANT reaches the generated page as it reaches a job's workers
     return markdown.replace(MARKER, cli_markdown(build_parser()))

@@ -51,8 +51,6 @@ def test_the_readme_first_run_trains_and_writes_what_it_says(processes, tmp_path
 
 WRAPPER = """\
 import hashlib, json, os, runpy, sys
-from hetrain.testing.mutants import apply_from_env
-apply_from_env()  # tests only: $HETRAIN_MUTANT reaches every rank
 names = runpy.run_path("train.py")  # the README's block, as written
 flat = b"".join(p.detach().double().numpy().tobytes() for p in names["model"].parameters())
 with open(f"rank{names['rank']}.json", "w") as handle:

@@ -13,13 +13,10 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from hetrain.testing.mutants import apply_from_env
 from torch.utils.data import DataLoader, TensorDataset
 
 import hetrain.integrations.accelerate as hetrain_accelerate  # before Accelerator() is made
 from hetrain.transport.job import job_store
-
-apply_from_env()  # $HETRAIN_MUTANT: the processes accelerate launch starts are not hetrain's launcher's
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--protocol", required=True)

@@ -1,7 +1,7 @@
 """``hetrain plan --train`` checks training, not one step (issue 68, item 5): real optimizer steps in
 float64 beside the whole model, the copies of a weight, the best data parallelism, readable times.
 
-Mutations each test is there to catch (hetrain/testing/mutants.py, run by tests/mutants/test_mutants.py):
+Mutations each test is there to catch (tests/mutants/catalog.py, run by tests/mutants/test_mutants.py):
 ``plan-shards-frozen`` (the optimizer gets zero gradients), ``plan-update-unlike-the-whole-model`` (the
 ranks' optimizer takes Nesterov steps), ``plan-replicas-disagree`` (odd ranks' float32 steps scale their
 gradients), ``plan-verdict-ignores-replicas`` (the verdict leaves the copies out).
