@@ -45,7 +45,7 @@ def test_a_checkpoint_resumes_only_with_the_split_it_was_written_with(tmp_path):
     written = RunConfig(num_workers=2, iterations=2, checkpoint_dir=str(tmp_path), data_split="whole")
     (tmp_path / checkpoint.MANIFEST).write_text(json.dumps(checkpoint.fingerprint(written)))
     again = RunConfig(num_workers=2, iterations=2, checkpoint_dir=str(tmp_path), resume=True, data_split="shard")
-    with pytest.raises(OptionError, match="data_split was 'whole', now 'shard'"):
+    with pytest.raises(OptionError, match="written with data_split 'whole', this run has 'shard'"):
         checkpoint.prepare(str(tmp_path), again, resume=True)
 
 

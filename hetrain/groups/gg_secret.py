@@ -10,7 +10,7 @@ read it).
   in the store; the other ranks read the file. A stranger who reads the store learns a name it cannot
   open. Rank 0 removes the file as the Group Generator closes.
 
-See docs/decisions/job-secret-under-torchrun.md.
+See docs/decisions/job-secret.md.
 """
 
 from __future__ import annotations
