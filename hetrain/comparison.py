@@ -13,6 +13,7 @@ protocol's start-up ends it with the runs before that one summarized.
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 from hetrain.config import RunConfig
@@ -39,6 +40,19 @@ TABLE_COLUMNS = (
     ("peak RSS/worker MB", "peak_rss_mb_max_worker", "{:.0f}"),
     ("bytes sent/sample", "bytes_sent_per_sample", "{:.0f}"),
 )
+# what `hetrain compare` prints: the columns a person compares first, within CONSOLE_WIDTH (the whole
+# table goes to summary.md and summary.json)
+CONSOLE_COLUMNS = (
+    ("protocol", "protocol", "{}"),
+    ("samples/s", "samples_per_s", "{:.0f}"),
+    ("efficiency", "heterogeneity_efficiency", "{:.3f}"),
+    ("vs allreduce", "speedup_samples_per_s", "{:.2f}x"),
+    ("acc. avg", "final_accuracy_avg_model", "{:.4f}"),
+    ("acc. worst", "final_accuracy_worst_worker", "{:.4f}"),
+    ("to target avg (s)", "time_to_target_s", "{:.2f}"),
+    ("to target worst (s)", "time_to_target_worst_worker_s", "{:.2f}"),
+)
+CONSOLE_WIDTH = 120
 
 
 def run_comparison(configs: list[RunConfig], out_dir: str, progress: bool = True) -> dict:
@@ -106,7 +120,9 @@ def summarize(runs: list[dict]) -> dict:
         row["speedup_time_to_target"] = _ratio(base, r, "time_to_target_s")
         row["speedup_time_to_target_worst_worker"] = _ratio(base, r, "time_to_target_worst_worker_s")
         rows.append(row)
-    return {"runs": rows, "table_markdown": markdown_table(rows) + "\n\n" + table_notes(runs)}
+    notes = table_notes(runs)
+    return {"runs": rows, "table_markdown": markdown_table(rows) + "\n\n" + notes,
+            "table_console": console_table(rows) + "\n\n" + textwrap.fill(notes, CONSOLE_WIDTH)}
 
 
 def loss_at_fraction(run: dict, fraction: float) -> float | None:
@@ -144,6 +160,21 @@ def markdown_table(rows: list[dict]) -> str:
             value = row.get(key)
             cells.append("-" if value is None else fmt.format(value))
         lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def console_table(rows: list[dict]) -> str:
+    """The table for a terminal: CONSOLE_COLUMNS, aligned, no line wider than CONSOLE_WIDTH (a protocol's
+    name is cut to fit)."""
+    cells = [[name for name, _, _ in CONSOLE_COLUMNS]]
+    for row in rows:
+        cells.append(["-" if row.get(key) is None else fmt.format(row[key]) for _, key, fmt in CONSOLE_COLUMNS])
+    widths = [max(len(line[i]) for line in cells) for i in range(len(CONSOLE_COLUMNS))]
+    others = sum(widths[1:]) + 3 * len(widths) + 1
+    widths[0] = min(widths[0], max(8, CONSOLE_WIDTH - others))
+    lines = ["| " + " | ".join(cell[:w].ljust(w) if i == 0 else cell.rjust(w)
+                               for i, (cell, w) in enumerate(zip(line, widths))) + " |" for line in cells]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
     return "\n".join(lines)
 
 

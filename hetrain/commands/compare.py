@@ -55,6 +55,6 @@ def run(args) -> int:
         configs = [c.replace(checkpoint_dir=os.path.join(args.checkpoint_dir, c.protocol)) for c in configs]
     stop_on_sigterm()  # a scheduler's stop: during a run it stops that run, and the summary has the runs so far
     summary = run_comparison(configs, args.out, progress=not args.no_progress)
-    print(summary["table_markdown"])
-    print(f"wrote {args.out}/summary.json, summary.md, over_time.png")
+    print(summary["table_console"])
+    print(f"wrote {args.out}/summary.json, summary.md (every column), over_time.png")
     return interrupted_exit_code(summary["runs"])

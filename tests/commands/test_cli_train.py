@@ -168,3 +168,22 @@ def test_a_gossip_step_is_said_to_be_ignored_by_allreduce(processes, tmp_path):
     with pytest.warns(UserWarning, match="ignored by allreduce"):
         assert main(["train", "--protocol", "allreduce", "--workers", "2", "--iterations", "3", "--compress",
                      "powersgd:1", "--gossip-step", "0.5", "--no-progress", "--out", str(tmp_path / "run")]) == 0
+
+
+def test_the_compare_table_for_a_terminal_fits_120_columns_and_summary_md_keeps_every_column():
+    """Issue 70: the table printed was 19 columns, 413-542 characters wide."""
+    from hetrain.comparison import TABLE_COLUMNS, summarize
+
+    def run(protocol, rate):
+        return {"protocol": protocol, "samples_per_s": rate, "heterogeneity_efficiency": 0.912345,
+                "final_accuracy_avg_model": 0.97, "final_accuracy_worst_worker": 0.95, "time_to_target_s": 12.3,
+                "time_to_target_worst_worker_s": 1234.5, "consensus_distance": 0.01, "updates_stale": 123456,
+                "updates_dropped": 654321, "wall_time_s": 60.0, "target_accuracy": 0.95,
+                "efficiency_basis": "emulated"}
+
+    summary = summarize([run("allreduce", 1000.0), run("prague-with-a-very-long-label-" * 4, 123456.0)])
+    console = summary["table_console"]
+    assert max(len(line) for line in console.splitlines()) <= 120, console
+    assert console.splitlines()[0].startswith("| protocol ") and "123456" in console
+    header = summary["table_markdown"].splitlines()[0]
+    assert all(name in header for name, _, _ in TABLE_COLUMNS)  # summary.md: the whole table
