@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import difflib
 import importlib
 import os
 import signal
@@ -30,14 +31,42 @@ COMMANDS = {
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a bad flag is a one-line error with exit code 2 (as ours are)."""
+    """argparse, but a bad flag is a one-line error with exit code 2 (as ours are), and an unknown flag
+    names the nearest one it may have meant."""
+
+    command: str | None = None  # the sub-command being parsed (set on the top parser): whose --help to name
 
     def error(self, message: str):  # noqa: D401 - argparse API
-        raise UsageError(f"{self.prog}: {message} (see `{self.prog} --help`)")
+        where = "" if self.prog == "hetrain" else f"{self.prog}: "
+        help_of = f"hetrain {self.command}" if self.command and self.prog == "hetrain" else self.prog
+        raise UsageError(f"{where}{message}{self._suggestion(message)} (see `{help_of} --help`)")
+
+    def _suggestion(self, message: str) -> str:
+        if not message.startswith("unrecognized arguments:"):
+            return ""
+        flags = set(_option_strings(self))
+        unknown = [word.split("=")[0] for word in message.split(":", 1)[1].split() if word.startswith("--")]
+        for word in unknown:
+            close = difflib.get_close_matches(word, flags, n=1, cutoff=0.75)
+            if close:
+                return f"; did you mean {close[0]}?"
+        return ""
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
+    """Every flag of ``parser`` and of its sub-commands' parsers."""
+    found = []
+    for action in parser._actions:  # argparse has no public accessor for its actions
+        found.extend(action.option_strings)
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found.extend(_option_strings(sub))
+    return found
 
 
 def _build_parser(command: str | None) -> argparse.ArgumentParser:
     parser = _Parser(prog="hetrain", description="Heterogeneity-aware distributed training on PyTorch.")
+    parser.command = command
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, module_name in COMMANDS.items():
         if command is not None and name != command:

@@ -187,3 +187,11 @@ def test_the_compare_table_for_a_terminal_fits_120_columns_and_summary_md_keeps_
     assert console.splitlines()[0].startswith("| protocol ") and "123456" in console
     header = summary["table_markdown"].splitlines()[0]
     assert all(name in header for name, _, _ in TABLE_COLUMNS)  # summary.md: the whole table
+
+
+def test_an_unknown_flag_names_the_flag_it_is_nearest_to(capsys):
+    """Issue 70: `--time-budgt` gave "hetrain: error: hetrain: unrecognized arguments" and nothing more."""
+    assert main(["train", "--time-budgt", "5", "--out", "unused"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("hetrain: error: unrecognized arguments: --time-budgt 5; did you mean --time-budget? "
+                   "(see `hetrain train --help`)")
