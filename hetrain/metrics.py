@@ -238,7 +238,8 @@ def format_summary(m: dict) -> str:
         + f": averaged model {_fmt(m['time_to_target_s'], '.2f')} s"
         f"  worst worker's own model {_fmt(m.get('time_to_target_worst_worker_s'), '.2f')} s",
         f"  consensus distance {_fmt(m['consensus_distance'], '.3g')}  max iteration gap {m['max_iteration_gap']}"
-        f"  updates stale {m.get('updates_stale', 0)} dropped {m.get('updates_dropped', 0)}",
+        f"  updates stale {m.get('updates_stale', 0)}, dropped unused {m.get('updates_dropped', 0)} (a newer one "
+        "from the same neighbour came first, or the edge was gone)",
     ]
     if m.get("bytes_sent") is not None:
         comm = (m.get("config") or {})
