@@ -1148,8 +1148,8 @@ def compare_writes_no_plot() -> None:
 
 
 
-def citations_left_as_they_were() -> None:
-    """scripts/cite_records.py rewrites no citation of the split docs pages (the text stays as it was)."""
+def _cite_records():
+    """scripts/cite_records.py as a module (loaded once: the test loads the same one)."""
     import importlib.util
     import sys
     from pathlib import Path
@@ -1159,21 +1159,18 @@ def citations_left_as_they_were() -> None:
         spec = importlib.util.spec_from_file_location("cite_records", path)
         sys.modules["cite_records"] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(sys.modules["cite_records"])
-    sys.modules["cite_records"].rewrite = lambda text, rel, mapping: (text, [])
+    return sys.modules["cite_records"]
+
+
+def citations_left_as_they_were() -> None:
+    """scripts/cite_records.py rewrites no citation of the split docs pages (the text stays as it was)."""
+    module = _cite_records()
+    module.rewrite = lambda text, rel, mapping: (text, [])
 
 
 def part_titles_dropped() -> None:
     """scripts/cite_records.py drops the title of a cited part of a record (the reader loses the part)."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    if "cite_records" not in sys.modules:
-        path = Path(__file__).resolve().parents[2] / "scripts" / "cite_records.py"
-        spec = importlib.util.spec_from_file_location("cite_records", path)
-        sys.modules["cite_records"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules["cite_records"])
-    module = sys.modules["cite_records"]
+    module = _cite_records()
     place = module.place
 
     def place_without_titles(*args):
@@ -1185,33 +1182,16 @@ def part_titles_dropped() -> None:
 
 def unplaced_citations_unreported() -> None:
     """scripts/cite_records.py leaves a citation it cannot place without a word."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    if "cite_records" not in sys.modules:
-        path = Path(__file__).resolve().parents[2] / "scripts" / "cite_records.py"
-        spec = importlib.util.spec_from_file_location("cite_records", path)
-        sys.modules["cite_records"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules["cite_records"])
-    module = sys.modules["cite_records"]
+    module = _cite_records()
     rewrite = module.rewrite
     module.rewrite = lambda text, rel, mapping: (rewrite(text, rel, mapping)[0], [])
 
 
 def record_citations_unseen() -> None:
     """scripts/cite_records.py finds no citation of a record or a result (so none can be missing)."""
-    import importlib.util
     import re
-    import sys
-    from pathlib import Path
 
-    if "cite_records" not in sys.modules:
-        path = Path(__file__).resolve().parents[2] / "scripts" / "cite_records.py"
-        spec = importlib.util.spec_from_file_location("cite_records", path)
-        sys.modules["cite_records"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules["cite_records"])
-    sys.modules["cite_records"].CITED = re.compile(r"(?!)")
+    _cite_records().CITED = re.compile(r"(?!)")
 
 
 def unauthenticated_peer_accepted() -> None:
