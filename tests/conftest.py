@@ -39,6 +39,7 @@ def pytest_configure(config):
                        ("process", "starts processes (the processes fixture)"),
                        ("contract", "a process test in the default run: it guards what no faster test can")):
         config.addinivalue_line("markers", f"{tier}: {text}")
+    sys.path.append(str(Path(__file__).parent / "support"))  # the tests' own helpers (doc_blocks, hostile_peer)
     _mutant_in_every_process()
 
 

@@ -4,8 +4,7 @@ the README stays a first contact: short, naming how to set up and how to test (i
 import re
 
 import pytest
-
-from hetrain.testing.doc_blocks import ROOT, Block, blocks, documentation_files, undefined_names
+from doc_blocks import ROOT, Block, blocks, documentation_files, undefined_names
 
 PYTHON_BLOCKS = [block for path in documentation_files() for block in blocks(path, "python")]
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hetrain.testing.doc_blocks import ROOT, blocks
+from doc_blocks import ROOT, blocks
 
 README = ROOT / "README.md"
 BIN = Path(sys.executable).parent  # the venv's bin: `hetrain` and `torchrun`, as after `source .venv/bin/activate`

@@ -6,9 +6,9 @@ import subprocess
 import sys
 
 import pytest
+from doc_blocks import ROOT
 
 from hetrain.cli import build_parser
-from hetrain.testing.doc_blocks import ROOT
 
 
 def test_the_site_builds_strict_with_the_generated_references(processes, tmp_path):

@@ -13,8 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from hetrain.testing.hostile_peer import attack_lines, attack_store, listening_ports, send_raw, store_values
+from hostile_peer import attack_lines, attack_store, listening_ports, send_raw, store_values
 
 ROOT = Path(__file__).resolve().parents[2]
 ITERATIONS = 1500

@@ -10,10 +10,10 @@ import subprocess
 import time
 
 import pytest
+from hostile_peer import attack_lines, attack_store, listening_ports, send_raw, store_values
 from ray_nodes import train_command  # noqa: E402 (tests/ray is on sys.path)
 
 from hetrain.ray.channels import MESSAGES_KEY
-from hetrain.testing.hostile_peer import attack_lines, attack_store, listening_ports, send_raw, store_values
 
 pytest.importorskip("ray", reason="the Ray launcher's tests need hetrain[ray]")
 
