@@ -53,6 +53,17 @@ class _Parser(argparse.ArgumentParser):
         return ""
 
 
+class _Help(argparse.HelpFormatter):
+    """Every flag's help states its default, unless the help already speaks of it (or there is none to state)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if (action.option_strings and action.default not in (None, False, argparse.SUPPRESS)
+                and "default" not in text and "%(default)" not in text):
+            text += " (default: %(default)s)"
+        return text
+
+
 def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
     """Every flag of ``parser`` and of its sub-commands' parsers."""
     found = []
@@ -73,7 +84,7 @@ def _build_parser(command: str | None) -> argparse.ArgumentParser:
             sub.add_parser(name, help=f"see `hetrain {name} --help`")
             continue
         module = importlib.import_module(module_name)
-        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        p = sub.add_parser(name, help=module.HELP, description=module.HELP, formatter_class=_Help)
         module.add_arguments(p)
     return parser
 

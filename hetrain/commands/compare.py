@@ -25,7 +25,8 @@ from hetrain.commands.train import interrupted_exit_code
 from hetrain.config import RunConfig
 from hetrain.registry import PROTOCOL_NAMES
 
-HELP = "run several protocols side by side with identical settings (the main job)"
+HELP = ("run several protocols side by side with identical settings (the main job); by default 8 workers, "
+        "worker 0 five times slower, 50 ms of emulated compute, 120 s of training per protocol")
 DEFAULT_PROTOCOLS = "allreduce,dpsgd,hop,prague"
 # 120 s per protocol: a shorter run hid a leak once (docs/results/2026-12-01-soak.md); headline
 # figures come from runs of at least two minutes. `--time-budget 20` gives a quick look.

@@ -195,3 +195,21 @@ def test_an_unknown_flag_names_the_flag_it_is_nearest_to(capsys):
     err = capsys.readouterr().err.strip()
     assert err == ("hetrain: error: unrecognized arguments: --time-budgt 5; did you mean --time-budget? "
                    "(see `hetrain train --help`)")
+
+
+def test_every_flag_s_help_states_its_default(capsys):
+    """Issue 70: `compare --help` hid that it runs 8 workers, worker 0 5x slower, for 120 s per protocol."""
+    import argparse
+
+    from hetrain.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for name, command in commands.items():
+        text = command.format_help()
+        for action in command._actions:
+            if action.option_strings and action.help and action.default not in (None, False, argparse.SUPPRESS):
+                flag = action.option_strings[-1]
+                entry = text[text.index(flag):]
+                assert "default" in entry[:600], f"hetrain {name} --help: {flag} does not state its default"
+    assert "120 s of training per protocol" in " ".join(commands["compare"].format_help().split())
