@@ -168,6 +168,7 @@ def _write(path, data) -> None:
         write_json_atomic(path, data)
     except OSError as exc:
         raise UsageError(f"--json {path}: cannot write ({exc.strerror}); choose a writable path") from None
+    print(f"wrote {path}")
 
 
 def _shape(text: str | None):

@@ -172,3 +172,11 @@ def test_real_torchvision_model():
     from hetrain.planner.models import load
 
     assert load("torchvision:resnet50").total_params == 25_557_032
+
+
+def test_plan_json_says_where_it_wrote(tmp_path, capsys):
+    """Issue 70: `--json` runs printed nothing, not even where they wrote."""
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--model", "alexnet", "--batch", "64", "--devices", "a100:2", "--json", str(out)]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == f"wrote {out}"
+    assert json.loads(out.read_text())["plans"]
