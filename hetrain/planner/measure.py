@@ -19,6 +19,7 @@ machine's matmul FLOP/s and gloo bandwidth with N processes running at once.
 from __future__ import annotations
 
 import statistics
+import sys
 from dataclasses import dataclass, field
 
 from hetrain.errors import UsageError
@@ -130,8 +131,16 @@ def measure(net, batch: int, plan, devices, steps: int = 3, timeout_s: float = 6
     if world > 8:
         raise UsageError(f"--measure runs one process per device; {world} is too many for one machine (at most 8)")
     program = Program(net, batch, plan)
-    results = run_local(worker, world, (program, "float32", steps, check, calibrate_s), backend="gloo",
-                        timeout_s=timeout_s, job_timeout_s=timeout_s, stoppable=False)
+    from tqdm import tqdm
+
+    with tqdm(total=steps + 1, desc=f"measuring the plan on {world} processes (a warm-up, then {steps} steps)",
+              unit="step", file=sys.stderr, leave=False) as bar:
+        def on_message(rank, message):
+            if isinstance(message, dict) and "measured_step" in message:
+                bar.update(1)
+
+        results = run_local(worker, world, (program, "float32", steps, check, calibrate_s), backend="gloo",
+                            timeout_s=timeout_s, job_timeout_s=timeout_s, stoppable=False, on_message=on_message)
     levels = len(results[0]["steps"][0]["level_s"])
     per_step = []
     for k in range(steps):
