@@ -1073,6 +1073,14 @@ def hop_graph_not_repaired() -> None:
     hop.repair = lambda topology, dead: topology
 
 
+def ps_answers_the_first_worker() -> None:
+    """The parameter server sends every answer to worker 1, whoever pushed (the fake transport's PS test)."""
+    from hetrain.runtime.parameter_server import _Server
+
+    answer = _Server._answer
+    _Server._answer = lambda self, worker: answer(self, min(worker, 1) if worker else 0)
+
+
 def keyframes_always() -> None:
     """Compressed gossip forgets which receivers hold its public copy: every message a keyframe, no delta."""
     from hetrain.compression.gossip_codec import PublicCopy
@@ -1205,7 +1213,8 @@ def unauthenticated_peer_accepted() -> None:
 
 MUTANTS = {"no-comm": no_comm,
            "hop-update-to-first-out-neighbour-only": hop_update_to_first_out_neighbour_only,
-           "hop-graph-not-repaired": hop_graph_not_repaired, "keyframes-always": keyframes_always, "arrivals-not-progress": arrivals_not_progress,
+           "hop-graph-not-repaired": hop_graph_not_repaired, "keyframes-always": keyframes_always,
+           "ps-answers-the-first-worker": ps_answers_the_first_worker, "arrivals-not-progress": arrivals_not_progress,
            "calibration-sticks": calibration_sticks, "ddp-wait-as-work": ddp_wait_as_work, "standalone-ignores-achieved": standalone_ignores_achieved,
            "unauthenticated-peer-accepted": unauthenticated_peer_accepted,
            "arrivals-progress-forever": arrivals_progress_forever,

@@ -82,6 +82,8 @@ COMM_MUTANTS = {
     "hop-graph-not-repaired": [
         f"{FT}::test_a_death_on_the_ring_is_repaired_and_the_survivors_send_over_the_new_edges_only"],
     "keyframes-always": [f"{FT}::test_compressed_hop_sends_a_keyframe_first_then_deltas_a_fraction_of_its_size"],
+    "ps-answers-the-first-worker": [
+        f"{FT}::test_the_parameter_server_answers_each_push_to_the_worker_that_pushed_and_no_other"],
     "calibration-sticks": [
         "tests/jobs/test_emulation.py::test_a_busy_start_does_not_stick_each_quick_iteration_still_lasts_its_target"],
     "standalone-ignores-achieved": [

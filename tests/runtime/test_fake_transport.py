@@ -119,3 +119,26 @@ def test_compressed_hop_sends_a_keyframe_first_then_deltas_a_fraction_of_its_siz
     assert error is None, error
     after = torch.stack([a for _, a in results])
     assert float((after - after.mean(0)).norm()) < 1e-9
+
+
+def _ps(rank, steps: int):
+    model = _model(rank.rank)
+    sync = hetrain.ParameterServer(model, None, staleness=0, transport=rank.transport("ps"), timeout_s=10)
+    for _ in range(steps):
+        sync.step()
+    sync.finish()
+    return model.weight.detach().clone()
+
+
+def test_the_parameter_server_answers_each_push_to_the_worker_that_pushed_and_no_other():
+    fabric = Fabric()
+    results, error = _run(_ps, fabric, (8,))
+    for worker in (1, 2, 3):
+        pushes = fabric.sent(src=worker, kind=UPDATE)
+        assert {m.dst for m in pushes} == {0}  # a worker talks to the server only
+        assert [m.iteration for m in pushes] == list(range(1, 9))  # one push per step, tagged with its count
+        answers = fabric.sent(src=0, dst=worker, kind=UPDATE)
+        assert len(answers) == len(pushes), (worker, len(answers), len(pushes))  # each push answered, to it
+    assert not [m for m in fabric.log if m.src != 0 and m.dst != 0]  # no worker-to-worker message
+    assert error is None, error
+    assert all(torch.equal(r, results[0]) for r in results)  # every worker holds the server's model
