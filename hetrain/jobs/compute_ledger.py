@@ -81,7 +81,9 @@ def over_target_warning(record: dict) -> str | None:
     ranks = record.get("compute_phase_over_target") or []
     if not ranks:
         return None
-    by_rank = {w["rank"]: w.get("compute_phase") or {} for w in record["workers"]}
+    # a rank's processes (a dead one and its replacement) each have an entry: the one that measured a phase
+    by_rank = {w["rank"]: w["compute_phase"] for w in record["workers"]
+               if (w.get("compute_phase") or {}).get("iterations")}
     parts = ", ".join(f"worker {r} ({by_rank[r]['share_over_target']:.0%} of {by_rank[r]['iterations']} iterations; "
                       f"work median {by_rank[r]['work_ms_median']:.1f} ms vs target {by_rank[r]['target_ms']:.1f} ms)"
                       for r in ranks)

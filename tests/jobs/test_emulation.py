@@ -106,3 +106,16 @@ def test_the_emulated_standalone_iteration_is_never_shorter_than_the_achieved_ph
 def test_an_empty_ledger_says_so():
     assert ComputeLedger().summary() == {"iterations": 0}
     assert job_compute_phase([{"rank": 0, "compute_phase": {"iterations": 0}}])["compute_phase_ratio_min"] is None
+
+
+def test_the_warning_names_a_respawned_rank_by_the_process_that_measured_its_phase():
+    """Under respawn a rank has two entries, the dead process's (no phase) after or before its replacement's:
+    the warning raised KeyError on the one without (the slow suite, a loaded machine, 2026-12-07)."""
+    clock = FakeClock()
+    slow = ComputeEmulator(clock, clock.sleep)
+    run_iterations(slow, clock, [0.08] * 10, target_s=0.05)
+    for workers in ([{"rank": 2, "compute_phase": slow.ledger.summary()}, {"rank": 2, "incarnation": 0}],
+                    [{"rank": 2, "incarnation": 0}, {"rank": 2, "compute_phase": slow.ledger.summary()}]):
+        job = job_compute_phase(workers)
+        assert job["compute_phase_over_target"] == [2]
+        assert "worker 2 (100% of 10 iterations" in over_target_warning({**job, "workers": workers})
