@@ -2,13 +2,15 @@
 
 Nothing new is instrumented: each worker's compute time per iteration is its ``compute_s`` over its
 ``iterations``; its variability is ``compute_phase``'s mean over median; the model's size is the bytes a
-worker exchanged per exchange (``uncompressed_bytes / exchanges``, float32); an all-reduce's cost is what
+worker exchanged per exchange (``uncompressed_bytes / exchanges``, float32; under all-reduce each member
+sends 2(n-1)/n of the model, so that is divided out); an all-reduce's cost is what
 the slowest worker waited per iteration (it never waits for the others' compute, only for the collective).
 """
 
 from __future__ import annotations
 
 from hetrain.errors import UsageError
+from hetrain.transport.link_spec import ring_allreduce_bytes
 
 PROFILE_VERSION = 1
 
@@ -25,13 +27,15 @@ def profile_from_record(record: dict) -> dict:
     slowest_worker = workers[slowest]
     exchanges = max(1, slowest_worker.get("exchanges") or slowest_worker["iterations"])
     message_bytes = (slowest_worker.get("uncompressed_bytes") or 0) / exchanges
+    if record.get("protocol") == "allreduce" and len(workers) > 1:  # a ring member's bytes: 2 (n-1)/n model
+        message_bytes /= ring_allreduce_bytes(len(workers), 1.0)
     config = record.get("config") or {}
     return {
         "version": PROFILE_VERSION,
         "num_workers": len(workers),
         "compute_ms": [round(c, 3) for c in compute_ms],
         "compute_variability": [_variability(w) for w in workers],
-        "model_params": int(message_bytes / 4) if message_bytes else None,
+        "model_params": round(message_bytes / 4) if message_bytes else None,
         "allreduce_ms": round(1000.0 * slowest_worker["wait_s"] / slowest_worker["iterations"], 3),
         "link_mbps": config.get("link_mbps"),
         "link_latency_ms": config.get("link_latency_ms"),

@@ -19,7 +19,7 @@ def test_advise_measures_simulates_and_recommends_a_command_that_parses(processe
     advice = json.loads(out.read_text())
     profile = advice["profile"]
     assert profile["num_workers"] == 3 and profile["measured_protocol"] == "allreduce"
-    assert len(profile["compute_ms"]) == 3 and profile["model_params"] > 0
+    assert len(profile["compute_ms"]) == 3 and profile["model_params"] == 4810  # the digits MLP
     assert profile["compute_ms"][0] > 2 * max(profile["compute_ms"][1:]), profile["compute_ms"]
     names = {c["name"] for c in advice["candidates"]}
     assert {"allreduce", "dpsgd topology=ring", "hop topology=ring backup=0",
@@ -46,3 +46,18 @@ def test_bad_input_is_one_line_and_exit_2_before_anything_starts(processes, tmp_
                                *args], capture_output=True, text=True, timeout=30)
         assert done.returncode == 2 and message in done.stderr, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_train_protocol_auto_says_what_it_chose_and_keeps_the_choice_in_the_record(processes, tmp_path):
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "hetrain", "train", "--protocol", "auto", "--workers", "3",
+                           "--slowdown", "0:5x", "--compute-ms", "20", "--iterations", "8", "--measure-s", "1",
+                           "--no-progress", "--out", str(out)], capture_output=True, text=True, timeout=55)
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads((out / "metrics.json").read_text())
+    chosen = record["advice"]["recommended"]
+    assert record["protocol"] == chosen["protocol"] != "allreduce"
+    assert record["config"]["options"] == chosen["options"]
+    assert record["advice"]["profile"]["compute_ms"][0] > 3 * record["advice"]["profile"]["compute_ms"][1]
+    line = next(line for line in done.stdout.splitlines() if line.startswith("auto: "))
+    assert chosen["name"] in line and "why:" in line

@@ -13,11 +13,12 @@ from hetrain.config import RunConfig
 
 def _profile(compute_ms, allreduce_ms=0.5, **extra):
     return {"num_workers": len(compute_ms), "compute_ms": list(compute_ms), "compute_variability": None,
-            "model_params": 7215, "allreduce_ms": allreduce_ms, "link_mbps": None, "link_latency_ms": None,
+            "model_params": 4810, "allreduce_ms": allreduce_ms, "link_mbps": None, "link_latency_ms": None,
             **extra}
 
 
-def _worker(iterations, compute_s, wait_s, exchanges=None, message_bytes=28860):
+def _worker(iterations, compute_s, wait_s, exchanges=None, message_bytes=4810 * 4 * 1.5):
+    """A worker of a 4-worker all-reduce over the 4,810-parameter MLP: 2(n-1)/n of it sent per exchange."""
     exchanges = iterations if exchanges is None else exchanges
     return {"iterations": iterations, "compute_s": compute_s, "wait_s": wait_s, "exchanges": exchanges,
             "uncompressed_bytes": message_bytes * exchanges,
@@ -60,7 +61,7 @@ def test_the_profile_is_what_the_run_measured_not_what_the_flags_said():
                           _worker(20, 0.2, 0.6)]}
     profile = profile_from_record(record)
     assert profile["compute_ms"] == [10.0, 10.0, 40.0, 10.0]
-    assert profile["model_params"] == 7215
+    assert profile["model_params"] == 4810
     assert profile["allreduce_ms"] == 1.0  # the slowest worker's wait per iteration
     assert profile["compute_variability"][0] == pytest.approx(0.1)
     flags = RunConfig(num_workers=4, slowdown="none", compute_ms=10.0, time_budget_s=30)
