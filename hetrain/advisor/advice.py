@@ -16,6 +16,12 @@ from hetrain.errors import UsageError
 
 MEASURE_PROTOCOL = "allreduce"  # every worker computes every step: each one's compute time is seen whole
 DEFAULT_MEASURE_S = 5.0
+# run options the recommended command repeats where they differ from RunConfig's defaults
+PASSED_ON = {"slowdown": "--slowdown", "compute_ms": "--compute-ms", "data_split": "--data-split",
+             "optimizer": "--optimizer", "lr": "--lr", "momentum": "--momentum",
+             "target_accuracy": "--target-accuracy", "target_loss": "--target-loss", "fail": "--fail",
+             "on_failure": "--on-failure", "eval_interval_s": "--eval-interval", "device": "--device",
+             "backend": "--backend", "timeout_s": "--timeout", "heartbeat_timeout_s": "--heartbeat-timeout"}
 
 
 def measuring_config(config: RunConfig, measure_s: float) -> RunConfig:
@@ -89,14 +95,15 @@ def train_command(config: RunConfig, best: dict, out: str = "runs/advised") -> s
              "--workload", config.workload, "--batch-size", str(config.batch_size), "--seed", str(config.seed)]
     if config.workload == "synthetic":
         words += ["--model-params", str(config.model_params)]
-    if config.slowdown not in (None, "none"):
-        words += ["--slowdown", config.slowdown]
-    if config.compute_ms is not None:
-        words += ["--compute-ms", f"{config.compute_ms:g}"]
     if config.time_budget_s is not None:
         words += ["--time-budget", f"{config.time_budget_s:g}"]
     elif config.iterations is not None:
         words += ["--iterations", str(config.iterations)]
+    defaults = RunConfig()
+    for name, flag in PASSED_ON.items():  # the other run options the user gave, as given
+        value = getattr(config, name)
+        if value is not None and value != getattr(defaults, name):
+            words += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
     for name, value in best["options"].items():
         words += ["--" + name.replace("_", "-"), str(value)]
     flags = {f.name: flag_of(f) for f in comm_fields()}

@@ -94,9 +94,10 @@ def _choose(args) -> dict:
     the first candidate's protocol, options and communication settings, say which and why; the advice."""
     from hetrain.advisor.advice import advise
     from hetrain.commands.advise import checked_config
+    from hetrain.jobs.torchrun_env import under_torchrun
 
-    if args.launcher != "local" or args.checkpoint_dir:
-        raise UsageError("--protocol auto measures on local workers without checkpoints; choose a protocol "
+    if args.launcher != "local" or args.checkpoint_dir or under_torchrun():
+        raise UsageError("--protocol auto measures on local workers it starts, without checkpoints; choose a protocol "
                          "with hetrain advise first, then run it")
     if protocol_values(args):
         raise UsageError(f"--protocol auto chooses the protocol options itself; drop "

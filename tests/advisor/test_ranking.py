@@ -72,12 +72,14 @@ def test_the_profile_is_what_the_run_measured_not_what_the_flags_said():
 
 
 def test_the_recommended_command_parses_as_hetrain_train():
-    flags = RunConfig(num_workers=8, compute_ms=50, slowdown="0:5x", time_budget_s=30, comm={"link_mbps": "100"})
+    flags = RunConfig(num_workers=8, compute_ms=50, slowdown="0:5x", time_budget_s=30, comm={"link_mbps": "100"},
+                      lr=0.05, data_split="shard")
     advice = recommend(_profile([250.0] + [50.0] * 7, link_mbps="100"), flags)
     words = shlex.split(advice["recommended"]["command"])
     assert words[:2] == ["hetrain", "train"]
     args = build_parser().parse_args(words[1:])
     best = advice["recommended"]
     assert (args.protocol, args.workers, args.slowdown, args.link_mbps) == (best["protocol"], 8, "0:5x", "100")
+    assert (args.compute_ms, args.lr, args.data_split, args.time_budget_s) == (50.0, 0.05, "shard", 30.0)
     for name, value in {**best["options"], **best["comm"]}.items():
         assert getattr(args, name) == value
