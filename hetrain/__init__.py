@@ -23,6 +23,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "init": ("hetrain.transport.job", "init"),
+    "advise": ("hetrain.advisor.advice", "advise"),
     "Hop": ("hetrain.runtime.hop", "Hop"),
     "DPSGD": ("hetrain.runtime.hop", "DPSGD"),
     "AllReduce": ("hetrain.runtime.allreduce", "AllReduce"),

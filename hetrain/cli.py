@@ -27,6 +27,7 @@ COMMANDS = {
     "simulate": "hetrain.commands.simulate",
     "plan": "hetrain.commands.plan",
     "profile": "hetrain.commands.profile",
+    "advise": "hetrain.commands.advise",
 }
 
 

@@ -21,10 +21,15 @@ HELP = "train with one protocol on local worker processes (or as a rank under to
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--protocol", default="hop", help=f"one of {', '.join(PROTOCOL_NAMES)}")
+    parser.add_argument("--protocol", default="hop",
+                        help=f"one of {', '.join(PROTOCOL_NAMES)}, or auto: measure the job for --measure-s "
+                             "seconds, simulate the candidates on it and train with the best (hetrain advise)")
     add_run_options(parser, RunConfig())
     add_runtime_options(parser, RunConfig())
     add_protocol_options(parser)
+    from hetrain.commands.advise import add_advise_options
+
+    add_advise_options(parser)
     parser.add_argument("--out", required=True, help="directory for metrics.json and summary.txt")
     parser.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
     r = parser.add_argument_group("launcher")
@@ -42,6 +47,9 @@ def run(args) -> int:
     from hetrain.jobs.meter import process_started_at
     from hetrain.jobs.torchrun_env import under_torchrun
 
+    advice = None
+    if args.protocol == "auto":
+        advice = _choose(args)  # every check first, then the measurement; args now name the chosen protocol
     get_spec(args.protocol)  # an unknown protocol fails here, before any work
     warn_unused(protocol_values(args), [args.protocol], comm_values(args))
     config = check_before_start(config_from_args(args))  # before anything starts: bad input fails in < 1 s
@@ -69,6 +77,8 @@ def run(args) -> int:
         metrics = _run_on_ray(config, args, process_started_at())
     else:
         metrics = run_training(config, args.out, progress=not args.no_progress, launched_at=process_started_at())
+    if metrics is not None and advice is not None:
+        metrics = _record_choice(args.out, metrics, advice)
     if metrics is not None:
         print(format_summary(metrics))
         print(f"wrote {args.out}/metrics.json")
@@ -77,6 +87,41 @@ def run(args) -> int:
 
         exit_without_teardown(0)
     return interrupted_exit_code([metrics] if metrics is not None else [])
+
+
+def _choose(args) -> dict:
+    """``--protocol auto``: check the run options, measure, simulate, rank (hetrain advise); set ``args`` to
+    the first candidate's protocol, options and communication settings, say which and why; the advice."""
+    from hetrain.advisor.advice import advise
+    from hetrain.commands.advise import checked_config
+    from hetrain.jobs.torchrun_env import under_torchrun
+
+    if args.launcher != "local" or args.checkpoint_dir or under_torchrun():
+        raise UsageError("--protocol auto measures on local workers it starts, without checkpoints; choose a protocol "
+                         "with hetrain advise first, then run it")
+    if protocol_values(args):
+        raise UsageError(f"--protocol auto chooses the protocol options itself; drop "
+                         f"--{next(iter(protocol_values(args))).replace('_', '-')} or name a protocol")
+    config = checked_config(args)
+    check_out_dir(args.out)
+    advice = advise(config, measure_s=args.measure_s)
+    best = advice["recommended"]
+    args.protocol = best["protocol"]
+    for name, value in {**best["options"], **best["comm"]}.items():
+        setattr(args, name, value)
+    print(f"auto: {best['name']} (why: {advice['why']})")
+    return advice
+
+
+def _record_choice(out: str, metrics: dict, advice: dict) -> dict:
+    """Keep the choice and the measured profile in OUT/metrics.json (``advice``)."""
+    from pathlib import Path
+
+    from hetrain.outputs import write_json_atomic
+
+    metrics = {**metrics, "advice": advice}
+    write_json_atomic(Path(out) / "metrics.json", metrics)
+    return metrics
 
 
 def interrupted_exit_code(records: list[dict]) -> int:

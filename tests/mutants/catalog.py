@@ -1211,7 +1211,29 @@ def unauthenticated_peer_accepted() -> None:
     job_secret.unseal = lambda secret, key, data: bytes(data).partition(b".")[2] if b"." in bytes(data) else None
 
 
+def advise_ranks_first_candidate() -> None:
+    """``hetrain advise`` ranks nothing: the candidates stay in the order they were listed (allreduce first)."""
+    from hetrain.advisor import candidates
+
+    candidates.rank = lambda predictions: list(predictions)
+
+
+def advise_profile_from_flags() -> None:
+    """``hetrain advise`` simulates the speeds the flags gave (--compute-ms, --slowdown), not the measured ones."""
+    from hetrain.advisor import candidates
+
+    measured = candidates.sim_config
+
+    def from_flags(profile, base, candidate):
+        config = measured(profile, base, candidate)
+        return config.replace(slowdown=base.slowdown, compute_ms=base.compute_ms)
+
+    candidates.sim_config = from_flags
+
+
 MUTANTS = {"no-comm": no_comm,
+           "advise-ranks-first-candidate": advise_ranks_first_candidate,
+           "advise-profile-from-flags": advise_profile_from_flags,
            "hop-update-to-first-out-neighbour-only": hop_update_to_first_out_neighbour_only,
            "hop-graph-not-repaired": hop_graph_not_repaired, "keyframes-always": keyframes_always,
            "ps-answers-the-first-worker": ps_answers_the_first_worker, "arrivals-not-progress": arrivals_not_progress,

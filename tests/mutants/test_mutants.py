@@ -77,6 +77,11 @@ RS = "tests/jobs/test_resume_state.py"
 FT = "tests/runtime/test_fake_transport.py"  # each protocol shell's wiring on the fake transport
 DR = "tests/test_docs_records.py"
 COMM_MUTANTS = {
+    "advise-ranks-first-candidate": [
+        "tests/advisor/test_ranking.py::test_a_profile_with_one_5x_slow_worker_does_not_recommend_allreduce"],
+    "advise-profile-from-flags": [
+        "tests/advisor/test_ranking.py::test_the_profile_is_what_the_run_measured_not_what_the_flags_said",
+        "tests/advisor/test_advise_cli.py::test_advise_measures_simulates_and_recommends_a_command_that_parses"],
     "hop-update-to-first-out-neighbour-only": [
         f"{FT}::test_hop_sends_each_iteration_s_model_to_every_out_neighbour_and_a_token_back_to_every_in_neighbour"],
     "hop-graph-not-repaired": [
