@@ -38,7 +38,7 @@ def test_without_ray_installed_the_error_names_the_extra(processes, tmp_path):
     probe = ("import sys\n"
              "sys.modules['ray'] = None  # import ray raises ImportError, as without hetrain[ray]\n"
              "from hetrain.cli import main\n"
-             f"sys.exit(main(['train', '--launcher', 'ray', '--ray-address', 'auto', '--out', {str(tmp_path / 'o')!r}]))\n")
+             f"sys.exit(main(['train', '--launcher', 'ray', '--ray-address', 'auto', '--iterations', '5', '--out', {str(tmp_path / 'o')!r}]))\n")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [

@@ -90,7 +90,7 @@ def test_sigkill_at_random_points_never_hangs(processes, protocol, seed):
 @pytest.mark.parametrize("protocol", ["hop", "prague", "adpsgd", "ps"])
 @pytest.mark.parametrize("seed", range(1, 21))
 def test_sigkill_at_random_points_over_twenty_seeds(processes, protocol, seed):
-    test_sigkill_at_random_points_never_hangs(protocol, seed)
+    test_sigkill_at_random_points_never_hangs(processes, protocol, seed)
 
 
 # ----- the command line --------------------------------------------------------------------------
