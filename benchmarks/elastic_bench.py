@@ -89,20 +89,26 @@ class Churn:
         return run_local(*args, **{**kwargs, "on_message": both})
 
 
-def _run(config: RunConfig, churn: Churn | None = None) -> tuple[dict | None, str | None, float]:
+RECORDS: list[Path] = []  # where each run's metrics.json goes (set by main: OUT/runs/<name>)
+
+
+def _run(config: RunConfig, churn: Churn | None = None, name: str = "run") -> tuple[dict | None, str | None, float]:
     began = time.monotonic()
+    out = RECORDS[0] / name if RECORDS else None
     try:
-        metrics = run_training(config, None, progress=False, launch=churn.launch if churn else None)
+        metrics = run_training(config, str(out) if out else None, progress=False,
+                               launch=churn.launch if churn else None)
         return metrics, None, time.monotonic() - began
     except HetrainError as error:
         return None, str(error), time.monotonic() - began
 
 
-def grow(protocol: str, budget_s: float) -> dict:
+def grow(protocol: str, budget_s: float, pair: int = 0) -> dict:
     grown, error_g, _ = _run(RunConfig(protocol=protocol, num_workers=2, max_workers=6, join="4@8s",
-                                       time_budget_s=budget_s, **BASE))
-    fixed, error_f, _ = _run(RunConfig(protocol=protocol, num_workers=6, time_budget_s=budget_s, **BASE))
-    row = {"part": "grow", "protocol": protocol, "budget_s": budget_s, "error": error_g or error_f}
+                                       time_budget_s=budget_s, **BASE), name=f"grow-{protocol}-grown-{pair}")
+    fixed, error_f, _ = _run(RunConfig(protocol=protocol, num_workers=6, time_budget_s=budget_s, **BASE),
+                             name=f"grow-{protocol}-fixed-{pair}")
+    row = {"part": "grow", "protocol": protocol, "pair": pair, "budget_s": budget_s, "error": error_g or error_f}
     if grown is None or fixed is None:
         return row
     last_g, last_f = quarter_rates(_series(grown))[1], quarter_rates(_series(fixed))[1]
@@ -122,7 +128,7 @@ def grow(protocol: str, budget_s: float) -> dict:
 def leave(budget_s: float) -> dict:
     churn = Churn([10.0], rank=3)
     metrics, error, _ = _run(RunConfig(protocol="hop", num_workers=6, on_failure="abort", time_budget_s=budget_s,
-                                       **BASE), churn)
+                                       **BASE), churn, name="leave-hop")
     row = {"part": "leave", "protocol": "hop", "budget_s": budget_s, "error": error, "sigterm": churn.sent}
     if metrics is None:
         return row
@@ -136,9 +142,10 @@ def leave(budget_s: float) -> dict:
 def _rss_growth(worker: dict) -> float | None:
     """A worker's RSS over its last 30 s against its second 30 s of life (medians of its readings)."""
     series = worker.get("throughput_series", [])
-    if not series:
+    trained = [p["t_s"] - p["window_s"] for p in series if p["samples_per_s"] > 0]
+    if not trained:
         return None
-    start, end = series[0]["t_s"], series[-1]["t_s"]
+    start, end = trained[0], series[-1]["t_s"]  # a joiner's windows from 0 to its start are empty
 
     def median(lo, hi):
         values = sorted(p["rss_mb"] for p in series if lo < p["t_s"] <= hi)
@@ -151,7 +158,7 @@ def soak(protocol: str, soak_s: float) -> dict:
     joins = ",".join(f"1@{t:g}s" for t in (30, 90, 150, 210) if t < soak_s)
     churn = Churn([t for t in (60.0, 120.0, 180.0, 240.0) if t < soak_s])
     config = RunConfig(protocol=protocol, num_workers=4, max_workers=8, join=joins, time_budget_s=soak_s, **BASE)
-    metrics, error, wall_s = _run(config, churn)
+    metrics, error, wall_s = _run(config, churn, name=f"soak-{protocol}")
     row = {"part": "soak", "protocol": protocol, "budget_s": soak_s, "error": error, "wall_s": round(wall_s, 1),
            "sigterm": churn.sent}
     if metrics is None:
@@ -184,19 +191,22 @@ def main() -> int:
     parser.add_argument("--protocols", default="hop,prague")
     parser.add_argument("--budget", type=float, default=40.0, help="seconds of training of each grow run")
     parser.add_argument("--soak-s", type=float, default=300.0)
+    parser.add_argument("--pairs", type=int, default=1, help="grow: grown and fixed runs in turn, this many pairs")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    RECORDS.append(out / "runs")
     parts, protocols = args.parts.split(","), args.protocols.split(",")
     rows: list[dict] = []
     for part in parts:
         for protocol in (protocols if part != "leave" else ["hop"]):
-            print(f"{part} {protocol} ...", file=sys.stderr, flush=True)
-            row = grow(protocol, args.budget) if part == "grow" else leave(30.0) if part == "leave" \
-                else soak(protocol, args.soak_s)
-            rows.append(row)
-            _write(out, rows)
-            print(json.dumps(row, default=str), flush=True)
+            for pair in range(args.pairs if part == "grow" else 1):
+                print(f"{part} {protocol} ...", file=sys.stderr, flush=True)
+                row = grow(protocol, args.budget, pair) if part == "grow" else leave(30.0) if part == "leave" \
+                    else soak(protocol, args.soak_s)
+                rows.append(row)
+                _write(out, rows)
+                print(json.dumps(row, default=str), flush=True)
     return 0 if all(r.get("meets_goals") for r in rows) else 1
 
 

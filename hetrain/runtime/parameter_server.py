@@ -301,6 +301,13 @@ class ParameterServer(SyncProtocol):
                               f"{str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__}") from None
 
     # -- leaving -------------------------------------------------------------
+    def leave(self, timeout_s: float | None = None) -> bool:
+        """A worker leaves as in every protocol (the server stops waiting for it); the server, rank 0, holds
+        the only global model and stays: False, and it trains on."""
+        if self.job.rank == 0:
+            return False
+        return super().leave(timeout_s)
+
     def should_stop(self, local_done: bool) -> bool:
         self._raise_errors()
         return bool(local_done)

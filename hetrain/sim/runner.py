@@ -61,6 +61,9 @@ def refuse_unmodelled(config: RunConfig) -> None:
     if comm.outer_named != "none":
         raise OptionError("the simulator does not model an {outer_optimizer} (its math averages models); "
                           "measure it with hetrain train")
+    if config.elastic or config.join != "none":
+        raise OptionError("the simulator does not model workers joining a running job ({max_workers}, {join}): "
+                          "run it with hetrain train")
     from hetrain.faults import parse_fail
 
     unmodelled = parse_fail(config.fail, config.seed).unmodelled()

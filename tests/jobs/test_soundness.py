@@ -240,10 +240,13 @@ def test_ctrl_c_stops_the_workers_and_writes_what_the_run_had(processes, tmp_pat
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-@pytest.mark.parametrize("to", [pytest.param("launcher", marks=pytest.mark.contract), "every-process"])
+@pytest.mark.parametrize("to", [pytest.param("launcher", marks=pytest.mark.contract), "every-process",
+                                "workers-first"])
 def test_sigterm_stops_the_workers_and_writes_what_the_run_had_and_its_checkpoint(processes, tmp_path, to):
     """A scheduler's stop: Kubernetes and ``docker stop`` signal the launcher alone; systemd and Slurm's
-    ``scancel`` every process of the job (the warm server and the workers too), which must not kill them."""
+    ``scancel`` every process of the job (the warm server and the workers too), which must not kill them,
+    in any order: a worker's SIGTERM alone asks it to leave the job, and one that reaches every worker
+    before the launcher must still be a stop, not every worker leaving."""
     job = _Launch(tmp_path, "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "600")
     job.wait_until_training()
     workers = workers_of(job.pid)
@@ -252,7 +255,8 @@ def test_sigterm_stops_the_workers_and_writes_what_the_run_had_and_its_checkpoin
     if to == "launcher":
         os.kill(job.pid, signal.SIGTERM)
     else:
-        for pid in [job.pid, *descendants(job.pid)]:
+        everyone = [job.pid, *descendants(job.pid)]
+        for pid in everyone if to == "every-process" else everyone[::-1]:
             os.kill(pid, signal.SIGTERM)
     assert job.finish() == 128 + signal.SIGTERM, job.err
     assert time.monotonic() - began < 30
@@ -260,6 +264,7 @@ def test_sigterm_stops_the_workers_and_writes_what_the_run_had_and_its_checkpoin
     metrics = json.loads((job.out / "metrics.json").read_text())
     assert metrics["interrupted"] is True and metrics["interrupted_by"] == "SIGTERM"
     assert metrics["workers_lost"] == 0 and len(metrics["workers"]) == 3, job.err
+    assert metrics["leaves"] == [], job.err
     assert 0 < metrics["wall_time_s"] < 50  # stopped long before the 60 s budget
     assert len(list((tmp_path / "ckpt").glob("worker-*.pt"))) == 3  # the final checkpoint, never a periodic one
     assert not [p for p in workers if alive(p)]

@@ -85,3 +85,12 @@ def test_collective_step_slows_the_allreduce_by_its_steps(tmp_path, capsys):
 
     # 10 iterations x 2 (4 - 1) ring steps, each 900 us slower than the 100 us latency
     assert wall("--collective-step-us", "1000") - wall() == pytest.approx(10 * 6 * 900e-6)
+
+
+def test_a_job_that_may_grow_is_refused_by_the_simulator_not_run_at_its_first_size():
+    from hetrain.config import RunConfig
+    from hetrain.errors import UsageError
+    from hetrain.sim.runner import refuse_unmodelled
+
+    with pytest.raises(UsageError, match="does not model workers joining a running job"):
+        refuse_unmodelled(RunConfig(protocol="hop", num_workers=2, max_workers=4, join="2@5s", iterations=10))
