@@ -27,6 +27,7 @@ from hetrain.comm.local_work import weights_by_circulation, weights_by_steps
 from hetrain.comm.settings import CommSettings
 from hetrain.compression.codecs import make_codec
 from hetrain.compression.gossip_codec import PublicCopy, ReplicaSet, choco_mix
+from hetrain.compression.spec import CompressionSpec
 from hetrain.errors import UsageError, WorkerError
 from hetrain.protocols.hop_config import DPSGDOptions, HopOptions
 from hetrain.protocols.hop_logic import AveragePlan, HopWorker
@@ -35,9 +36,11 @@ from hetrain.protocols.membership import neighbour_weights, repair
 from hetrain.protocols.options import options_or_settings
 from hetrain.runtime.consensus import average_state
 from hetrain.runtime.protocol import SyncProtocol, comm_from
-from hetrain.runtime.public_signature import document_settings
+from hetrain.runtime.public_signature import document_settings, keywords_given
+from hetrain.topology import Topology
 from hetrain.transport.device_thread import synchronize
 from hetrain.transport.job import DEFAULT_TIMEOUT_S
+from hetrain.transport.link_spec import LinkSpec
 from hetrain.transport.membership import LostPeers
 from hetrain.transport.peer_channels import (
     DELTA,
@@ -89,9 +92,19 @@ class Hop(SyncProtocol):
     options_class: type[HopOptions | DPSGDOptions] = HopOptions
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
+                 topology: str | Topology = HopOptions.topology, backup: int | None = HopOptions.backup,
+                 staleness: int | None = HopOptions.staleness, max_ig: int | None = HopOptions.max_ig,
+                 skip_threshold: int | None = HopOptions.skip_threshold, late_updates: str = HopOptions.late_updates,
+                 sync_every: int = CommSettings.sync_every, local_work: str = CommSettings.local_work,
+                 outer_optimizer: str | torch.optim.Optimizer = CommSettings.outer_optimizer,
+                 outer_lr: float | None = CommSettings.outer_lr, outer_momentum: float | None = CommSettings.outer_momentum,
+                 compression: str | CompressionSpec = CommSettings.compression,
+                 gossip_step: float | None = CommSettings.gossip_step, link_mbps: str | None = CommSettings.link_mbps,
+                 link_latency_ms: str | None = CommSettings.link_latency_ms, link: LinkSpec | str | float | None = None,
                  options: HopOptions | DPSGDOptions | None = None, comm: CommSettings | None = None,
                  process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort",
-                 dead_workers=None, transport=None, **settings):
+                 dead_workers=None, transport=None):
+        settings = keywords_given(locals(), self.options_class)
         comm = comm_from(comm, settings, type(self).__name__)
         options = options_or_settings(self.options_class, options, settings, type(self).__name__)
         super().__init__(model, optimizer, options=options, comm=comm, process_group=process_group,
@@ -546,6 +559,22 @@ class DPSGD(Hop):
 
     name = "dpsgd"
     options_class = DPSGDOptions
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
+                 topology: str | Topology = DPSGDOptions.topology,
+                 sync_every: int = CommSettings.sync_every, local_work: str = CommSettings.local_work,
+                 outer_optimizer: str | torch.optim.Optimizer = CommSettings.outer_optimizer,
+                 outer_lr: float | None = CommSettings.outer_lr, outer_momentum: float | None = CommSettings.outer_momentum,
+                 compression: str | CompressionSpec = CommSettings.compression,
+                 gossip_step: float | None = CommSettings.gossip_step, link_mbps: str | None = CommSettings.link_mbps,
+                 link_latency_ms: str | None = CommSettings.link_latency_ms, link: LinkSpec | str | float | None = None,
+                 options: DPSGDOptions | None = None, comm: CommSettings | None = None,
+                 process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort",
+                 dead_workers=None, transport=None):
+        settings = keywords_given(locals(), DPSGDOptions)  # Hop's keywords, but only those D-PSGD has
+        super().__init__(model, optimizer, options=options, comm=comm, process_group=process_group,
+                         timeout_s=timeout_s, on_failure=on_failure, dead_workers=dead_workers, transport=transport,
+                         **settings)
 
 
 document_settings(Hop, HopOptions)

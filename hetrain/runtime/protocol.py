@@ -64,7 +64,8 @@ from hetrain.transport.worker_transport import Transport
 
 def comm_from(comm: CommSettings | None, settings: dict, owner: str) -> CommSettings:
     """The communication settings of a public class: ``comm`` as given, or built from the communication
-    keywords of its ``**settings`` (taken out of it: the rest are the protocol's options)."""
+    keywords among the ``settings`` its call gave (taken out of it: the rest are the protocol's options;
+    :func:`~hetrain.runtime.public_signature.keywords_given`)."""
     keywords = {f.name for f in comm_carrier.comm_fields()} | {"link"}  # link: a LinkSpec for the two link fields
     given = {name: settings.pop(name) for name in list(settings) if name in keywords}
     if comm is None:

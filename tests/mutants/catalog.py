@@ -1231,6 +1231,27 @@ def advise_profile_from_flags() -> None:
     candidates.sim_config = from_flags
 
 
+def setting_without_keyword() -> None:
+    """A communication setting is added to CommSettings' fields without its keyword in the public classes' defs."""
+    import dataclasses
+
+    from hetrain.comm import settings
+
+    @dataclasses.dataclass(frozen=True)
+    class Added:
+        added_setting: int = settings.comm_option(0, help="a setting no public class takes yet")
+
+    declared = settings.comm_fields
+    settings.comm_fields = lambda: [*declared(), *dataclasses.fields(Added)]
+
+
+def every_keyword_taken_as_default() -> None:
+    """A public class's keywords all count as left at their defaults: what a call gives is dropped."""
+    from hetrain.runtime import public_signature
+
+    public_signature._is_default = lambda value, default: True
+
+
 MUTANTS = {"no-comm": no_comm,
            "advise-ranks-first-candidate": advise_ranks_first_candidate,
            "advise-profile-from-flags": advise_profile_from_flags,
@@ -1280,4 +1301,5 @@ MUTANTS = {"no-comm": no_comm,
            "compare-writes-no-plot": compare_writes_no_plot,
            "citations-left-as-they-were": citations_left_as_they_were, "part-titles-dropped": part_titles_dropped,
            "unplaced-citations-unreported": unplaced_citations_unreported,
-           "record-citations-unseen": record_citations_unseen}
+           "record-citations-unseen": record_citations_unseen,
+           "setting-without-keyword": setting_without_keyword, "every-keyword-taken-as-default": every_keyword_taken_as_default}

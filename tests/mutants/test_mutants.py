@@ -273,6 +273,11 @@ COMM_MUTANTS = {
         "tests/docs/test_site_build.py::test_the_site_builds_strict_with_the_generated_references"],
     "compare-writes-no-plot": ["tests/docs/test_readme_runs.py::test_the_readme_first_run_trains_and_writes_what_it_says"],
     "no-comm": ["tests/docs/test_readme_runs.py::test_the_readme_python_api_block_trains_to_one_consensus_model"],
+    # the public classes' keywords written out in each def (issue 70)
+    "setting-without-keyword": [  # every public class (parametrized)
+        "tests/runtime/test_api.py::test_every_setting_is_a_keyword_of_the_def_with_its_field_s_default_and_help_shows_it"],
+    "every-keyword-taken-as-default": [
+        "tests/runtime/test_api.py::test_the_keywords_given_reach_the_options_and_comm_settings_and_clash_with_the_objects"],
 }
 
 
