@@ -226,7 +226,7 @@ class AllReduce(SyncProtocol):
                 optimizer.zero_grad(); loss_fn(sync.module(x), y).backward(); optimizer.step()
     """
 
-    steps_together = True
+    _steps_together = True
 
     name = "allreduce"
 
@@ -275,7 +275,7 @@ class AllReduce(SyncProtocol):
         self.stats.compute_s -= wait
         self.stats.wait_s += wait
 
-    def backward_wait_s(self) -> float:
+    def _backward_wait_s(self) -> float:
         """The all-reduce's wait inside this iteration's backward (not compute: the emulated sleep leaves it out)."""
         return self._timer.pending_wait()
 
@@ -298,7 +298,7 @@ class AllReduce(SyncProtocol):
         self._checkpoint_agreed = bool(self._flag[1].item() > 0)
         return bool(self._flag[0].item() > 0)
 
-    def checkpoint_due(self, wish: bool) -> bool:
+    def _checkpoint_due(self, wish: bool) -> bool:
         """Checkpoints happen at a stop vote where some worker wished one: the same iteration everywhere."""
         self._checkpoint_wish = self._checkpoint_wish or wish
         agreed, self._checkpoint_agreed = self._checkpoint_agreed, False

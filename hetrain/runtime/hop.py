@@ -190,7 +190,7 @@ class Hop(SyncProtocol):
     def _adopt_neighbours_model(self) -> None:
         """A replacement: announce itself, then take the newest model its in-neighbours send it (each
         sends its last one when it sees this worker join) and that model's iteration."""
-        self.announce_joined()
+        self._announce_joined()
         deadline = time.monotonic() + self.job.timeout_s
         with self._cond:
             first = None
@@ -215,7 +215,7 @@ class Hop(SyncProtocol):
             self.stats.iteration = iteration * self.sync_every  # the counter counts local steps: H per exchange
             self.stats.extra["joined_at_iteration"] = self.stats.iteration
             self.logic.max_iteration_gap = 0  # the gap to the models it adopted says nothing of the protocol
-        self.announce_settled()
+        self._announce_settled()
 
     # ----- receiver threads ------------------------------------------------------
     def _on_message(self, message: Message) -> None:
@@ -484,7 +484,7 @@ class Hop(SyncProtocol):
     def should_stop(self, local_done: bool) -> bool:
         return bool(local_done) or self._neighbors_stopped
 
-    def inherit_iteration(self, iteration: int) -> None:
+    def _inherit_iteration(self, iteration: int) -> None:
         """A replacement takes its iteration from its neighbours' models (see _adopt_neighbours_model)."""
 
     def _finish(self) -> None:
@@ -526,7 +526,7 @@ class Hop(SyncProtocol):
     def _extra_state(self) -> dict:
         return {"logic_iteration": self.logic.iteration, "counters": self.logic.counters()}
 
-    def align_resumed_iteration(self) -> None:
+    def _align_resumed_iteration(self) -> None:
         """Every worker goes on from the lowest exchange any worker's file holds. Each writes its file on
         its own timer, so a kill can leave files exchanges apart; the one resumed furthest ahead reached
         ``--iterations`` first, its neighbours then had no updates to wait for, and a worker resumed from an

@@ -119,7 +119,7 @@ class GroupProtocol(SyncProtocol):
     def _adopt_model(self) -> None:
         """A replacement: announce itself (the launcher re-admits it to the Group Generator), then run
         groups until one has handed it the others' average (it is *fresh* in them: weight zero)."""
-        self.announce_joined()
+        self._announce_joined()
         deadline = time.monotonic() + self.job.timeout_s
         while not self._settled:
             if time.monotonic() > deadline:
@@ -131,7 +131,7 @@ class GroupProtocol(SyncProtocol):
             else:
                 time.sleep(_STATUS_POLL_S)
         self.stats.extra["joined_at_iteration"] = self.stats.iteration
-        self.announce_settled()
+        self._announce_settled()
 
     # -- the loop --------------------------------------------------------------
     def _apply_background(self) -> None:
@@ -251,7 +251,7 @@ class GroupProtocol(SyncProtocol):
             self.stats.extra.update(self.scheduler.stats())
         self._update_extra()
 
-    def worker_left(self, rank: int) -> None:
+    def _worker_left(self, rank: int) -> None:
         if self._server is not None:  # this process serves the Group Generator
             self._server.handle({"op": "leave", "worker": rank})
 
@@ -364,7 +364,7 @@ class Prague(GroupProtocol):
                          options=options, comm=comm, transport=transport)
         self.stats.extra["gg_mode"] = options.gg
 
-    def checkpoint_due(self, wish: bool) -> bool:
+    def _checkpoint_due(self, wish: bool) -> bool:
         """The static schedule with local steps: only at an exchange. Its workers must reach their k-th
         exchange at the same step of a run, and a resume counts a run's steps afresh: a checkpoint written
         mid-interval, at a different local step on each worker, put them out of step after ``--resume``

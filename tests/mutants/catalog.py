@@ -847,7 +847,7 @@ def own_state_from_rank_0() -> None:
     from hetrain.jobs import train_worker
 
     def restore(state, model, optimizer, sampler, protocol):
-        if protocol.steps_together and protocol.job.world_size > 1:
+        if protocol._steps_together and protocol.job.world_size > 1:
             shared = [{name: state[name] for name in ("model", "optimizer", "protocol")}]
             torch.distributed.broadcast_object_list(shared, src=0, group=protocol.job.group)
             state = {**state, **shared[0]}
@@ -1019,7 +1019,7 @@ def hop_resumed_from_own_iteration() -> None:
     """Hop's workers go on from each one's own file's exchange, not the lowest (the rule before)."""
     from hetrain.runtime.hop import Hop
 
-    Hop.align_resumed_iteration = lambda self: None
+    Hop._align_resumed_iteration = lambda self: None
 
 
 def arrivals_not_progress() -> None:
@@ -1122,7 +1122,7 @@ def ddp_wait_as_work() -> None:
     for a straggler reads as math over its target)."""
     from hetrain.runtime.allreduce import AllReduce
 
-    AllReduce.backward_wait_s = lambda self: 0.0
+    AllReduce._backward_wait_s = lambda self: 0.0
 
 
 def standalone_ignores_achieved() -> None:
@@ -1245,6 +1245,13 @@ def setting_without_keyword() -> None:
     settings.comm_fields = lambda: [*declared(), *dataclasses.fields(Added)]
 
 
+def launcher_hook_public() -> None:
+    """A launcher's hook is public again (``checkpoint_due`` beside ``step`` on every protocol class)."""
+    from hetrain.runtime.protocol import SyncProtocol
+
+    SyncProtocol.checkpoint_due = lambda self, wish: self._checkpoint_due(wish)
+
+
 def every_keyword_taken_as_default() -> None:
     """A public class's keywords all count as left at their defaults: what a call gives is dropped."""
     from hetrain.runtime import public_signature
@@ -1302,4 +1309,5 @@ MUTANTS = {"no-comm": no_comm,
            "citations-left-as-they-were": citations_left_as_they_were, "part-titles-dropped": part_titles_dropped,
            "unplaced-citations-unreported": unplaced_citations_unreported,
            "record-citations-unseen": record_citations_unseen,
-           "setting-without-keyword": setting_without_keyword, "every-keyword-taken-as-default": every_keyword_taken_as_default}
+           "setting-without-keyword": setting_without_keyword, "every-keyword-taken-as-default": every_keyword_taken_as_default,
+           "launcher-hook-public": launcher_hook_public}

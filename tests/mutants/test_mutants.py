@@ -278,6 +278,7 @@ COMM_MUTANTS = {
         "tests/runtime/test_api.py::test_every_setting_is_a_keyword_of_the_def_with_its_field_s_default_and_help_shows_it"],
     "every-keyword-taken-as-default": [
         "tests/runtime/test_api.py::test_the_keywords_given_reach_the_options_and_comm_settings_and_clash_with_the_objects"],
+    "launcher-hook-public": ["tests/test_public_contract.py::test_the_public_contract_is_the_snapshot"],
 }
 
 
