@@ -1245,6 +1245,26 @@ def setting_without_keyword() -> None:
     settings.comm_fields = lambda: [*declared(), *dataclasses.fields(Added)]
 
 
+def evaluation_unshown() -> None:
+    """The launcher evaluates the kept models in silence, whatever ``progress`` says (before issue 70)."""
+    from hetrain.jobs import evaluation
+
+    evaluation.tqdm = lambda iterable, **settings: iterable
+
+
+def finish_unannounced() -> None:
+    """The bar stays at 100% with nothing said while the workers finish (before issue 70)."""
+    from hetrain.jobs import run
+
+    update = run._ProgressBar.update
+
+    def without_the_finish(self, rank, message):
+        update(self, rank, message)
+        self.bar.set_postfix_str(self.bar.postfix.split("; finishing")[0], refresh=False)
+
+    run._ProgressBar.update = without_the_finish
+
+
 def launcher_hook_public() -> None:
     """A launcher's hook is public again (``checkpoint_due`` beside ``step`` on every protocol class)."""
     from hetrain.runtime.protocol import SyncProtocol
@@ -1310,4 +1330,5 @@ MUTANTS = {"no-comm": no_comm,
            "unplaced-citations-unreported": unplaced_citations_unreported,
            "record-citations-unseen": record_citations_unseen,
            "setting-without-keyword": setting_without_keyword, "every-keyword-taken-as-default": every_keyword_taken_as_default,
-           "launcher-hook-public": launcher_hook_public}
+           "launcher-hook-public": launcher_hook_public, "evaluation-unshown": evaluation_unshown,
+           "finish-unannounced": finish_unannounced}

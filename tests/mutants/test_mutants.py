@@ -279,6 +279,11 @@ COMM_MUTANTS = {
     "every-keyword-taken-as-default": [
         "tests/runtime/test_api.py::test_the_keywords_given_reach_the_options_and_comm_settings_and_clash_with_the_objects"],
     "launcher-hook-public": ["tests/test_public_contract.py::test_the_public_contract_is_the_snapshot"],
+    # the phases after the bar's 100% (issue 70): the finish, then the evaluation of the kept models
+    "evaluation-unshown": ["tests/jobs/test_phases_after_training.py::"
+                           "test_the_evaluation_of_the_kept_models_shows_its_progress_and_is_silent_when_asked"],
+    "finish-unannounced": ["tests/jobs/test_phases_after_training.py::"
+                           "test_the_bar_says_the_workers_are_finishing_once_training_is_over"],
 }
 
 
