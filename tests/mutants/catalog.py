@@ -1265,6 +1265,14 @@ def finish_unannounced() -> None:
     run._ProgressBar.update = without_the_finish
 
 
+def plan_sizes_in_fixed_units() -> None:
+    """The plan table prints memory in GiB and bytes sent in GB with fixed decimals, whatever their size
+    (before issue 70: a tiny model's 0.000)."""
+    from hetrain.planner import report
+
+    report.size = lambda nbytes, binary=True: f"{nbytes / 2**30:.3f} GiB" if binary else f"{nbytes / 1e9:.4f} GB"
+
+
 def launcher_hook_public() -> None:
     """A launcher's hook is public again (``checkpoint_due`` beside ``step`` on every protocol class)."""
     from hetrain.runtime.protocol import SyncProtocol
@@ -1331,4 +1339,4 @@ MUTANTS = {"no-comm": no_comm,
            "record-citations-unseen": record_citations_unseen,
            "setting-without-keyword": setting_without_keyword, "every-keyword-taken-as-default": every_keyword_taken_as_default,
            "launcher-hook-public": launcher_hook_public, "evaluation-unshown": evaluation_unshown,
-           "finish-unannounced": finish_unannounced}
+           "finish-unannounced": finish_unannounced, "plan-sizes-in-fixed-units": plan_sizes_in_fixed_units}

@@ -284,6 +284,8 @@ COMM_MUTANTS = {
                            "test_the_evaluation_of_the_kept_models_shows_its_progress_and_is_silent_when_asked"],
     "finish-unannounced": ["tests/jobs/test_phases_after_training.py::"
                            "test_the_bar_says_the_workers_are_finishing_once_training_is_over"],
+    "plan-sizes-in-fixed-units": ["tests/planner/test_table_units.py::"
+                                  "test_memory_and_bytes_sent_show_their_digits_for_a_tiny_model_and_a_large_one[lenet-8-a100:4]"],
 }
 
 
