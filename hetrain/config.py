@@ -71,6 +71,8 @@ class RunConfig:
     resume: bool = False  # continue from checkpoint_dir's checkpoints (a fresh start when it has none)
     fail: str = "none"  # fault injection: none | W@Ts | W@wall:Ts | W@PHASE, [:stop] | random:rate=R (hetrain.faults)
     on_failure: str | None = None  # abort | continue | respawn; None: the protocol's default (registry)
+    max_workers: int | None = None  # the job may grow to this many workers (None: num_workers, fixed)
+    join: str = "none"  # K@Ts[,L@Us]: K new workers T s into training (hetrain.join_spec; needs max_workers)
     options: dict[str, Any] = field(default_factory=dict)  # the protocol's options, by Python name
     # communication (hetrain.comm.settings.CommSettings): local steps, outer optimizer, compression, emulated
     # links, by Python name, as given (the rest: CommSettings' defaults)
@@ -118,7 +120,7 @@ class RunConfig:
             if unknown:
                 raise OptionError(f"no communication setting {unknown[0]!r}; they are {', '.join(names)}")
             # an outer lr and momentum not given follow the workload's optimizer (SlowMo's with SGD, DiLoCo's with AdamW)
-            return comm_carrier.CommSettings(**self.comm).for_inner(self.resolved_optimizer()).validate(self.num_workers)
+            return comm_carrier.CommSettings(**self.comm).for_inner(self.resolved_optimizer()).validate(self.world_size)
 
         return self._once("comm", make)
 
@@ -179,11 +181,12 @@ class RunConfig:
         from hetrain.faults import parse_fail
         from hetrain.protocols.membership import ON_FAILURE
 
-        parse_fail(self.fail, self.seed).check_workers(self.num_workers, repeats=self.on_failure == "respawn")
+        parse_fail(self.fail, self.seed).check_workers(self.world_size, repeats=self.on_failure == "respawn")
         if self.on_failure is not None and self.on_failure not in ON_FAILURE:
             raise OptionError(f"unknown {{on_failure}} {self.on_failure!r}; choose one of {', '.join(ON_FAILURE)}")
         if self.on_failure is not None:
             self._options_with_defaults().check_on_failure(self.on_failure)
+        self._check_membership()
         if (self.checkpoint_every_s is not None or self.resume) and not self.checkpoint_dir:
             raise OptionError("{checkpoint_every_s} and {resume} need {checkpoint_dir}: where checkpoints live")
         if self.device not in ("cpu", "cuda"):
@@ -204,6 +207,57 @@ class RunConfig:
         self.protocol_options().check_comm(self.comm_settings())
         return self
 
+    @property
+    def world_size(self) -> int:
+        """The job's ranks: its largest size (``max_workers``), of which ``num_workers`` start."""
+        return self.max_workers or self.num_workers
+
+    @property
+    def elastic(self) -> bool:
+        """Whether workers may join beyond the starting size."""
+        return self.world_size > self.num_workers
+
+    def _check_membership(self) -> None:
+        """What a job that may grow needs (docs/decisions/elastic-membership.md)."""
+        from hetrain.join_spec import parse_join
+
+        if self.max_workers is not None and self.max_workers < self.num_workers:
+            raise OptionError(f"{{max_workers}} ({self.max_workers}) must be at least {{num_workers}} "
+                              f"({self.num_workers}): the job starts with {{num_workers}} and grows to {{max_workers}}")
+        joins = parse_join(self.join)
+        room = self.world_size - self.num_workers
+        if joins.total and not room:
+            raise OptionError(f"{{join}} adds {joins.total} worker(s) to a job that cannot grow: give {{max_workers}} "
+                              f"(e.g. {{max_workers}} {self.num_workers + joins.total})")
+        if joins.total > room:
+            raise OptionError(f"{{join}} adds {joins.total} worker(s) but the job has room for {room}: raise "
+                              f"{{max_workers}} to {self.num_workers + joins.total} or join fewer")
+        if not self.elastic:
+            return
+        options = self._options_with_defaults()
+        if not options.supports_respawn():
+            raise OptionError(f"{self.protocol} cannot admit workers into a running job ({{max_workers}}): its "
+                              "members are fixed when it starts; use hop, dpsgd, prague or adpsgd")
+        if self.resolved_backend() == "nccl":
+            raise OptionError("{max_workers} needs gloo: NCCL's communicators are fixed when they are built; "
+                              "use {backend} gloo")
+        if self.data_split == "shard":
+            raise OptionError("{max_workers} needs {data_split} balanced (the default): with shard, the data of "
+                              "the workers not yet joined would go untrained")
+
+    def worker_on_failure(self) -> str:
+        """What the workers' protocols are built for, beside what the launcher does on a death
+        (``resolved_on_failure``): ``respawn`` where new members may join; ``continue`` where the launcher
+        aborts on a death but the protocol can route around a worker that leaves gracefully."""
+        policy = self.resolved_on_failure()
+        if self.resolved_backend() == "nccl":
+            return policy
+        if self.elastic:
+            return "respawn"
+        if policy == "abort" and self._options_with_defaults().default_on_failure() != "abort":
+            return "continue"
+        return policy
+
     def resolved_backend(self) -> str:
         """The process group's backend: ``backend``, or NCCL on GPUs and gloo on the CPU."""
         return self.backend or ("nccl" if self.device == "cuda" else "gloo")
@@ -223,4 +277,4 @@ class RunConfig:
 
     def protocol_options(self):
         """The protocol's options object (defaults filled in), validated for this run's workers; built once."""
-        return self._once("validated", lambda: self._options_with_defaults().validate(self.num_workers))
+        return self._once("validated", lambda: self._options_with_defaults().validate(self.world_size))

@@ -224,6 +224,20 @@ def format_phases(m: dict) -> str:
             f"teardown {_fmt(m.get('teardown_s'), '.2f')} s")
 
 
+def _members_line(m: dict) -> str | None:
+    """Who joined and left a job whose members changed beyond deaths (None for the others)."""
+    new = [j for j in m.get("joins") or [] if j.get("new_member")]
+    leaves = m.get("leaves") or []
+    if not new and not leaves and (m.get("max_workers") or 0) <= m["num_workers"]:
+        return None
+    first = [j["first_step_s"] for j in new if j.get("first_step_s") is not None]
+    steps = f" (first step {min(first):.1f}-{max(first):.1f} s after their start)" if first else ""
+    gone = ", ".join(f"{x['rank']} at {x['t_s']:.1f} s" for x in leaves)
+    return (f"  members: started {m['num_workers']} (at most {m.get('max_workers') or m['num_workers']}), "
+            f"joined {len(new)}{steps}, left {len(leaves)}{f' ({gone})' if gone else ''}; "
+            f"{m.get('final_members', '-')} at the end")
+
+
 def format_summary(m: dict) -> str:
     """A one-screen human summary of a metrics record."""
     lines = [
@@ -277,9 +291,13 @@ def format_summary(m: dict) -> str:
                  + ", ".join(f"{j['join_s']:.1f} s" for j in joined) + ")") if joined else ""
         lines.append(f"  workers lost {m['workers_lost']}{joins}; survivors moved on after {shown}"
                      + (f"; goodput {goodput:.1f} samples/s" if goodput is not None else ""))
+    members = _members_line(m)
+    if members:
+        lines.append(members)
     lines.append("  worker  iterations  compute_s  wait_s  peak_rss_mb")
     for w in m["workers"]:
-        note = "  (died)" if "died" in w else "  (replacement)" if w.get("incarnation") else ""
+        note = "  (died)" if "died" in w else "  (left)" if w.get("left") else "  (joined)" if w.get("joined") \
+            else "  (replacement)" if w.get("incarnation") else ""
         lines.append(f"  {w['rank']:>6}  {w['iterations']:>10}  {w['compute_s']:>9.2f}  {w['wait_s']:>6.2f}"
                      f"  {_fmt(w.get('peak_rss_mb'), '>11.0f')}{note}")
     return "\n".join(lines)

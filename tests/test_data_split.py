@@ -111,6 +111,28 @@ def test_the_rate_board_reads_each_workers_batches_per_second_on_the_readers_clo
     assert seen == pytest.approx([4.0, 20.0])
 
 
+def test_a_rank_with_no_worker_yet_reads_zero_and_counts_once_a_worker_joins_into_it():
+    """A job that may grow holds vacant ranks (dead to the others until a worker joins): the live workers'
+    rates must not wait for a count that never comes, or the balanced split never covers those shards."""
+    store = dist.HashStore()
+    now, dead = [0.0], {2}
+    boards = [RateBoard(store, rank, 3, refresh_s=0.5, window_s=2.0, clock=lambda: now[0], dead=lambda: dead)
+              for rank in range(3)]
+    seen = None
+    for tick in range(9):
+        now[0] = tick * 0.5
+        boards[1].note(10 * tick)
+        seen = boards[0].note(2 * tick) or seen
+    assert seen == pytest.approx([4.0, 20.0, 0.0])
+    dead.clear()  # a worker joined rank 2 and counts from 0
+    for tick in range(9, 30):
+        now[0] = tick * 0.5
+        boards[1].note(10 * tick)
+        boards[2].note(6 * (tick - 9))
+        seen = boards[0].note(2 * tick)
+    assert seen == pytest.approx([4.0, 20.0, 12.0])
+
+
 def test_a_few_batches_give_no_rate_at_all():
     """Steps of seconds (the LM): a count of 3 against 2 would read as a worker 1.5x faster; no rate until the
     fastest has counted enough, so lockstep workers never give their batches away."""

@@ -117,6 +117,13 @@ def add_runtime_options(parser: argparse.ArgumentParser, defaults: RunConfig) ->
     g.add_argument("--log", default=",".join(defaults.log), metavar="KINDS",
                    help="where the figures over time go, comma-separated: csv (OUT/scalars.csv), tensorboard, "
                         "wandb (offline), mlflow (a file store in OUT), or none (default csv; docs/guides/logging.md)")
+    m = parser.add_argument_group("members (workers that join and leave a running job)")
+    m.add_argument("--max-workers", type=int, default=defaults.max_workers, metavar="M",
+                   help="the job may grow to M workers while it trains (hop, dpsgd, prague, adpsgd; default: "
+                        "--workers, fixed); a worker sent SIGTERM leaves gracefully in any job")
+    m.add_argument("--join", default=defaults.join, metavar="K@Ts",
+                   help="start K new workers T seconds into training: none | K@Ts[,L@Us] (e.g. 4@8s; needs "
+                        "--max-workers; default none)")
     c = parser.add_argument_group("checkpoints")
     c.add_argument("--checkpoint-dir", default=None,
                    help="write each worker's model, optimizer, data position, RNG and protocol state here")
@@ -174,7 +181,7 @@ def config_from_args(args: argparse.Namespace, **overrides) -> RunConfig:
         comm=comm_values(args),
     )
     for name in ("eval_interval_s", "device", "backend", "timeout_s", "heartbeat_timeout_s", "checkpoint_dir",
-                 "checkpoint_every_s", "resume"):
+                 "checkpoint_every_s", "resume", "max_workers", "join"):
         if hasattr(args, name):
             fields[name] = getattr(args, name)
     if hasattr(args, "log"):

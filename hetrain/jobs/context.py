@@ -31,6 +31,8 @@ class WorkerContext:
     (0: an original worker; more: a replacement, which joins a running job);
     ``clock_offset_s`` is the job's training time when this process started,
     ``start_iteration`` its predecessor's last reported iteration.
+    ``leave_requested()`` turns True once this worker was asked to leave the job (SIGTERM to it alone;
+    the protocol's ``leave()`` asks the launcher to let it go).
     ``start_gate``: the job's start barrier (:class:`hetrain.jobs.start_gate.StartGate`; None
     under torchrun, where ``dist.barrier()`` is one); ``phases``: start-up timing the launcher measured for this process (``launched_at``: the
     launcher's ``time.time()`` at its start; ``import_s`` until the worker's code ran;
@@ -52,6 +54,7 @@ class WorkerContext:
     phases: dict = field(default_factory=dict)
     start_gate: object | None = None
     hold_phases: frozenset = frozenset()  # phases where a --fail fault awaits this process
+    leave_requested: Callable[[], bool] | None = None  # SIGTERM came to this worker: it asks to leave the job
 
     def enter_phase(self, name: str) -> None:
         """Tell the launcher this worker enters phase ``name``. If a ``--fail W@PHASE`` fault awaits it
@@ -100,7 +103,7 @@ class LauncherMembership(Membership):
 
     def __init__(self, dead_flags, incarnation_counts, rank: int, incarnation: int,
                  report: Callable[[object], None], wait_frozen: Callable[[float], bool],
-                 finished_flags=None, stop_flags=None, ready_flags=None):
+                 finished_flags=None, stop_flags=None, ready_flags=None, stopping: Callable[[], bool] | None = None):
         self._dead = dead_flags
         self._ready = ready_flags
         self._finished = finished_flags
@@ -110,6 +113,7 @@ class LauncherMembership(Membership):
         self.incarnation = incarnation
         self._report = report
         self._wait_frozen = wait_frozen
+        self._stopping = stopping or (lambda: False)  # Ctrl-C or SIGTERM reached the launcher
         self._frozen = False
 
     def dead(self) -> set[int]:
@@ -130,6 +134,22 @@ class LauncherMembership(Membership):
 
     def announce_settled(self) -> None:
         self._report({"settled": self.incarnation})
+
+    can_leave = True
+
+    def ask_to_leave(self) -> None:
+        """Ask the launcher to let this worker leave the job (it marks it gone, or ignores the ask when the
+        job is ending)."""
+        self._report({"leaving": self.incarnation})
+
+    def let_go(self) -> bool:
+        """Whether the launcher has let this worker go (the others route around it now)."""
+        return bool(self._dead[self.rank])
+
+    def ending(self) -> bool:
+        """Whether the job is ending (a worker is finishing, or the launcher was told to stop): no one joins or
+        leaves from now on."""
+        return self._stopping() or bool(self._wait_frozen(0))
 
     def note_ready(self) -> None:
         """Mark this rank ready, as the start barrier does (a loop without the barrier: at its first step)."""

@@ -72,22 +72,24 @@ class Replacements:
         self.deferred: list[tuple[int, int]] = []  # (rank, incarnation) ready, admitted once none is unsettled
         self.stopped_pids: set[int] = set()  # replacements killed because the job was ending
 
-    def started(self, rank: int, incarnation: int, t_s: float) -> None:
+    def started(self, rank: int, incarnation: int, t_s: float, new_member: bool = False) -> None:
+        """``new_member``: a worker joining a vacant rank (the job grows), not a dead one's replacement."""
         self.joining[rank] = {"rank": rank, "incarnation": incarnation, "started_t_s": t_s,
-                              "_started": time.monotonic()}
+                              "new_member": new_member, "_started": time.monotonic()}
 
     def forget(self, rank: int) -> None:
         self.joining.pop(rank, None)
         self.unsettled.pop(rank, None)
         self.deferred = [(r, i) for r, i in self.deferred if r != rank]
 
-    def join(self, rank: int, incarnation: int, training_time_s: float) -> bool:
-        """Record that ``rank``'s replacement ``incarnation`` joined; False if it is not the one we wait for."""
+    def join(self, rank: int, incarnation: int, training_time_s: float, wall_s: float | None = None) -> bool:
+        """Record that ``rank``'s replacement ``incarnation`` joined (``wall_s``: seconds from the job's start);
+        False if it is not the one we wait for."""
         record = self.joining.get(rank)
         if record is None or record["incarnation"] != incarnation:
             return False
         del self.joining[rank]
-        record.update(joined_t_s=training_time_s, join_s=time.monotonic() - record.pop("_started"))
+        record.update(joined_t_s=training_time_s, join_s=time.monotonic() - record.pop("_started"), wall_s=wall_s)
         self.joined.append(record)
         self.unsettled[rank] = incarnation
         return True

@@ -56,6 +56,7 @@ from hetrain.jobs.fault_injection import FaultSchedule
 from hetrain.jobs.heartbeat import DEFAULT_HEARTBEAT_TIMEOUT_S, SilenceWatch
 from hetrain.jobs.interrupts import StopSignals
 from hetrain.jobs.job_dirs import make_job_dir
+from hetrain.jobs.members import Members
 from hetrain.jobs.process_guard import describe_exit
 from hetrain.jobs.start_gate import open_if_ready
 from hetrain.jobs.worker_process import WorkerSpec
@@ -70,7 +71,8 @@ ON_FAILURE_MODES = ("abort", "continue", "respawn")
 class JobResults(list):
     """Results by rank (None for a worker that died); ``interrupted_by``: the signal's name when Ctrl-C or
     SIGTERM stopped the job early (``interrupted``: whether one did);
-    ``joins``: each replacement that joined (rank, incarnation, training time);
+    ``joins``: each replacement or new member that joined (rank, incarnation, training time; ``new_member``);
+    ``leaves``: each worker that left gracefully (rank, training time, ``wall_s`` from the job's start);
     ``deaths``: one dict per worker lost (rank, how, training time, recovery time of the survivors);
     ``last_progress``: each worker's last progress report; ``finished_at``: the ``time.time()`` at which
     the last result came in; ``launcher``: what the launcher adds to the run's record (a Ray job: where each
@@ -81,6 +83,7 @@ class JobResults(list):
     finished_at: float | None = None
     deaths: list = []
     joins: list = []
+    leaves: list = []
     last_progress: dict = {}
 
     @property
@@ -106,6 +109,10 @@ def run_local(
     on_death: Callable[[int], None] | None = None,
     on_join: Callable[[int, int], None] | None = None,
     stoppable: bool = True,
+    max_workers: int | None = None,
+    joins: list[tuple[float, int]] | None = None,
+    worker_on_failure: str | None = None,
+    on_members: Callable[[str], None] | None = None,
 ) -> JobResults:
     """Run ``fn(ctx, *args)`` on ``num_workers`` processes; return their results by rank.
 
@@ -126,15 +133,29 @@ def run_local(
     ``on_join(rank, incarnation)`` when its replacement has joined.
     ``stoppable=False``: ``fn`` never polls ``stop_requested()`` (the planner's jobs), so a first Ctrl-C or
     SIGTERM ends the job at once, its workers killed, as a second one does.
+    ``max_workers``: the job may grow to this many workers (ranks ``num_workers..max_workers-1`` start
+    vacant; ``ctx.world_size`` is ``max_workers``); ``joins``: ``(training_time_s, count)``: start
+    ``count`` new workers into the vacant ranks then (docs/decisions/elastic-membership.md).
+    ``worker_on_failure``: what the workers' protocols are built for (default ``on_failure``; ``respawn``
+    where new members join, ``continue`` where a worker may leave a job the launcher aborts on a death);
+    ``on_members(line)``: a line saying who joins or leaves, as it happens.
     """
     if on_failure not in ON_FAILURE_MODES:
         raise ValueError(f"on_failure must be abort, continue or respawn, got {on_failure!r}")
-    return LocalJob(fn, args, num_workers, backend=backend, device=device, timeout_s=timeout_s,
+    if max_workers is not None and max_workers < num_workers:
+        raise ValueError(f"max_workers ({max_workers}) must be at least num_workers ({num_workers})")
+    world = max_workers or num_workers
+    if sum(k for _, k in joins or []) > world - num_workers:
+        raise ValueError(f"joins add {sum(k for _, k in joins or [])} workers to a job of {num_workers} that "
+                         f"may grow to {world}: raise max_workers")
+    return LocalJob(fn, args, world, start_workers=num_workers, joins=joins,
+                    worker_on_failure=worker_on_failure or ("respawn" if world > num_workers else on_failure),
+                    backend=backend, device=device, timeout_s=timeout_s,
                     job_timeout_s=job_timeout_s,
                     on_failure=on_failure, log_path=log_path,
                     faults=[Fault(rank, "train", t) for t, rank in kills or []] + list(faults or []),
                     heartbeat_timeout_s=heartbeat_timeout_s, on_message=on_message,
-                    on_death=on_death, on_join=on_join, stoppable=stoppable).run()
+                    on_death=on_death, on_join=on_join, on_members=on_members, stoppable=stoppable).run()
 
 
 class LocalJob:
@@ -142,8 +163,11 @@ class LocalJob:
 
     def __init__(self, fn, args: tuple, num_workers: int, *, backend: str, timeout_s: float, device: str = "cpu",
                  job_timeout_s: float | None, on_failure: str, log_path, faults: list[Fault],
-                 heartbeat_timeout_s: float, on_message, on_death, on_join, stoppable: bool = True):
-        self.n = num_workers
+                 heartbeat_timeout_s: float, on_message, on_death, on_join, stoppable: bool = True,
+                 on_members=None, start_workers: int | None = None, joins: list[tuple[float, int]] | None = None,
+                 worker_on_failure: str | None = None):
+        self.n = num_workers  # the job's ranks: its largest size
+        self.members = Members(num_workers, num_workers if start_workers is None else start_workers, joins)
         self.on_failure = on_failure
         self.continue_on_death = on_failure != "abort"
         self.timeout_s = timeout_s
@@ -155,11 +179,12 @@ class LocalJob:
         self.hung: dict[int, float] = {}  # pid -> seconds of silence when it was declared hung
         self._quiet_exits: dict[int, float] = {}  # pid -> when it was first seen exited with code 0 and no result
         self.launched = time.monotonic()
-        self.on_message, self.on_death, self.on_join = on_message, on_death, on_join
+        self.on_message, self.on_death, self.on_join, self.on_members = on_message, on_death, on_join, on_members
         self.tmp = make_job_dir()
         self.workers = self._make_workers(WorkerSpec(
             fn=fn, args=args, rank=0, world_size=num_workers, store_path=os.path.join(self.tmp, "store"),
-            backend=backend, device=device, timeout_s=timeout_s, on_failure=on_failure, launcher_pid=os.getpid(),
+            backend=backend, device=device, timeout_s=timeout_s, on_failure=worker_on_failure or on_failure,
+            launcher_pid=os.getpid(),
             launched_at=0.0))
         self.channels = self.workers.channels
         self.done: dict[int, Any] = {}
@@ -181,10 +206,12 @@ class LocalJob:
         deadline = None if self.job_timeout_s is None else time.monotonic() + self.job_timeout_s
         try:
             with self.interrupt:
-                self.launched = self.deaths.started_at = time.monotonic()  # the job's start
-                for rank in range(self.n):
+                self.launched = self.deaths.started_at = self.members.started_at = time.monotonic()  # the job's start
+                for rank in self.members.vacant:
+                    self.channels.dead[rank] = 1  # no process yet: the others route around it from the start
+                for rank in range(self.members.start_workers):
                     self._start(rank)
-                while len(self.done) + len(self.gone) < self.n:
+                while len(self.done) + len(self.gone) + len(self.members.vacant) < self.n:
                     self._watch_once()
                     now = time.monotonic()
                     if deadline is not None and now > deadline:
@@ -196,7 +223,7 @@ class LocalJob:
                 self.finished_at = time.time()
                 self._drain_messages()
                 self.workers.join(self.timeout_s)
-            if len(self.gone) == self.n:
+            if len(self.gone) + len(self.members.vacant) == self.n:
                 last = self.deaths.last_cause()
                 raise WorkerError(f"every worker died; the last, worker {last['rank']}, {last['how']}")
             return self._results()
@@ -218,6 +245,8 @@ class LocalJob:
             self._note_recoveries()
         elif self.failures or dead:
             self._fail()
+        self._grant_leaves()
+        self._start_joins()
         self._admit_deferred()
 
     def _results(self) -> JobResults:
@@ -225,6 +254,7 @@ class LocalJob:
         results.interrupted_by = self.interrupt.received
         results.deaths = self.deaths.public()
         results.joins = list(self.replacements.joined)
+        results.leaves = list(self.members.left)
         results.last_progress = dict(self.progress)
         results.finished_at = self.finished_at
         return results
@@ -264,6 +294,9 @@ class LocalJob:
                 continue
             if isinstance(message, dict) and "finishing" in message:
                 self._close_membership()
+                continue
+            if isinstance(message, dict) and "leaving" in message:
+                self.members.wants_to_leave(rank, message["leaving"])
                 continue
             if isinstance(message, dict):
                 self.progress[rank] = dict(message, at=time.monotonic())
@@ -315,6 +348,10 @@ class LocalJob:
     def _record_death(self, rank: int) -> None:
         dead_flags, incarnation = self.channels.dead, self.channels.incarnations[rank]
         self.replacements.forget(rank)  # a replacement that died before joining
+        if self.members.is_leaving(rank, incarnation):  # it was let go: its end is a leave, not a death
+            self.members.ended_without_result(rank)
+            self.gone.add(rank)
+            return
         if self.workers.pid(rank) in self.replacements.stopped_pids:
             self.gone.add(rank)
             self.deaths.not_admitted(rank, incarnation)
@@ -332,11 +369,22 @@ class LocalJob:
         else:
             self.gone.add(rank)
 
-    def _ending(self) -> bool:
-        return self.channels.closing.is_set() or self.channels.stop.is_set()
+    # -- membership beyond deaths: joins into vacant ranks, graceful leaves ---------------------------
+    def _start_joins(self) -> None:
+        """Start the workers ``joins`` calls for now, each into the lowest vacant rank, as a replacement starts
+        (it stays dead to the others until it announces it joined, then is admitted one at a time)."""
+        if self._ending() or not any(self.workers.alive(r) for r in range(self.n)):
+            return
+        for rank in self.members.due(self._training_time_s() if self.progress else None):
+            self._say(f"worker {rank} starts and joins the job (at most {self.n} workers)")
+            self._start_member(rank, self._job_iteration())
 
-    def _respawn(self, rank: int) -> None:
-        """Start a replacement for ``rank``; it stays dead to the others until it announces it joined."""
+    def _job_iteration(self) -> int:
+        """The iteration the live workers have reached (a new member counts on from it)."""
+        return max((p.get("iteration", 0) for r, p in self.progress.items() if not self.channels.dead[r]), default=0)
+
+    def _start_member(self, rank: int, iteration: int) -> None:
+        """Start the next process of ``rank`` (a replacement, or a new member of a vacant rank)."""
         incarnation = self.channels.incarnations[rank] + 1
         self.channels.incarnations[rank] = incarnation
         self.channels.finished[rank] = 0  # a predecessor that finished, then died: the replacement has not
@@ -344,8 +392,40 @@ class LocalJob:
             self.channels.stops[rank * self.n + peer] = 0
         t_s = self._training_time_s()
         self.started_t_s[rank] = t_s
-        self._start(rank, incarnation, t_s, self.deaths.last_iteration(rank))
-        self.replacements.started(rank, incarnation, t_s)
+        self._start(rank, incarnation, t_s, iteration)
+        self.replacements.started(rank, incarnation, t_s, new_member=incarnation == 1 and rank in self.members.joined)
+
+    def _grant_leaves(self) -> None:
+        """Let go the workers that asked to leave (SIGTERM to one worker, or ``sync.leave()``): once its ask is
+        ``LEAVE_GRACE_S`` old and no stop came meanwhile (a scheduler's SIGTERM to the whole job reaches the
+        launcher too, and is a stop), the launcher marks it gone; the others route around it as around a death,
+        and it ends its run without the final average. The last member is not let go: it stops the job."""
+        if self._ending():
+            self.members.pending.clear()  # the job is ending: those asking finish with it
+            return
+        for rank, incarnation in self.members.ripe():
+            if self.channels.incarnations[rank] != incarnation or self.channels.dead[rank] or rank in self.done:
+                continue
+            if self.members.count(self.channels.dead) <= 1:
+                self._say(f"worker {rank} asked to leave; it is the last member: the job stops")
+                self.channels.stop.set()  # as a budget's end: every worker finishes, and the job exits 0
+                return
+            self.channels.dead[rank] = 1  # first: it and the others see it gone
+            self.members.let_go(rank, incarnation, self._training_time_s(), self.progress.get(rank, {}))
+            self._say(f"worker {rank} leaves the job ({self.members.count(self.channels.dead)} members)")
+            if self.on_death is not None:  # e.g. the Group Generator stops grouping it
+                self.on_death(rank)
+
+    def _say(self, line: str) -> None:
+        if self.on_members is not None:
+            self.on_members(line)
+
+    def _ending(self) -> bool:
+        return self.channels.closing.is_set() or self.channels.stop.is_set()
+
+    def _respawn(self, rank: int) -> None:
+        """Start a replacement for ``rank``; it stays dead to the others until it announces it joined."""
+        self._start_member(rank, self.deaths.last_iteration(rank))
 
     def _close_membership(self) -> None:
         """A worker is finishing: no replacement joins from now on (the final average needs one
@@ -389,7 +469,9 @@ class LocalJob:
         if self.on_join is not None:  # first (e.g. the Group Generator re-admits it), then the others see it
             self.on_join(rank, incarnation)
         self.channels.dead[rank] = 0  # alive again: the survivors connect to its new incarnation
-        self.replacements.join(rank, incarnation, self._training_time_s())
+        if rank in self.members.joined and incarnation == 1:
+            self._say(f"worker {rank} joined ({self.members.count(self.channels.dead)} workers)")
+        self.replacements.join(rank, incarnation, self._training_time_s(), wall_s=time.monotonic() - self.launched)
 
     def _admit_deferred(self) -> None:
         """Admit the next replacement that is ready once every admitted one holds the job's model: two
@@ -422,7 +504,7 @@ class LocalJob:
         return dead
 
     def _missing(self) -> list[int]:
-        return sorted(set(range(self.n)) - set(self.done))
+        return sorted(set(range(self.n)) - set(self.done) - self.gone - set(self.members.vacant))
 
     # -- failure -----------------------------------------------------------------------
     def _fail(self) -> None:

@@ -29,10 +29,12 @@ HISTORY = 1024  # counts kept at most (8.5 min at REFRESH_S; once a window is fo
 
 class RateBoard:
     def __init__(self, store, rank: int, world_size: int, refresh_s: float = REFRESH_S,
-                 window_s: float = WINDOW_S, min_batches: int = MIN_BATCHES, clock=time.monotonic):
+                 window_s: float = WINDOW_S, min_batches: int = MIN_BATCHES, clock=time.monotonic, dead=None):
         self.store = dist.PrefixStore("rate/", store) if store is not None else None
         self.rank = rank
         self._keys = [str(r) for r in range(world_size)]
+        self._dead = dead  # ranks the launcher holds dead (None: none): one that never wrote counts 0
+        self._written: set[int] = set()
         self._all_written = False
         self.refresh_s = refresh_s
         self.window_s = window_s
@@ -51,11 +53,9 @@ class RateBoard:
             return None
         self._at = now
         self.store.set(str(self.rank), str(int(computed)))
-        if not self._all_written:
-            self._all_written = self.store.check(self._keys)
-            if not self._all_written:
-                return None
-        counts = [int(v) for v in self.store.multi_get(self._keys)]
+        counts = self._counts()
+        if counts is None:
+            return None
         self._history.append((now, counts))
         for index in range(len(self._history) - 1, -1, -1):  # the newest window long enough and counted enough
             began, before = self._history[index]
@@ -65,3 +65,21 @@ class RateBoard:
                     self._history.popleft()
                 return [g / (now - began) for g in growth]
         return None
+
+    def _counts(self) -> list[int] | None:
+        """Every rank's count (0 for a dead rank that never wrote one: vacant, or dead during start-up);
+        None until every live rank has written."""
+        if self._all_written:
+            return [int(v) for v in self.store.multi_get(self._keys)]
+        dead = set(self._dead()) if self._dead is not None else set()
+        for r in range(len(self._keys)):
+            if r not in self._written and self.store.check([self._keys[r]]):
+                self._written.add(r)
+        if len(self._written) == len(self._keys):
+            self._all_written = True
+            return self._counts()
+        if any(r not in self._written and r not in dead for r in range(len(self._keys))):
+            return None
+        written = sorted(self._written)
+        values = dict(zip(written, (int(v) for v in self.store.multi_get([self._keys[r] for r in written]))))
+        return [values.get(r, 0) for r in range(len(self._keys))]

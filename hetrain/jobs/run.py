@@ -80,7 +80,7 @@ def fitted_protocol_options(config: RunConfig):
         model = build_model(config.workload, config.model_params, config.seed)
     return options.fit_memory(averaged_nbytes(model, anchors=comm.outer_named != "none"),
                               compressed=comm.compression.enabled, nccl=config.resolved_backend() == "nccl",
-                              num_workers=config.num_workers)
+                              num_workers=config.world_size)
 
 
 def run_training(config: RunConfig, out_dir: str | None, progress: bool = True, label: str | None = None,
@@ -106,7 +106,7 @@ def run_training(config: RunConfig, out_dir: str | None, progress: bool = True, 
     if launch is None:
         start_early()  # the warm server imports while this process loads the data and sets up
     data = load_dataset(config.workload, config.seed)  # once, here: no worker imports scikit-learn
-    check_batch_fits(config.workload, data, config.batch_size, config.num_workers, config.data_split)
+    check_batch_fits(config.workload, data, config.batch_size, config.world_size, config.data_split)
     if config.checkpoint_dir:  # checked before anything is written
         config = config.replace(resume=checkpoint.prepare(config.checkpoint_dir, config, config.resume))
     out = prepare_out_dir(out_dir) if out_dir else None
@@ -147,12 +147,15 @@ def _run_logger(config: RunConfig, out, shared_dir: str | None):
     from hetrain.loggers.scalar_writers import make_writers
 
     writer = make_writers(config.log, out, config.protocol, config.record(), shared_dir=shared_dir)
-    return RunLogger(writer, config.num_workers, config.batch_size)
+    return RunLogger(writer, config.world_size, config.batch_size)
 
 
 def _run_local_job(config: RunConfig, out, data: Dataset, bar, logger, launched_at: float, launch,
                    service_host: str, progress: bool) -> dict:
     gg = _launcher_gg(config, service_host)  # served here, so no worker's death takes it down
+    if gg is not None:
+        for rank in range(config.num_workers, config.world_size):  # vacant until a worker joins into it
+            gg.handle({"op": "leave", "worker": rank})
     services = {"gg_address": (f"{gg.host}:{gg.port}", gg.secret)} if gg is not None else {}
 
     def on_message(rank: int, message) -> None:
@@ -182,18 +185,31 @@ def _run_local_job(config: RunConfig, out, data: Dataset, bar, logger, launched_
             log_path=out / "errors.log" if out is not None else None,
             on_failure=config.resolved_on_failure(), faults=_faults(config),
             heartbeat_timeout_s=config.heartbeat_timeout_s, on_death=on_death, on_join=on_join,
+            **_membership_arguments(config, bar),
         )
     finally:
         bar.close()
         if gg is not None:
             gg.close()
     metrics = finalize_run(config, results, out, interrupted_by=results.interrupted_by, deaths=results.deaths,
-                           joins=results.joins, gg_stats=gg.scheduler.stats() if gg is not None else None,
+                           joins=results.joins, leaves=getattr(results, "leaves", []), gg_stats=gg.scheduler.stats() if gg is not None else None,
                            data=data, launched_at=launched_at, results_at=results.finished_at,
                            launcher_record=results.launcher, progress=progress)
     if logger is not None:
         logger.finish(metrics)
     return metrics
+
+
+def _membership_arguments(config: RunConfig, bar) -> dict:
+    """What the launcher takes beyond run_local's first arguments about members: a job that may grow
+    (``max_workers``, ``joins``) and what the workers' protocols are built for (a launcher that aborts on a
+    death still lets a worker leave); the lines saying who joins or leaves go above the progress bar."""
+    from hetrain.join_spec import parse_join
+
+    arguments = {"worker_on_failure": config.worker_on_failure(), "on_members": bar.say}
+    if config.elastic:
+        arguments.update(max_workers=config.world_size, joins=[(t, k) for t, k in parse_join(config.join).events])
+    return arguments
 
 
 def _launcher_gg(config: RunConfig, host: str = "127.0.0.1"):
@@ -202,8 +218,8 @@ def _launcher_gg(config: RunConfig, host: str = "127.0.0.1"):
     from hetrain.groups.gg_service import GGServer
     from hetrain.transport.job_secret import new_secret
 
-    scheduler = config.protocol_spec.make_scheduler(config.num_workers, fitted_protocol_options(config), config.seed)
-    if scheduler is None or config.num_workers < 2:
+    scheduler = config.protocol_spec.make_scheduler(config.world_size, fitted_protocol_options(config), config.seed)
+    if scheduler is None or config.world_size < 2:
         return None
     return GGServer(scheduler, host=host, secret=new_secret())  # to the workers with their arguments, not a store
 
@@ -214,7 +230,7 @@ def _faults(config: RunConfig) -> list:
 
     spec = parse_fail(config.fail, config.seed)
     horizon = config.time_budget_s if config.time_budget_s is not None else 10**9
-    kills = [Fault(worker, "train", t) for t, worker in spec.kills(config.num_workers, horizon)]
+    kills = [Fault(worker, "train", t) for t, worker in spec.kills(config.world_size, horizon)]
     return kills + [f for f in spec.events if not (f.clock == "train" and f.signal == "kill")]
 
 
@@ -240,6 +256,10 @@ def run_training_torchrun(config: RunConfig, out_dir: str | None, progress: bool
         config = config.replace(on_failure="abort")
     if config.fail != "none":
         raise OptionError("{fail} injects failures in local jobs; under torchrun, kill ranks yourself")
+    if config.max_workers is not None or config.join != "none":
+        raise OptionError("{max_workers} and {join} grow local and Ray jobs; under torchrun the members are "
+                          "torchrun's: with --nnodes MIN:MAX its agent restarts every rank when a node joins or "
+                          "leaves, and hetrain resumes from {checkpoint_dir}")
     check_run_config(config, devices_here=False)  # the job spans nodes: this node's ranks against its GPUs
     check_local_devices(config, int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size)))
     out = prepare_out_dir(out_dir) if out_dir and ctx.rank == 0 else None
@@ -272,7 +292,7 @@ def run_training_torchrun(config: RunConfig, out_dir: str | None, progress: bool
 
 
 def finalize_run(config: RunConfig, results: list[dict | None], out, interrupted_by: str | None = None,
-                 deaths: list[dict] | None = None, joins: list[dict] | None = None,
+                 deaths: list[dict] | None = None, joins: list[dict] | None = None, leaves: list[dict] | None = None,
                  gg_stats: dict | None = None, data: Dataset | None = None, launched_at: float | None = None,
                  results_at: float | None = None, launcher_record: dict | None = None, progress: bool = False) -> dict:
     """Build, write and return the run's record. ``results`` has None for workers that died.
@@ -285,8 +305,10 @@ def finalize_run(config: RunConfig, results: list[dict | None], out, interrupted
     deaths = deaths or []
     survivors = [r for r in results if r is not None]
     workers = [r["worker"] for r in survivors]
+    members = [w for w in workers if not w.get("left")]  # those that held the final model (a leaver did not)
     wall_s = max(w["loop_s"] for w in workers)
     timing = job_phases(workers, launched_at)
+    _note_members(workers, joins or [])
     curve, worst_worker_at_target_s = evaluation_curve(config, [r["snapshots"] for r in survivors], data,
                                                        progress=progress)
     lost = _lost_workers(config, workers, deaths, wall_s)
@@ -305,14 +327,16 @@ def finalize_run(config: RunConfig, results: list[dict | None], out, interrupted
         time_to_target_worst_worker_s=worst_worker_at_target_s,
         efficiency_basis=efficiency_basis(config),
         final_accuracy_avg_model=final[0],
-        final_accuracy_worst_worker=min(w["local_accuracy"] for w in workers),
+        final_accuracy_worst_worker=min(w["local_accuracy"] for w in members or workers),
         final_loss_avg_model=final[1],
         consensus_distance=workers[0].get("consensus_distance"),
         extra={"interrupted": interrupted_by is not None, "interrupted_by": interrupted_by, "resumed": config.resume,
                "on_failure": config.resolved_on_failure(),
                "workers_lost": len(deaths), "deaths": deaths,
                "workers_joined": sum(not j.get("stopped_before_settling") for j in joins or []),  # trained
-               "joins": joins or [], "num_workers": config.num_workers, **(gg_stats or {}),
+               "joins": joins or [], "leaves": leaves or [], "workers_left": len(leaves or []),
+               "num_workers": config.num_workers, "max_workers": config.world_size,
+               "final_members": len(members), **(gg_stats or {}),
                **timing, **(launcher_record or {}), **job_compute_phase(workers), "config": config.record()},
     )
     if (warning := over_target_warning(metrics)) is not None:
@@ -324,6 +348,20 @@ def finalize_run(config: RunConfig, results: list[dict | None], out, interrupted
         write_json_atomic(out / "metrics.json", metrics)
         write_text_atomic(out / "summary.txt", format_summary(metrics) + "\n")
     return metrics
+
+
+def _note_members(workers: list[dict], joins: list[dict]) -> None:
+    """Mark each worker that joined a vacant rank (``joined``), and give its join record ``first_step_s``:
+    seconds from its process's start to its first step."""
+    for join in joins:
+        worker = next((w for w in workers if w["rank"] == join["rank"]
+                       and w.get("incarnation") == join["incarnation"]), None)
+        if worker is None:
+            continue
+        if join.get("new_member"):
+            worker["joined"] = True
+        if worker.get("first_iteration_s") is not None and worker.get("started_s") is not None:
+            join["first_step_s"] = round(worker["first_iteration_s"] - worker["started_s"], 3)
 
 
 def _lost_workers(config: RunConfig, survivors: list[dict], deaths: list[dict], wall_s: float) -> list[dict]:
@@ -351,7 +389,7 @@ class _ProgressBar:
         total = config.time_budget_s if self.by_time else config.iterations
         self.state: dict[int, dict] = {}
         self.dead: set[int] = set()
-        self.num_workers = config.num_workers
+        self.members = set(range(config.num_workers))  # who trains now: the starting workers, then joins and losses
         self.training = False
         self.ending = False
         self.bar = tqdm(total=total, desc=label, unit="s" if self.by_time else "it", file=sys.stderr,
@@ -365,8 +403,8 @@ class _ProgressBar:
         values = [m["t_s"] if self.by_time else m["iteration"] for m in live.values()] or [0]
         self.bar.n = min(max(values) if self.by_time else min(values), self.bar.total)
         computed = sum(m["computed"] for m in self.state.values())
-        lost = f", {len(self.dead)} lost" if self.dead else ""
-        alive = self.num_workers - len(self.dead)  # not only those heard from: at the start, one has reported
+        lost = f", {len(self.dead)} lost or left" if self.dead else ""
+        alive = len(self.members)  # not only those heard from: at the start, one has reported
         done = sum(bool(m.get("done")) for m in live.values())
         ending = f"; finishing (final average): {done} of {alive} done" if self.bar.n >= self.bar.total else ""
         self.bar.set_postfix_str(f"{computed} gradients, {alive} workers live{lost}{ending}", refresh=False)
@@ -377,10 +415,16 @@ class _ProgressBar:
 
     def lost(self, rank: int) -> None:
         self.dead.add(rank)
+        self.members.discard(rank)
         self.state.pop(rank, None)  # its replacement, if any, reports afresh
 
     def joined(self, rank: int) -> None:
         self.dead.discard(rank)
+        self.members.add(rank)
+
+    def say(self, line: str) -> None:
+        """A line above the bar (who joins or leaves), shown also when the bar is off."""
+        tqdm.write(f"hetrain: {line}", file=sys.stderr)
 
     def close(self) -> None:
         self.bar.close()

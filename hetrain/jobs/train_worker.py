@@ -86,7 +86,7 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
     # no optimizer hook: the loop calls step() itself, so the emulator's timing of the work
     # (optimizer.step() included) never includes the protocol's waiting
     comm = config.comm_settings()
-    on_failure = config.resolved_on_failure() if ctx.continue_on_death else "abort"
+    on_failure = ctx.on_failure if ctx.continue_on_death else "abort"  # the launcher says what its workers build
     joining = ctx.incarnation > 0  # a replacement: the protocol hands it the model of the running job
     clock.lap("setup_s")
     ctx.enter_phase("connect")
@@ -105,8 +105,11 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
     host_copy = lambda: state.gather_model().cpu()  # noqa: E731 (snapshots wait on the host, not the GPU)
     meter = WindowMeter()
     emulator = ComputeEmulator()
-    rates = RateBoard(protocol.job.store, ctx.rank, ctx.world_size) if hasattr(sampler, "set_rates") else None
+    rates = RateBoard(protocol.job.store, ctx.rank, ctx.world_size, dead=ctx.dead_workers) \
+        if hasattr(sampler, "set_rates") else None
     stop_requested = ctx.stop_requested or (lambda: False)
+    leave_requested = ctx.leave_requested or (lambda: False)
+    asked_to_leave = left = False
 
     clock.lap("setup_s")
     if not joining:  # the others are training already
@@ -126,6 +129,11 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
         local_done = (config.iterations is not None and protocol.stats.iteration >= config.iterations) or (
             config.time_budget_s is not None and elapsed >= config.time_budget_s
         ) or stop_requested()
+        if not local_done and not asked_to_leave and leave_requested() and protocol.membership.can_leave:
+            asked_to_leave = True  # SIGTERM to this worker alone: leave between two steps
+            if protocol.leave():
+                left = True
+                break
         if protocol.should_stop(local_done):
             break
         if checkpoints is not None and protocol._checkpoint_due(checkpoints.due()):
@@ -156,13 +164,13 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
     snapshots.take_final(loop_s, protocol.stats.iteration, host_copy)
     connections_training = tcp_connections()  # before the final average over the whole job
     ctx.enter_phase("finish")
-    protocol.finish()
-    if checkpoints is not None:  # the consensus model: a later --resume trains on from it
+    protocol.finish()  # a worker that left: only its release
+    if checkpoints is not None and not left:  # the consensus model: a later --resume trains on from it
         _save(config, ctx.rank, model, optimizer, sampler, protocol)
         checkpoints.mark()
     fingerprint = model_fingerprint(state.model_tensors)
     consensus_accuracy = consensus_loss = None
-    if ctx.rank == _first_live_rank(ctx):  # the one model finish() left on every worker (see the fingerprint)
+    if not left and ctx.rank == _first_live_rank(ctx):  # the one model finish() left on every worker (see the fingerprint)
         consensus_accuracy, consensus_loss = evaluate(model, x_test, y_test)
     if ctx.report is not None:
         ctx.report({"iteration": protocol.stats.iteration, "computed": computed, "t_s": loop_s, "done": True,

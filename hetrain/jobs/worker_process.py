@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hetrain.errors import HetrainError, UsageError
-from hetrain.jobs import mailboxes
+from hetrain.jobs import leave_signal, mailboxes
 from hetrain.jobs.heartbeat import start_heartbeat
 from hetrain.jobs.interrupts import STOP_SIGNALS
 from hetrain.jobs.process_guard import die_with_parent
@@ -117,6 +117,7 @@ def worker_main(spec: WorkerSpec, channels: JobChannels) -> None:
     die_with_parent(spec.launcher_pid)
     for stop_signal in STOP_SIGNALS:  # the launcher handles Ctrl-C and SIGTERM, and asks us to stop
         signal.signal(stop_signal, signal.SIG_IGN)
+    leave_signal.listen()  # SIGTERM to this worker alone: it asks to leave (a stop if the launcher got one too)
     rank = spec.rank
     start_heartbeat(lambda: channels.messages.put((rank, {"heartbeat": True})))
     try:
@@ -157,14 +158,14 @@ def join_job(spec: WorkerSpec, rank: int, store, channels, report, imported: flo
     device = select_gpu(rank) if spec.device == "cuda" else torch.device("cpu")
     membership = None if spec.on_failure == "abort" else LauncherMembership(
         channels.dead, channels.incarnations, rank, spec.incarnation, report, channels.closing.wait,
-        channels.finished, channels.stops, channels.ready)
+        channels.finished, channels.stops, channels.ready, stopping=channels.stop.is_set)
     ctx = WorkerContext(rank, spec.world_size, device, spec.timeout_s, report=report,
                         start_gate=StartGate(channels.ready, channels.go, channels.dead, rank),
                         hold_phases=frozenset(spec.hold_phases),
                         stop_requested=channels.stop.is_set, dead_workers=membership,
                         continue_on_death=spec.on_failure != "abort", on_failure=spec.on_failure,
                         incarnation=spec.incarnation, clock_offset_s=spec.clock_offset_s,
-                        start_iteration=spec.start_iteration,
+                        start_iteration=spec.start_iteration, leave_requested=leave_signal.received,
                         phases={"launched_at": spec.launched_at,
                                 "import_s": max(0.0, imported - spec.launched_at),
                                 "connect_s": time.time() - imported})

@@ -45,13 +45,14 @@ class WorkerProcesses:
         self.procs[rank] = proc
 
     def pid(self, rank: int) -> int | None:
-        return self.procs[rank].pid
+        return None if self.procs[rank] is None else self.procs[rank].pid
 
     def exitcode(self, rank: int) -> int | None:
-        return self.procs[rank].exitcode
+        """None while it runs, and for a rank never started (a vacant rank of a job that may grow)."""
+        return None if self.procs[rank] is None else self.procs[rank].exitcode
 
     def alive(self, rank: int) -> bool:
-        return self.procs[rank].is_alive()
+        return self.procs[rank] is not None and self.procs[rank].is_alive()
 
     def kill(self, rank: int) -> None:
         os.kill(self.procs[rank].pid, signal.SIGKILL)
@@ -60,7 +61,7 @@ class WorkerProcesses:
         os.kill(self.procs[rank].pid, signum)
 
     def exited(self, ranks) -> bool:
-        return all(self.procs[r].exitcode is not None for r in ranks)
+        return all(self.procs[r] is None or self.procs[r].exitcode is not None for r in ranks)
 
     def join(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

@@ -50,6 +50,8 @@ def run_ray(
     heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
     on_death: Callable[[int], None] | None = None,
     on_join: Callable[[int, int], None] | None = None,
+    worker_on_failure: str | None = None,
+    on_members: Callable[[str], None] | None = None,
 ) -> JobResults:
     """Run ``fn(ctx, *args)`` on ``num_workers`` Ray actors (Ray initialised); return their results by rank.
 
@@ -61,7 +63,7 @@ def run_ray(
                  job_timeout_s=job_timeout_s, on_failure=on_failure, log_path=log_path,
                  faults=[Fault(rank, "train", t) for t, rank in kills or []] + list(faults or []),
                  heartbeat_timeout_s=heartbeat_timeout_s, on_message=on_message, on_death=on_death,
-                 on_join=on_join)
+                 on_join=on_join, worker_on_failure=worker_on_failure, on_members=on_members)
     results = job.run()
     results.launcher = {"launcher": "ray", "ray_placements": job.placements}
     return results

@@ -48,7 +48,7 @@ from torch import nn
 from hetrain.comm import settings as comm_carrier
 from hetrain.comm.local_work import StepTimer, steps_per_exchange
 from hetrain.comm.settings import CommSettings
-from hetrain.errors import WorkerError
+from hetrain.errors import UsageError, WorkerError
 from hetrain.protocols.membership import ON_FAILURE
 from hetrain.protocols.options import OptionError
 from hetrain.runtime.flat_state import FlatState
@@ -190,6 +190,7 @@ class SyncProtocol:
                 self._hooks.append(self._outer.load_hook)
         self._finished = False
         self._released = False
+        self._left = False  # leave(): the launcher let this worker go
         self._last_step_end = time.perf_counter()
         self._last_exchange_end = self._last_step_end
 
@@ -385,12 +386,42 @@ class SyncProtocol:
         if self._finished:
             return
         self._finished = True
+        if self._left:  # the others went on without it: nothing to drain, no final average to join
+            self.close()
+            return
         try:
             if self._beacon is not None:
                 self._beacon.beat(self.stats.iterations, now_or_never=True)  # the count the others name, exact
             self._finish()
         finally:
             self.close()
+
+    def leave(self, timeout_s: float | None = None) -> bool:
+        """Leave the job between two steps, gracefully: ask the launcher to let this worker go and wait
+        until it does. The others then route around this worker as around a death (Hop and D-PSGD repair
+        their graph, the Group Generator stops grouping it) but no death is recorded, and no replacement
+        starts; what this worker last sent (its last update, its last group's average) is what it hands
+        on. Returns True once let go: stop stepping, and ``finish()`` releases without the final average
+        (the others average without this worker). Returns False when the job is ending first (finish as
+        usual). Needs a launcher that tracks members (``hetrain train``, ``run_local``, Ray) and a
+        protocol that routes around the dead (``on_failure`` continue or respawn).
+        """
+        if not self.membership.can_leave:
+            raise UsageError(f"{self.name}.leave() needs a hetrain launcher that tracks members (hetrain train, "
+                             "hetrain.jobs.run_local, Ray) and on_failure continue or respawn")
+        bound = self.job.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + bound
+        self.membership.ask_to_leave()
+        while not self.membership.let_go():
+            if self.membership.ending():
+                return False
+            if time.monotonic() > deadline:
+                raise WorkerError(f"worker {self.job.rank} asked to leave the job and was not let go within "
+                                  f"{bound:.0f} s")
+            time.sleep(0.01)
+        self._left = True
+        self.stats.extra["left"] = True
+        return True
 
     def close(self) -> None:
         """Release threads, sockets and groups without waiting for anyone (also after an error)."""

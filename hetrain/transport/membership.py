@@ -65,6 +65,19 @@ class Membership:
         made them its neighbours. None known here."""
         return set(), set()
 
+    can_leave = False  # whether a launcher can let this worker leave the job (LauncherMembership)
+
+    def ask_to_leave(self) -> None:
+        """Ask whoever runs the job to let this worker go (nobody to ask here)."""
+
+    def let_go(self) -> bool:
+        """Whether this worker has been let go (the others route around it now)."""
+        return False
+
+    def ending(self) -> bool:
+        """Whether the job is ending (no one joins or leaves from now on)."""
+        return False
+
     @property
     def replaces(self) -> bool:
         """Whether ranks may come back as new processes (respawn)."""

@@ -19,6 +19,7 @@ from hetrain.errors import WorkerError
 from hetrain.jobs.context import LauncherMembership
 from hetrain.jobs.deaths import Replacements
 from hetrain.jobs.local_job import LocalJob
+from hetrain.jobs.members import Members
 from hetrain.jobs.run import run_training
 from hetrain.jobs.start_gate import open_if_ready
 from hetrain.runtime import consensus
@@ -77,7 +78,7 @@ def _launcher(n=6):
                                    ready=[1] * n, go=threading.Event())
     job.channels.go.set()  # the job has started: every original ready
     job.replacements, job.workers, job.on_join, job.on_death = Replacements(), _Processes(n), None, None
-    job.progress = {}
+    job.progress, job.members, job.launched, job.on_members = {}, Members(n, n), time.monotonic(), None
     return job
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from process_tree import alive, children, descendants, workers_of
 from torch import nn
 
 from hetrain.errors import WorkerError
@@ -156,38 +157,6 @@ class _Launch:
         return code
 
 
-def _children(pid: int) -> list[int]:
-    kids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as handle:
-                    fields = handle.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid and fields[0] != "Z":
-                kids.append(int(entry))
-    return kids
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
-    except OSError:
-        return False
-
-
-def _descendants(pid: int) -> list[int]:
-    kids = _children(pid)
-    return kids + [d for kid in kids for d in _descendants(kid)]
-
-
-def _workers_of(pid: int) -> list[int]:
-    """The launcher's workers: forked by its warm server, each named ``hetrain-wR`` (ps, top)."""
-    return [p for p in _descendants(pid) if _comm(p).startswith("hetrain-w")]
-
-
 def _maps_torch(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/maps") as handle:
@@ -196,12 +165,6 @@ def _maps_torch(pid: int) -> bool:
         return False
 
 
-def _comm(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm") as handle:
-            return handle.read().strip()
-    except OSError:
-        return ""
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -218,9 +181,9 @@ def test_killing_the_launcher_leaves_no_worker_behind_and_the_next_job_removes_i
     job = _Launch(tmp_path, env={**os.environ, "TMPDIR": str(folders)})
     try:
         job.wait_until_training()
-        workers = _workers_of(job.pid)
+        workers = workers_of(job.pid)
         assert len(workers) == 3
-        helpers = [p for p in _descendants(job.pid) if p not in workers]  # the warm server, the resource tracker
+        helpers = [p for p in descendants(job.pid) if p not in workers]  # the warm server, the resource tracker
         (left,) = folders.glob(PREFIX + "*")
         assert (left / OWNER_FILE).read_text() == _process_identity(job.pid)
         others = {name: folders / (PREFIX + name) for name in ("live", "no-record", "pid-reused")}
@@ -232,15 +195,15 @@ def test_killing_the_launcher_leaves_no_worker_behind_and_the_next_job_removes_i
         os.kill(job.pid, signal.SIGKILL)
         job.finish(timeout_s=10)
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(_alive(p) for p in workers + helpers):
+        while time.monotonic() < deadline and any(alive(p) for p in workers + helpers):
             time.sleep(0.2)
-        assert not [p for p in workers if _alive(p)], "workers outlived their killed launcher"
-        assert not [p for p in helpers if _alive(p)], "the launcher's helper processes outlived it"
+        assert not [p for p in workers if alive(p)], "workers outlived their killed launcher"
+        assert not [p for p in helpers if alive(p)], "the launcher's helper processes outlived it"
         assert left.exists()
         assert sweep_orphaned_job_dirs(folders) == [str(left)]
         assert not left.exists() and others["live"].exists() and others["no-record"].exists()
     finally:
-        for pid in _descendants(job.pid):
+        for pid in descendants(job.pid):
             os.kill(pid, signal.SIGKILL)
         shutil.rmtree(folders, ignore_errors=True)
 
@@ -250,7 +213,7 @@ def test_killing_the_launcher_leaves_no_worker_behind_and_the_next_job_removes_i
 def test_a_worker_killed_from_outside_fails_the_cli_in_one_line_naming_it(processes, tmp_path):
     job = _Launch(tmp_path, "--on-failure", "abort")
     job.wait_until_training()
-    os.kill(_workers_of(job.pid)[-1], signal.SIGKILL)
+    os.kill(workers_of(job.pid)[-1], signal.SIGKILL)
     assert job.finish() == 1
     lines = [line for line in job.err.splitlines() if line.startswith("hetrain:")]
     assert len(lines) == 1 and re.match(r"hetrain: job failed: worker \d was killed by SIGKILL", lines[0]), job.err
@@ -264,7 +227,7 @@ def test_a_worker_killed_from_outside_fails_the_cli_in_one_line_naming_it(proces
 def test_ctrl_c_stops_the_workers_and_writes_what_the_run_had(processes, tmp_path):
     job = _Launch(tmp_path)
     job.wait_until_training()
-    workers = _workers_of(job.pid)
+    workers = workers_of(job.pid)
     began = time.monotonic()
     os.killpg(job.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
     assert job.finish() == 130, job.err
@@ -273,7 +236,7 @@ def test_ctrl_c_stops_the_workers_and_writes_what_the_run_had(processes, tmp_pat
     assert metrics["interrupted"] is True
     assert 0 < metrics["wall_time_s"] < 50  # stopped long before the 60 s budget
     assert metrics["total_iterations"] > 0 and len(metrics["workers"]) == 3
-    assert not [p for p in workers if _alive(p)]
+    assert not [p for p in workers if alive(p)]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -283,13 +246,13 @@ def test_sigterm_stops_the_workers_and_writes_what_the_run_had_and_its_checkpoin
     ``scancel`` every process of the job (the warm server and the workers too), which must not kill them."""
     job = _Launch(tmp_path, "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "600")
     job.wait_until_training()
-    workers = _workers_of(job.pid)
+    workers = workers_of(job.pid)
     assert len(workers) == 3
     began = time.monotonic()
     if to == "launcher":
         os.kill(job.pid, signal.SIGTERM)
     else:
-        for pid in [job.pid, *_descendants(job.pid)]:
+        for pid in [job.pid, *descendants(job.pid)]:
             os.kill(pid, signal.SIGTERM)
     assert job.finish() == 128 + signal.SIGTERM, job.err
     assert time.monotonic() - began < 30
@@ -299,7 +262,7 @@ def test_sigterm_stops_the_workers_and_writes_what_the_run_had_and_its_checkpoin
     assert metrics["workers_lost"] == 0 and len(metrics["workers"]) == 3, job.err
     assert 0 < metrics["wall_time_s"] < 50  # stopped long before the 60 s budget
     assert len(list((tmp_path / "ckpt").glob("worker-*.pt"))) == 3  # the final checkpoint, never a periodic one
-    assert not [p for p in workers if _alive(p)]
+    assert not [p for p in workers if alive(p)]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -308,13 +271,13 @@ def test_a_sigterm_to_the_warm_server_while_it_imports_does_not_end_it(processes
     start racing its end failed the job (BrokenPipeError): the launcher must take the stop, not the server."""
     job = _Launch(tmp_path, "--time-budget", "2")
     deadline = time.monotonic() + 60
-    while not (server := [p for p in _descendants(job.pid) if _maps_torch(p)]):  # into its imports: torch's
+    while not (server := [p for p in descendants(job.pid) if _maps_torch(p)]):  # into its imports: torch's
         assert job.proc.poll() is None and time.monotonic() < deadline, job.err  # libraries loaded, seconds to go
         time.sleep(0.01)
     for pid in server:
         os.kill(pid, signal.SIGTERM)
     time.sleep(0.5)  # (multiprocessing would start a new server for the next worker: the same one must live)
-    assert [p for p in server if _alive(p)] == server, "the warm server died of a SIGTERM during its imports"
+    assert [p for p in server if alive(p)] == server, "the warm server died of a SIGTERM during its imports"
     assert job.finish(timeout_s=120) == 0, job.err
     assert len(json.loads((job.out / "metrics.json").read_text())["workers"]) == 3
 
@@ -327,14 +290,14 @@ def test_a_sigterm_to_the_warm_server_in_its_first_instants_does_not_end_it(proc
     before torch loads; the server must live and the job end as it would have."""
     job = _Launch(tmp_path, "--time-budget", "2")
     deadline = time.monotonic() + 60
-    while not (server := [p for p in _children(job.pid) if "forkserver" in _cmdline(p)]):
+    while not (server := [p for p in children(job.pid) if "forkserver" in _cmdline(p)]):
         assert job.proc.poll() is None and time.monotonic() < deadline, job.err
         time.sleep(0.001)
     for pid in server:
         os.kill(pid, signal.SIGTERM)
     assert not any(_maps_torch(p) for p in server), "not the first instants: torch was loaded already"
     time.sleep(0.5)
-    assert [p for p in server if _alive(p)] == server, "the warm server died of a SIGTERM in its first instants"
+    assert [p for p in server if alive(p)] == server, "the warm server died of a SIGTERM in its first instants"
     assert job.finish(timeout_s=120) == 0, job.err
     assert len(json.loads((job.out / "metrics.json").read_text())["workers"]) == 3
 
@@ -352,14 +315,14 @@ def _cmdline(pid: int) -> str:
 def test_sigterm_in_start_up_ends_the_launcher_and_everything_it_started(processes, tmp_path):
     job = _Launch(tmp_path)
     deadline = time.monotonic() + 60
-    while not _descendants(job.pid):  # the warm server is up: start-up is under way
+    while not descendants(job.pid):  # the warm server is up: start-up is under way
         assert job.proc.poll() is None and time.monotonic() < deadline, job.err
         time.sleep(0.05)
-    started = _descendants(job.pid)
+    started = descendants(job.pid)
     os.kill(job.pid, signal.SIGTERM)
     assert job.finish() == 128 + signal.SIGTERM, job.err
     assert "Traceback" not in job.err
     deadline = time.monotonic() + 15
-    while [p for p in started if _alive(p)]:
+    while [p for p in started if alive(p)]:
         assert time.monotonic() < deadline, "the launcher's processes outlived it"
         time.sleep(0.2)

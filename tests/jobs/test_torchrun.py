@@ -163,3 +163,22 @@ def test_the_torchrun_rank_counts_local_world_size_not_the_job_s_ranks(monkeypat
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "5")
     with pytest.raises(UsageError, match="5 workers here, 4 GPU"):
         run.run_training_torchrun(config, "out")
+
+
+def test_a_job_that_may_grow_is_refused_under_torchrun_in_one_line_saying_what_torchrun_does(monkeypatch):
+    import torch
+    import torch.distributed as dist
+
+    from hetrain.config import RunConfig
+    from hetrain.errors import UsageError
+    from hetrain.jobs import run
+    from hetrain.transport import job
+
+    monkeypatch.setattr(job, "init", lambda *args, **kwargs: torch.device("cpu"))
+    monkeypatch.setattr(dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(run, "die_with_parent", lambda pid: None)
+    config = RunConfig(protocol="hop", num_workers=2, max_workers=4, join="2@5s", iterations=10)
+    with pytest.raises(UsageError, match=r"under torchrun the members are torchrun's: with --nnodes MIN:MAX") as error:
+        run.run_training_torchrun(config, "out")
+    assert "\n" not in str(error.value)

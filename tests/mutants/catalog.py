@@ -1287,7 +1287,82 @@ def every_keyword_taken_as_default() -> None:
     public_signature._is_default = lambda value, default: True
 
 
+def vacant_ranks_not_held_dead() -> None:
+    """A job that may grow starts its vacant ranks alive to the others (no dead flag): the originals wait for
+    workers that do not exist yet."""
+    from hetrain.jobs import members
+
+    class NoVacancies(list):
+        def __iter__(self):  # the launcher's marking loop sees none; the rest of the record keeps them
+            import inspect
+
+            caller = inspect.stack()[1]
+            return iter([]) if caller.function == "run" else list.__iter__(self)
+
+    init = members.Members.__init__
+
+    def without_marks(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.vacant = NoVacancies(self.vacant)
+
+    members.Members.__init__ = without_marks
+
+
+def joins_never_start() -> None:
+    """``--join``'s workers are never started: the job keeps its first size."""
+    from hetrain.jobs import members
+
+    members.Members.due = lambda self, training_time_s: []
+
+
+def worker_sigterm_ignored() -> None:
+    """A worker ignores a SIGTERM of its own, as before graceful leaves: it cannot be asked to leave."""
+    from hetrain.jobs import leave_signal
+
+    leave_signal.listen = lambda: None
+
+
+def leave_without_grace() -> None:
+    """The launcher lets a worker go at once, before a SIGTERM to the whole job could reach it too."""
+    from hetrain.jobs import members
+
+    members.LEAVE_GRACE_S = 0.0
+
+
+def rate_board_waits_for_every_rank() -> None:
+    """The balanced split's rates wait for a count from every rank, a vacant one too (so they never come)."""
+    from hetrain.jobs import rate_board
+
+    rate_board.RateBoard.__init__ = _dropping_dead(rate_board.RateBoard.__init__)
+
+
+def _dropping_dead(init):
+    @functools.wraps(init)
+    def wrapper(self, *args, **kwargs):
+        kwargs.pop("dead", None)
+        init(self, *args, **kwargs)
+    return wrapper
+
+
+def leaver_joins_the_final_average() -> None:
+    """A worker that left still takes part in the final average in ``finish()``."""
+    from hetrain.runtime.protocol import SyncProtocol
+
+    leave = SyncProtocol.leave
+
+    def leave_and_forget(self, *args, **kwargs):
+        left = leave(self, *args, **kwargs)
+        self._left = False
+        return left
+
+    SyncProtocol.leave = leave_and_forget
+
+
 MUTANTS = {"no-comm": no_comm,
+           "vacant-ranks-not-held-dead": vacant_ranks_not_held_dead, "joins-never-start": joins_never_start,
+           "worker-sigterm-ignored": worker_sigterm_ignored, "leave-without-grace": leave_without_grace,
+           "rate-board-waits-for-every-rank": rate_board_waits_for_every_rank,
+           "leaver-joins-the-final-average": leaver_joins_the_final_average,
            "advise-ranks-first-candidate": advise_ranks_first_candidate,
            "advise-profile-from-flags": advise_profile_from_flags,
            "hop-update-to-first-out-neighbour-only": hop_update_to_first_out_neighbour_only,

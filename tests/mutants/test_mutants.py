@@ -76,7 +76,20 @@ PTC = "tests/planner/test_plan_train_check.py"  # its checks of training (issue 
 RS = "tests/jobs/test_resume_state.py"
 FT = "tests/runtime/test_fake_transport.py"  # each protocol shell's wiring on the fake transport
 DR = "tests/test_docs_records.py"
+EM = "tests/jobs/test_elastic_membership.py"  # workers that join and leave a running job (issue 71)
 COMM_MUTANTS = {
+    "vacant-ranks-not-held-dead": [
+        f"{EM}::test_a_job_grows_into_its_vacant_ranks_and_every_member_ends_with_the_final_model[hop-until0]"],
+    "joins-never-start": [
+        f"{EM}::test_a_job_grows_into_its_vacant_ranks_and_every_member_ends_with_the_final_model[hop-until0]"],
+    "worker-sigterm-ignored": [
+        f"{EM}::test_sigterm_to_one_worker_is_a_leave_not_a_death_even_where_a_death_aborts_the_job[hop]"],
+    "leave-without-grace": [
+        "tests/jobs/test_members.py::test_a_leave_is_granted_only_after_the_grace_and_is_recorded_once"],
+    "rate-board-waits-for-every-rank": [
+        "tests/test_data_split.py::test_a_rank_with_no_worker_yet_reads_zero_and_counts_once_a_worker_joins_into_it"],
+    "leaver-joins-the-final-average": [
+        f"{EM}::test_sync_leave_lets_a_worker_of_a_users_loop_go_and_the_others_average_without_it"],
     "advise-ranks-first-candidate": [
         "tests/advisor/test_ranking.py::test_a_profile_with_one_5x_slow_worker_does_not_recommend_allreduce"],
     "advise-profile-from-flags": [
