@@ -20,7 +20,8 @@ whether a checkpoint's protocol state depends on it. The command line's flags
 (:func:`hetrain.jobs.checkpoint.fingerprint`), the metrics record and the protocols' keyword
 arguments (:meth:`CommSettings.from_keywords`) all derive from these fields, and a protocol shell
 receives the object whole. Adding a setting is its field here, its use in the runtime shell, and its
-use in the simulator (docs/concepts/protocol-anatomy.md).
+use in the simulator (docs/concepts/protocol-anatomy.md), and its keyword in each public class's ``def``
+(its default read from the field: ``sync_every: int = CommSettings.sync_every``).
 
 The defaults change nothing: H = 1, no compression, no outer optimizer, no emulation.
 Errors name the Python argument (``{sync_every}``; the CLI shows ``--sync-every``).

@@ -72,7 +72,7 @@ def run(args) -> int:
     if under_torchrun():
         if args.launcher == "ray":
             raise UsageError("--launcher ray starts its own workers; run it outside torchrun")
-        metrics = run_training_torchrun(config, args.out)
+        metrics = run_training_torchrun(config, args.out, progress=not args.no_progress)
     elif args.launcher == "ray":
         metrics = _run_on_ray(config, args, process_started_at())
     else:

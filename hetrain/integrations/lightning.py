@@ -77,8 +77,8 @@ _fits = count()
 
 def lockstep(protocol_class: type) -> bool:
     """Whether the protocol's workers must take the same steps (All-Reduce's; not read off which methods a
-    class overrides: Prague overrides ``checkpoint_due`` for its static schedule and is decoupled)."""
-    return protocol_class.steps_together
+    class overrides: Prague overrides ``_checkpoint_due`` for its static schedule and is decoupled)."""
+    return protocol_class._steps_together
 
 
 class HetrainStrategy(DDPStrategy):
@@ -162,7 +162,7 @@ class HetrainStrategy(DDPStrategy):
                                               **runtime, **self.options)
         self._finished = False
         if self.liveness is not None:  # e.g. Prague's Group Generator, on rank 0, stops grouping the dead
-            self.liveness.notify(self.sync.worker_left)  # deaths seen while the protocol was built too
+            self.liveness.notify(self.sync._worker_left)  # deaths seen while the protocol was built too
         if self.sync.module is not self.lightning_module:
             self.model = self.sync.module  # All-Reduce: its DistributedDataParallel wrapper
         if self._resumed is not None:

@@ -175,7 +175,7 @@ def prepare(directory: str, config, resume: bool, finished_ok: bool = False) -> 
     reached = []  # every worker file readable, before anyone starts (one in memory at a time)
     for rank in range(config.num_workers):
         reached.append(int(load_worker(path, rank).get("protocol", {}).get("iteration", 0)))
-    if config.protocol_spec.runtime_class().steps_together:
+    if config.protocol_spec.runtime_class()._steps_together:
         reached = reached[:1]  # every replica resumes from rank 0's state
     if finished_ok and config.iterations is not None and min(reached) >= config.iterations:
         print(f"hetrain: the checkpoints in {path} are at iteration {min(reached)} of --iterations "

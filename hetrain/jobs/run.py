@@ -116,7 +116,8 @@ def run_training(config: RunConfig, out_dir: str | None, progress: bool = True, 
     logger = _run_logger(config, out, log_shared_dir)
     with interrupts.held_after_the_job() as held:  # a stop once the workers ended lets the record and the logs be written whole
         try:
-            metrics = _run_local_job(config, out, data, bar, logger, launched_at, launch or run_local, service_host)
+            metrics = _run_local_job(config, out, data, bar, logger, launched_at, launch or run_local, service_host,
+                                     progress)
         finally:
             if logger is not None:
                 logger.close()
@@ -150,7 +151,7 @@ def _run_logger(config: RunConfig, out, shared_dir: str | None):
 
 
 def _run_local_job(config: RunConfig, out, data: Dataset, bar, logger, launched_at: float, launch,
-                   service_host: str) -> dict:
+                   service_host: str, progress: bool) -> dict:
     gg = _launcher_gg(config, service_host)  # served here, so no worker's death takes it down
     if gg is not None:
         for rank in range(config.num_workers, config.world_size):  # vacant until a worker joins into it
@@ -193,7 +194,7 @@ def _run_local_job(config: RunConfig, out, data: Dataset, bar, logger, launched_
     metrics = finalize_run(config, results, out, interrupted_by=results.interrupted_by, deaths=results.deaths,
                            joins=results.joins, leaves=getattr(results, "leaves", []), gg_stats=gg.scheduler.stats() if gg is not None else None,
                            data=data, launched_at=launched_at, results_at=results.finished_at,
-                           launcher_record=results.launcher)
+                           launcher_record=results.launcher, progress=progress)
     if logger is not None:
         logger.finish(metrics)
     return metrics
@@ -233,8 +234,9 @@ def _faults(config: RunConfig) -> list:
     return kills + [f for f in spec.events if not (f.clock == "train" and f.signal == "kill")]
 
 
-def run_training_torchrun(config: RunConfig, out_dir: str | None) -> dict | None:
-    """Run as one rank of a torchrun job; rank 0 gathers, evaluates and writes the record."""
+def run_training_torchrun(config: RunConfig, out_dir: str | None, progress: bool = True) -> dict | None:
+    """Run as one rank of a torchrun job; rank 0 gathers, evaluates (``progress``: with a bar) and writes the
+    record."""
     import torch.distributed as dist
 
     from hetrain.jobs.context import WorkerContext
@@ -279,7 +281,7 @@ def run_training_torchrun(config: RunConfig, out_dir: str | None) -> dict | None
     if ctx.rank != 0:
         return None
     metrics = finalize_run(config, gathered, out, launched_at=min(r["worker"]["launched_at"] for r in gathered),
-                           results_at=results_at)
+                           results_at=results_at, progress=progress)
     logger = _run_logger(config, out, None)  # no live reports under torchrun: the record's figures only
     if logger is not None:
         try:
@@ -292,12 +294,13 @@ def run_training_torchrun(config: RunConfig, out_dir: str | None) -> dict | None
 def finalize_run(config: RunConfig, results: list[dict | None], out, interrupted_by: str | None = None,
                  deaths: list[dict] | None = None, joins: list[dict] | None = None, leaves: list[dict] | None = None,
                  gg_stats: dict | None = None, data: Dataset | None = None, launched_at: float | None = None,
-                 results_at: float | None = None, launcher_record: dict | None = None) -> dict:
+                 results_at: float | None = None, launcher_record: dict | None = None, progress: bool = False) -> dict:
     """Build, write and return the run's record. ``results`` has None for workers that died.
 
     ``data``: the workload's data if the caller has it loaded; ``launched_at``: when the job started
     (``time.time()``), for ``startup_s``; ``results_at``: when the last result came in, for ``teardown_s``;
-    ``launcher_record``: what the launcher adds to the record (a Ray job: each worker's node).
+    ``launcher_record``: what the launcher adds to the record (a Ray job: each worker's node); ``progress``:
+    show the evaluation of the kept models (tens of seconds for the LM) as a bar.
     """
     deaths = deaths or []
     survivors = [r for r in results if r is not None]
@@ -306,7 +309,8 @@ def finalize_run(config: RunConfig, results: list[dict | None], out, interrupted
     wall_s = max(w["loop_s"] for w in workers)
     timing = job_phases(workers, launched_at)
     _note_members(workers, joins or [])
-    curve, worst_worker_at_target_s = evaluation_curve(config, [r["snapshots"] for r in survivors], data)
+    curve, worst_worker_at_target_s = evaluation_curve(config, [r["snapshots"] for r in survivors], data,
+                                                       progress=progress)
     lost = _lost_workers(config, workers, deaths, wall_s)
     final = _final_model_scores(workers, curve)
     metrics = build_metrics(
@@ -387,6 +391,7 @@ class _ProgressBar:
         self.dead: set[int] = set()
         self.members = set(range(config.num_workers))  # who trains now: the starting workers, then joins and losses
         self.training = False
+        self.ending = False
         self.bar = tqdm(total=total, desc=label, unit="s" if self.by_time else "it", file=sys.stderr,
                         disable=not enabled, leave=False, dynamic_ncols=True,
                         mininterval=0.1 if sys.stderr.isatty() else 5.0,
@@ -400,9 +405,11 @@ class _ProgressBar:
         computed = sum(m["computed"] for m in self.state.values())
         lost = f", {len(self.dead)} lost or left" if self.dead else ""
         alive = len(self.members)  # not only those heard from: at the start, one has reported
-        self.bar.set_postfix_str(f"{computed} gradients, {alive} workers live{lost}", refresh=False)
-        if computed and not self.training:  # the first gradient shows at once, even in a log (no tty)
-            self.training = True
+        done = sum(bool(m.get("done")) for m in live.values())
+        ending = f"; finishing (final average): {done} of {alive} done" if self.bar.n >= self.bar.total else ""
+        self.bar.set_postfix_str(f"{computed} gradients, {alive} workers live{lost}{ending}", refresh=False)
+        if (computed and not self.training) or (ending and not self.ending):  # shown at once, even in a log
+            self.training, self.ending = True, bool(ending)  # (no tty): the first gradient, the finish
             self.bar.refresh()
         self.bar.update(0)  # redraws at most every mininterval
 

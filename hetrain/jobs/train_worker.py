@@ -95,7 +95,7 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
         on_failure=on_failure, dead_workers=ctx.dead_workers if on_failure != "abort" else None,
         comm=comm, **(services or {}))
     if joining:
-        protocol.inherit_iteration(ctx.start_iteration)
+        protocol._inherit_iteration(ctx.start_iteration)
     clock.lap("connect_s")
     if config.resume and not joining:
         _restore(checkpoint.load_worker(config.checkpoint_dir, ctx.rank), model, optimizer, sampler, protocol)
@@ -136,7 +136,7 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
                 break
         if protocol.should_stop(local_done):
             break
-        if checkpoints is not None and protocol.checkpoint_due(checkpoints.due()):
+        if checkpoints is not None and protocol._checkpoint_due(checkpoints.due()):
             ctx.enter_phase("checkpoint")
             _save(config, ctx.rank, model, optimizer, sampler, protocol)
             checkpoints.mark()
@@ -149,7 +149,7 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
         loss = loss_fn(protocol.module(x), y)
         loss.backward()
         synchronize(ctx.device)  # the math's kernels on the compute stream, not their launch (GPU)
-        in_backward_wait_s = protocol.backward_wait_s()
+        in_backward_wait_s = protocol._backward_wait_s()
         optimizer.step()
         emulator.end(base_s, slowdown.factor(ctx.rank, computed), excluded_s=in_backward_wait_s)
         computed += 1
@@ -215,7 +215,7 @@ def _restore(state: dict, model, optimizer, sampler, protocol) -> None:
     optimizer and protocol state (each its own sampler's). A worker that died while the others wrote a
     checkpoint left its file of the checkpoint before, and DDP, which broadcasts the model only when it is
     built, kept the replicas apart for the whole resumed run."""
-    if protocol.steps_together and protocol.job.world_size > 1:
+    if protocol._steps_together and protocol.job.world_size > 1:
         shared = [{name: state[name] for name in ("model", "optimizer", "protocol")}]
         torch.distributed.broadcast_object_list(shared, src=0, group=protocol.job.group)
         own = state["protocol"].get("own")  # a worker's own part (PowerSGD's error feedback) stays its own
@@ -229,7 +229,7 @@ def _restore(state: dict, model, optimizer, sampler, protocol) -> None:
     if "cuda_rng" in state and model_device(model).type == "cuda":
         torch.cuda.set_rng_state(state["cuda_rng"], model_device(model))
     protocol.load_state_dict(state["protocol"])
-    protocol.align_resumed_iteration()
+    protocol._align_resumed_iteration()
 
 
 def _first_live_rank(ctx) -> int:

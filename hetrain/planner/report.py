@@ -13,7 +13,7 @@ from __future__ import annotations
 from hetrain.planner.cost import LAYOUT_NAMES, TYPE_NAMES
 from hetrain.planner.hierarchy import GroupPlan
 from hetrain.planner.layers import Net
-from hetrain.planner.units import duration
+from hetrain.planner.units import duration, size
 
 MAX_TABLE_GROUPS = 12
 
@@ -63,14 +63,14 @@ def table(net: Net, batch: int, devices: str, plans: dict[str, GroupPlan], setti
              f"{settings['types']} types, {settings['dtype_bytes']} bytes/element, search {search}",
              f"memory per device: weights + gradients + {settings.get('optimizer', 'sgd')} state + kept activations"
              + (", kept within each device's capacity" if settings.get("memory_enforced") else ", not enforced"), ""]
-    head = f"{'scheme':<16} {'step':>10} {'compute':>11} {'comm':>10} {'comm GB':>10} " \
-           f"{'mem GiB/dev':>12} {'plan speedup':>13}"
+    head = f"{'scheme':<16} {'step':>10} {'compute':>11} {'comm':>10} {'comm bytes':>11} " \
+           f"{'mem/dev':>12} {'plan speedup':>13}"
     lines += [head, "-" * len(head)]
     for name, p in plans.items():
         speed = "-" if name == "plan" else f"{p.step_s / main.step_s:.2f}x"
-        mem = f"{p.memory_bytes / 2**30:.3f}" + ("" if p.fits else " !")
+        mem = size(p.memory_bytes) + ("" if p.fits else " !")
         lines.append(f"{name:<16} {duration(p.step_s):>10} {duration(p.compute_s):>11} {duration(p.comm_s):>10} "
-                     f"{p.comm_bytes / 1e9:>10.4f} {mem:>12} {speed:>13}")
+                     f"{size(p.comm_bytes, binary=False):>11} {mem:>12} {speed:>13}")
     over = [f"{name} (a {p.worst.kind} needs {p.worst.need / 2**30:.2f} of {p.worst.capacity / 2**30:.2f} GiB)"
             for name, p in plans.items() if not p.fits]
     if over:

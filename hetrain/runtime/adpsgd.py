@@ -10,15 +10,18 @@ comes before the averaging (the paper overlaps them; the averaging is the same).
 
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 
 from hetrain.comm.settings import CommSettings
+from hetrain.compression.spec import CompressionSpec
 from hetrain.protocols.adpsgd_pairing import ADPSGDOptions, scheduler_for
 from hetrain.protocols.options import options_or_settings
 from hetrain.runtime.prague import GroupProtocol, _nccl, fit_to_memory
 from hetrain.runtime.protocol import comm_from
-from hetrain.runtime.public_signature import document_settings
+from hetrain.runtime.public_signature import document_settings, keywords_given
 from hetrain.transport.job import DEFAULT_TIMEOUT_S
+from hetrain.transport.link_spec import LinkSpec
 
 
 class ADPSGD(GroupProtocol):
@@ -36,10 +39,19 @@ class ADPSGD(GroupProtocol):
 
     name = "adpsgd"
 
-    def __init__(self, model, optimizer=None, *, options: ADPSGDOptions | None = None,
-                 comm: CommSettings | None = None, seed: int = 0, process_group=None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort", dead_workers=None,
-                 gg_address: tuple[str, str] | None = None, transport=None, **settings):
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
+                 communicator_cache: int = ADPSGDOptions.communicator_cache,
+                 comm_memory_mb: int = ADPSGDOptions.comm_memory_mb,
+                 sync_every: int = CommSettings.sync_every, local_work: str = CommSettings.local_work,
+                 outer_optimizer: str | torch.optim.Optimizer = CommSettings.outer_optimizer,
+                 outer_lr: float | None = CommSettings.outer_lr, outer_momentum: float | None = CommSettings.outer_momentum,
+                 compression: str | CompressionSpec = CommSettings.compression,
+                 gossip_step: float | None = CommSettings.gossip_step, link_mbps: str | None = CommSettings.link_mbps,
+                 link_latency_ms: str | None = CommSettings.link_latency_ms, link: LinkSpec | str | float | None = None,
+                 options: ADPSGDOptions | None = None, comm: CommSettings | None = None, seed: int = 0,
+                 process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort",
+                 dead_workers=None, gg_address: tuple[str, str] | None = None, transport=None):
+        settings = keywords_given(locals(), ADPSGDOptions)
         comm = comm_from(comm, settings, "ADPSGD")
         options = options_or_settings(ADPSGDOptions, options, settings, "ADPSGD")
         fitted = fit_to_memory(options, model, comm, transport.job.nccl if transport is not None else

@@ -21,16 +21,16 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 from torch.nn.parallel import DistributedDataParallel
 
 from hetrain.comm.settings import CommSettings
-from hetrain.compression.spec import matrix_of
+from hetrain.compression.spec import CompressionSpec, matrix_of
 from hetrain.errors import UsageError, WorkerError
 from hetrain.protocols.allreduce_options import AllReduceOptions
 from hetrain.protocols.options import options_or_settings
 from hetrain.runtime.consensus import average_state
 from hetrain.runtime.protocol import SyncProtocol, comm_from
-from hetrain.runtime.public_signature import document_settings
+from hetrain.runtime.public_signature import document_settings, keywords_given
 from hetrain.transport.device_thread import wait_work
 from hetrain.transport.job import DEFAULT_TIMEOUT_S
-from hetrain.transport.link_spec import ring_allreduce_bytes
+from hetrain.transport.link_spec import LinkSpec, ring_allreduce_bytes
 
 # Workers agree on stopping every this many iterations (a stop may come up to this many
 # iterations late); agreeing at every iteration doubled the collectives per step.
@@ -226,13 +226,20 @@ class AllReduce(SyncProtocol):
                 optimizer.zero_grad(); loss_fn(sync.module(x), y).backward(); optimizer.step()
     """
 
-    steps_together = True
+    _steps_together = True
 
     name = "allreduce"
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
+                 sync_every: int = CommSettings.sync_every, local_work: str = CommSettings.local_work,
+                 outer_optimizer: str | torch.optim.Optimizer = CommSettings.outer_optimizer,
+                 outer_lr: float | None = CommSettings.outer_lr, outer_momentum: float | None = CommSettings.outer_momentum,
+                 compression: str | CompressionSpec = CommSettings.compression,
+                 gossip_step: float | None = CommSettings.gossip_step, link_mbps: str | None = CommSettings.link_mbps,
+                 link_latency_ms: str | None = CommSettings.link_latency_ms, link: LinkSpec | str | float | None = None,
                  options: AllReduceOptions | None = None, comm: CommSettings | None = None, process_group=None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort", dead_workers=None, **settings):
+                 timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort", dead_workers=None):
+        settings = keywords_given(locals(), AllReduceOptions)
         comm = comm_from(comm, settings, "AllReduce")
         options = options_or_settings(AllReduceOptions, options, settings, "AllReduce")
         options.check_on_failure(on_failure)
@@ -268,7 +275,7 @@ class AllReduce(SyncProtocol):
         self.stats.compute_s -= wait
         self.stats.wait_s += wait
 
-    def backward_wait_s(self) -> float:
+    def _backward_wait_s(self) -> float:
         """The all-reduce's wait inside this iteration's backward (not compute: the emulated sleep leaves it out)."""
         return self._timer.pending_wait()
 
@@ -291,7 +298,7 @@ class AllReduce(SyncProtocol):
         self._checkpoint_agreed = bool(self._flag[1].item() > 0)
         return bool(self._flag[0].item() > 0)
 
-    def checkpoint_due(self, wish: bool) -> bool:
+    def _checkpoint_due(self, wish: bool) -> bool:
         """Checkpoints happen at a stop vote where some worker wished one: the same iteration everywhere."""
         self._checkpoint_wish = self._checkpoint_wish or wish
         agreed, self._checkpoint_agreed = self._checkpoint_agreed, False

@@ -27,6 +27,7 @@ from hetrain.comm.local_work import weights_by_circulation, weights_by_steps
 from hetrain.comm.settings import CommSettings
 from hetrain.compression.codecs import make_codec
 from hetrain.compression.gossip_codec import PublicCopy, ReplicaSet, choco_mix
+from hetrain.compression.spec import CompressionSpec
 from hetrain.errors import UsageError, WorkerError
 from hetrain.protocols.hop_config import DPSGDOptions, HopOptions
 from hetrain.protocols.hop_logic import AveragePlan, HopWorker
@@ -35,9 +36,11 @@ from hetrain.protocols.membership import neighbour_weights, repair
 from hetrain.protocols.options import options_or_settings
 from hetrain.runtime.consensus import average_state
 from hetrain.runtime.protocol import SyncProtocol, comm_from
-from hetrain.runtime.public_signature import document_settings
+from hetrain.runtime.public_signature import document_settings, keywords_given
+from hetrain.topology import Topology
 from hetrain.transport.device_thread import synchronize
 from hetrain.transport.job import DEFAULT_TIMEOUT_S
+from hetrain.transport.link_spec import LinkSpec
 from hetrain.transport.membership import LostPeers
 from hetrain.transport.peer_channels import (
     DELTA,
@@ -89,9 +92,19 @@ class Hop(SyncProtocol):
     options_class: type[HopOptions | DPSGDOptions] = HopOptions
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
+                 topology: str | Topology = HopOptions.topology, backup: int | None = HopOptions.backup,
+                 staleness: int | None = HopOptions.staleness, max_ig: int | None = HopOptions.max_ig,
+                 skip_threshold: int | None = HopOptions.skip_threshold, late_updates: str = HopOptions.late_updates,
+                 sync_every: int = CommSettings.sync_every, local_work: str = CommSettings.local_work,
+                 outer_optimizer: str | torch.optim.Optimizer = CommSettings.outer_optimizer,
+                 outer_lr: float | None = CommSettings.outer_lr, outer_momentum: float | None = CommSettings.outer_momentum,
+                 compression: str | CompressionSpec = CommSettings.compression,
+                 gossip_step: float | None = CommSettings.gossip_step, link_mbps: str | None = CommSettings.link_mbps,
+                 link_latency_ms: str | None = CommSettings.link_latency_ms, link: LinkSpec | str | float | None = None,
                  options: HopOptions | DPSGDOptions | None = None, comm: CommSettings | None = None,
                  process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort",
-                 dead_workers=None, transport=None, **settings):
+                 dead_workers=None, transport=None):
+        settings = keywords_given(locals(), self.options_class)
         comm = comm_from(comm, settings, type(self).__name__)
         options = options_or_settings(self.options_class, options, settings, type(self).__name__)
         super().__init__(model, optimizer, options=options, comm=comm, process_group=process_group,
@@ -177,7 +190,7 @@ class Hop(SyncProtocol):
     def _adopt_neighbours_model(self) -> None:
         """A replacement: announce itself, then take the newest model its in-neighbours send it (each
         sends its last one when it sees this worker join) and that model's iteration."""
-        self.announce_joined()
+        self._announce_joined()
         deadline = time.monotonic() + self.job.timeout_s
         with self._cond:
             first = None
@@ -202,7 +215,7 @@ class Hop(SyncProtocol):
             self.stats.iteration = iteration * self.sync_every  # the counter counts local steps: H per exchange
             self.stats.extra["joined_at_iteration"] = self.stats.iteration
             self.logic.max_iteration_gap = 0  # the gap to the models it adopted says nothing of the protocol
-        self.announce_settled()
+        self._announce_settled()
 
     # ----- receiver threads ------------------------------------------------------
     def _on_message(self, message: Message) -> None:
@@ -471,7 +484,7 @@ class Hop(SyncProtocol):
     def should_stop(self, local_done: bool) -> bool:
         return bool(local_done) or self._neighbors_stopped
 
-    def inherit_iteration(self, iteration: int) -> None:
+    def _inherit_iteration(self, iteration: int) -> None:
         """A replacement takes its iteration from its neighbours' models (see _adopt_neighbours_model)."""
 
     def _finish(self) -> None:
@@ -513,7 +526,7 @@ class Hop(SyncProtocol):
     def _extra_state(self) -> dict:
         return {"logic_iteration": self.logic.iteration, "counters": self.logic.counters()}
 
-    def align_resumed_iteration(self) -> None:
+    def _align_resumed_iteration(self) -> None:
         """Every worker goes on from the lowest exchange any worker's file holds. Each writes its file on
         its own timer, so a kill can leave files exchanges apart; the one resumed furthest ahead reached
         ``--iterations`` first, its neighbours then had no updates to wait for, and a worker resumed from an
@@ -546,6 +559,22 @@ class DPSGD(Hop):
 
     name = "dpsgd"
     options_class = DPSGDOptions
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
+                 topology: str | Topology = DPSGDOptions.topology,
+                 sync_every: int = CommSettings.sync_every, local_work: str = CommSettings.local_work,
+                 outer_optimizer: str | torch.optim.Optimizer = CommSettings.outer_optimizer,
+                 outer_lr: float | None = CommSettings.outer_lr, outer_momentum: float | None = CommSettings.outer_momentum,
+                 compression: str | CompressionSpec = CommSettings.compression,
+                 gossip_step: float | None = CommSettings.gossip_step, link_mbps: str | None = CommSettings.link_mbps,
+                 link_latency_ms: str | None = CommSettings.link_latency_ms, link: LinkSpec | str | float | None = None,
+                 options: DPSGDOptions | None = None, comm: CommSettings | None = None,
+                 process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort",
+                 dead_workers=None, transport=None):
+        settings = keywords_given(locals(), DPSGDOptions)  # Hop's keywords, but only those D-PSGD has
+        super().__init__(model, optimizer, options=options, comm=comm, process_group=process_group,
+                         timeout_s=timeout_s, on_failure=on_failure, dead_workers=dead_workers, transport=transport,
+                         **settings)
 
 
 document_settings(Hop, HopOptions)

@@ -44,14 +44,16 @@ import torch.distributed as dist
 from hetrain.comm.settings import CommSettings
 from hetrain.compression.codecs import Codec, make_codec
 from hetrain.compression.error_feedback import ErrorFeedback
+from hetrain.compression.spec import CompressionSpec
 from hetrain.errors import UsageError, WorkerError
 from hetrain.protocols.options import options_or_settings
 from hetrain.protocols.ps_logic import ParameterServerLogic, PSOptions, ServerStep
 from hetrain.runtime.consensus import over_survivors
 from hetrain.runtime.protocol import SyncProtocol, comm_from
-from hetrain.runtime.public_signature import document_settings
+from hetrain.runtime.public_signature import document_settings, keywords_given
 from hetrain.transport.buffer_pool import DEFAULT_CAPACITY, DEFAULT_SPARE, BufferPool
 from hetrain.transport.job import DEFAULT_TIMEOUT_S
+from hetrain.transport.link_spec import LinkSpec
 from hetrain.transport.membership import LostPeers
 from hetrain.transport.peer_channels import DELTA, STOP, UPDATE, Message, PeerChannels
 
@@ -128,9 +130,18 @@ class ParameterServer(SyncProtocol):
 
     name = "ps"
 
-    def __init__(self, model, optimizer=None, *, options: PSOptions | None = None, comm: CommSettings | None = None,
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
+                 staleness: int = PSOptions.staleness,
+                 sync_every: int = CommSettings.sync_every, local_work: str = CommSettings.local_work,
+                 outer_optimizer: str | torch.optim.Optimizer = CommSettings.outer_optimizer,
+                 outer_lr: float | None = CommSettings.outer_lr, outer_momentum: float | None = CommSettings.outer_momentum,
+                 compression: str | CompressionSpec = CommSettings.compression,
+                 gossip_step: float | None = CommSettings.gossip_step, link_mbps: str | None = CommSettings.link_mbps,
+                 link_latency_ms: str | None = CommSettings.link_latency_ms, link: LinkSpec | str | float | None = None,
+                 options: PSOptions | None = None, comm: CommSettings | None = None,
                  process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort",
-                 dead_workers=None, transport=None, **settings):
+                 dead_workers=None, transport=None):
+        settings = keywords_given(locals(), PSOptions)
         comm = comm_from(comm, settings, "ParameterServer")
         options = options_or_settings(PSOptions, options, settings, "ParameterServer")
         super().__init__(model, optimizer, options=options, comm=comm, process_group=process_group,

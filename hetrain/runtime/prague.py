@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from hetrain.comm.settings import CommSettings
 from hetrain.compression.codecs import make_codec
+from hetrain.compression.spec import CompressionSpec
 from hetrain.errors import UsageError, WorkerError
 from hetrain.groups.background_average import BackgroundAverage
 from hetrain.groups.gg_prefetch import GroupPrefetch
@@ -33,9 +34,10 @@ from hetrain.protocols.request_timing import ComputeEstimate, ask_after_s
 from hetrain.runtime.consensus import average_state, freeze_membership
 from hetrain.runtime.flat_state import averaged_nbytes
 from hetrain.runtime.protocol import SyncProtocol, comm_from
-from hetrain.runtime.public_signature import document_settings
+from hetrain.runtime.public_signature import document_settings, keywords_given
 from hetrain.transport.device_thread import wait_work
 from hetrain.transport.job import DEFAULT_TIMEOUT_S
+from hetrain.transport.link_spec import LinkSpec
 
 _STATUS_POLL_S = 0.02
 
@@ -117,7 +119,7 @@ class GroupProtocol(SyncProtocol):
     def _adopt_model(self) -> None:
         """A replacement: announce itself (the launcher re-admits it to the Group Generator), then run
         groups until one has handed it the others' average (it is *fresh* in them: weight zero)."""
-        self.announce_joined()
+        self._announce_joined()
         deadline = time.monotonic() + self.job.timeout_s
         while not self._settled:
             if time.monotonic() > deadline:
@@ -129,7 +131,7 @@ class GroupProtocol(SyncProtocol):
             else:
                 time.sleep(_STATUS_POLL_S)
         self.stats.extra["joined_at_iteration"] = self.stats.iteration
-        self.announce_settled()
+        self._announce_settled()
 
     # -- the loop --------------------------------------------------------------
     def _apply_background(self) -> None:
@@ -249,7 +251,7 @@ class GroupProtocol(SyncProtocol):
             self.stats.extra.update(self.scheduler.stats())
         self._update_extra()
 
-    def worker_left(self, rank: int) -> None:
+    def _worker_left(self, rank: int) -> None:
         if self._server is not None:  # this process serves the Group Generator
             self._server.handle({"op": "leave", "worker": rank})
 
@@ -329,10 +331,23 @@ class Prague(GroupProtocol):
 
     name = "prague"
 
-    def __init__(self, model, optimizer=None, *, options: PragueOptions | None = None,
-                 comm: CommSettings | None = None, seed: int = 0, process_group=None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort", dead_workers=None,
-                 gg_address: tuple[str, str] | None = None, transport=None, **settings):
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
+                 gg: str = PragueOptions.gg, group_size: int = PragueOptions.group_size,
+                 communicator_cache: int = PragueOptions.communicator_cache,
+                 comm_memory_mb: int = PragueOptions.comm_memory_mb,
+                 workers_per_node: int | None = PragueOptions.workers_per_node,
+                 gg_prefetch_ms: float = PragueOptions.gg_prefetch_ms, gg_shards: int = PragueOptions.gg_shards,
+                 gg_epoch_s: float = PragueOptions.gg_epoch_s, preduce_overlap: int = PragueOptions.preduce_overlap,
+                 sync_every: int = CommSettings.sync_every, local_work: str = CommSettings.local_work,
+                 outer_optimizer: str | torch.optim.Optimizer = CommSettings.outer_optimizer,
+                 outer_lr: float | None = CommSettings.outer_lr, outer_momentum: float | None = CommSettings.outer_momentum,
+                 compression: str | CompressionSpec = CommSettings.compression,
+                 gossip_step: float | None = CommSettings.gossip_step, link_mbps: str | None = CommSettings.link_mbps,
+                 link_latency_ms: str | None = CommSettings.link_latency_ms, link: LinkSpec | str | float | None = None,
+                 options: PragueOptions | None = None, comm: CommSettings | None = None, seed: int = 0,
+                 process_group=None, timeout_s: float = DEFAULT_TIMEOUT_S, on_failure: str = "abort",
+                 dead_workers=None, gg_address: tuple[str, str] | None = None, transport=None):
+        settings = keywords_given(locals(), PragueOptions)
         comm = comm_from(comm, settings, "Prague")
         options = options_or_settings(PragueOptions, options, settings, "Prague")
         world = transport.job.world_size if transport is not None else \
@@ -349,7 +364,7 @@ class Prague(GroupProtocol):
                          options=options, comm=comm, transport=transport)
         self.stats.extra["gg_mode"] = options.gg
 
-    def checkpoint_due(self, wish: bool) -> bool:
+    def _checkpoint_due(self, wish: bool) -> bool:
         """The static schedule with local steps: only at an exchange. Its workers must reach their k-th
         exchange at the same step of a run, and a resume counts a run's steps afresh: a checkpoint written
         mid-interval, at a different local step on each worker, put them out of step after ``--resume``

@@ -64,7 +64,8 @@ from hetrain.transport.worker_transport import Transport
 
 def comm_from(comm: CommSettings | None, settings: dict, owner: str) -> CommSettings:
     """The communication settings of a public class: ``comm`` as given, or built from the communication
-    keywords of its ``**settings`` (taken out of it: the rest are the protocol's options)."""
+    keywords among the ``settings`` its call gave (taken out of it: the rest are the protocol's options;
+    :func:`~hetrain.runtime.public_signature.keywords_given`)."""
     keywords = {f.name for f in comm_carrier.comm_fields()} | {"link"}  # link: a LinkSpec for the two link fields
     given = {name: settings.pop(name) for name in list(settings) if name in keywords}
     if comm is None:
@@ -119,10 +120,16 @@ def _outer_step(model: nn.Module, comm: CommSettings) -> OuterStep | None:
 
 
 class SyncProtocol:
-    """Base class; see the module docstring. ``name`` is the registry's protocol name."""
+    """Base class; see the module docstring. ``name`` is the registry's protocol name.
+
+    The launcher's hooks start with an underscore: hetrain's launchers, its Lightning strategy and the
+    shells call them, a training loop of one's own needs none (``_steps_together``, ``_checkpoint_due``,
+    ``_backward_wait_s``, ``_inherit_iteration``, ``_align_resumed_iteration``, ``_worker_left``,
+    ``_announce_joined``, ``_announce_settled``; docs/decisions/launcher-hooks-off-the-user-surface.md).
+    """
 
     name = "base"
-    steps_together = False  # whether every worker takes the same steps (All-Reduce: DDP's lockstep)
+    _steps_together = False  # whether every worker takes the same steps (All-Reduce: DDP's lockstep)
     outer_gossips_anchors = False  # True: the anchors are averaged beside the models (Prague, AD-PSGD)
     outer_mixes_momentum = False  # True: the outer momentum is averaged beside the models (Hop, D-PSGD)
 
@@ -226,7 +233,7 @@ class SyncProtocol:
         if self._local_steps == 0:
             self._last_exchange_end = self._last_step_end
 
-    def align_resumed_iteration(self) -> None:
+    def _align_resumed_iteration(self) -> None:
         """``--resume``, once every worker of the job has loaded its own file (at the same point: the
         launcher's resume path calls it on every original worker): bring the workers' counters to one
         point where the protocol needs it (Hop, D-PSGD). Nothing by default."""
@@ -369,7 +376,7 @@ class SyncProtocol:
         """
         return bool(local_done)
 
-    def checkpoint_due(self, wish: bool) -> bool:
+    def _checkpoint_due(self, wish: bool) -> bool:
         """Whether to checkpoint now, given this worker's ``wish``. Workers checkpoint on their own,
         except where they must agree on the iteration (All-Reduce: at its stop votes)."""
         return wish
@@ -426,7 +433,7 @@ class SyncProtocol:
         self._hooks = []
         self._release()
 
-    def backward_wait_s(self) -> float:
+    def _backward_wait_s(self) -> float:
         """Seconds this iteration's backward pass waited for communication (a protocol that communicates
         inside backward says; the emulated compute leaves them out of the work it completes)."""
         return 0.0
@@ -452,7 +459,7 @@ class SyncProtocol:
         self.dead |= new
         return new
 
-    def worker_left(self, rank: int) -> None:
+    def _worker_left(self, rank: int) -> None:
         """Tell the services this process runs that ``rank`` died (continue mode, where no hetrain
         launcher does it: e.g. under Lightning). Prague and AD-PSGD's Group Generator, served by
         rank 0, stops grouping it; a no-op elsewhere."""
@@ -475,18 +482,18 @@ class SyncProtocol:
             self.stats.extra["workers_rejoined_seen"] = self.stats.extra.get("workers_rejoined_seen", 0) + len(back)
         return back
 
-    def inherit_iteration(self, iteration: int) -> None:
+    def _inherit_iteration(self, iteration: int) -> None:
         """A replacement: go on counting from its predecessor's iteration (protocols that take the
         iteration from their neighbours, as Hop does, keep theirs)."""
         if self.joining and iteration > self.stats.iteration:
             self.stats.iteration = iteration
 
-    def announce_joined(self) -> None:
+    def _announce_joined(self) -> None:
         """A replacement: tell the launcher this process is ready to be talked to."""
         if self._membership is not None and self.joining:
             self._membership.announce_joined(self.job.timeout_s)
 
-    def announce_settled(self) -> None:
+    def _announce_settled(self) -> None:
         """A replacement: tell the launcher this process holds the job's model now (it counts in the
         final average from here on; before, the launcher stops it if the job ends first)."""
         if self._membership is not None and self.joining:

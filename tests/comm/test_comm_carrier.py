@@ -1,6 +1,7 @@
 """A communication setting is one field of CommSettings: nothing else is touched, yet it becomes a flag,
 travels in a RunConfig, enters the resume fingerprint and the metrics record, and reaches a protocol shell
-(by ``comm=`` and by keyword) and the simulator as the one object (docs/concepts/protocol-anatomy.md, issue 39).
+(by ``comm=``) and the simulator as the one object (docs/concepts/protocol-anatomy.md, issue 39). As a keyword
+of the public classes it is one more line in each ``def`` (docs/decisions/keywords-in-each-def.md).
 
 The toy setting below is declared the way a real one is (a field with ``comm_option``); the test swaps the
 class in where the code looks it up (``hetrain.comm.settings``), as a new field would be found there.
@@ -57,9 +58,11 @@ def test_one_field_reaches_the_shell_and_the_simulator(loopback, toy_setting, tm
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     try:
         model = torch.nn.Linear(2, 1)
-        given = hetrain.DPSGD(model, None, topology="complete", toy_rounds=7)  # by keyword
+        given = hetrain.DPSGD(model, None, topology="complete", comm=settings.CommSettings(toy_rounds=7))
         assert given.comm.toy_rounds == 7
         given.close()
+        with pytest.raises(TypeError, match="toy_rounds"):  # a keyword is one more place: each public class's
+            hetrain.DPSGD(model, None, toy_rounds=7)  # def names it (tests/runtime/test_api.py asks for it)
         config = RunConfig(protocol="dpsgd", num_workers=1, iterations=2, comm={"toy_rounds": 6}).validate()
         built = config.protocol_spec.build(model, None, config.protocol_options(), comm=config.comm_settings())
         assert built.comm.toy_rounds == 6  # the one object, whole

@@ -108,7 +108,7 @@ def test_only_a_plain_shuffled_distributed_sampler_is_shared_out_by_speed():
 
 def test_only_allreduce_steps_in_lockstep_under_lightning():
     """Decoupled ranks (batches shared by speed, no per-batch collectives) for every protocol but All-Reduce.
-    Read off which methods a class overrides, Prague counted as lockstep once it overrode checkpoint_due."""
+    Read off which methods a class overrides, Prague counted as lockstep once it overrode _checkpoint_due."""
     from hetrain.integrations.lightning import lockstep
     from hetrain.registry import PROTOCOLS
 

@@ -36,7 +36,7 @@ def _prague_checkpoint(ctx):
             p.fill_(float(ctx.rank))
     sync = hetrain.Prague(model, None, gg="random", group_size=2, timeout_s=30)
     sync.step()  # an exchange: its average runs in the background (preduce_overlap, the default)
-    due = sync.checkpoint_due(True)
+    due = sync._checkpoint_due(True)
     saved = float(model.weight.flatten()[0])  # what the checkpoint would hold
     sync.finish()
     return due, saved

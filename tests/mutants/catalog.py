@@ -847,7 +847,7 @@ def own_state_from_rank_0() -> None:
     from hetrain.jobs import train_worker
 
     def restore(state, model, optimizer, sampler, protocol):
-        if protocol.steps_together and protocol.job.world_size > 1:
+        if protocol._steps_together and protocol.job.world_size > 1:
             shared = [{name: state[name] for name in ("model", "optimizer", "protocol")}]
             torch.distributed.broadcast_object_list(shared, src=0, group=protocol.job.group)
             state = {**state, **shared[0]}
@@ -1019,7 +1019,7 @@ def hop_resumed_from_own_iteration() -> None:
     """Hop's workers go on from each one's own file's exchange, not the lowest (the rule before)."""
     from hetrain.runtime.hop import Hop
 
-    Hop.align_resumed_iteration = lambda self: None
+    Hop._align_resumed_iteration = lambda self: None
 
 
 def arrivals_not_progress() -> None:
@@ -1122,7 +1122,7 @@ def ddp_wait_as_work() -> None:
     for a straggler reads as math over its target)."""
     from hetrain.runtime.allreduce import AllReduce
 
-    AllReduce.backward_wait_s = lambda self: 0.0
+    AllReduce._backward_wait_s = lambda self: 0.0
 
 
 def standalone_ignores_achieved() -> None:
@@ -1229,6 +1229,62 @@ def advise_profile_from_flags() -> None:
         return config.replace(slowdown=base.slowdown, compute_ms=base.compute_ms)
 
     candidates.sim_config = from_flags
+
+
+def setting_without_keyword() -> None:
+    """A communication setting is added to CommSettings' fields without its keyword in the public classes' defs."""
+    import dataclasses
+
+    from hetrain.comm import settings
+
+    @dataclasses.dataclass(frozen=True)
+    class Added:
+        added_setting: int = settings.comm_option(0, help="a setting no public class takes yet")
+
+    declared = settings.comm_fields
+    settings.comm_fields = lambda: [*declared(), *dataclasses.fields(Added)]
+
+
+def evaluation_unshown() -> None:
+    """The launcher evaluates the kept models in silence, whatever ``progress`` says (before issue 70)."""
+    from hetrain.jobs import evaluation
+
+    evaluation.tqdm = lambda iterable, **settings: iterable
+
+
+def finish_unannounced() -> None:
+    """The bar stays at 100% with nothing said while the workers finish (before issue 70)."""
+    from hetrain.jobs import run
+
+    update = run._ProgressBar.update
+
+    def without_the_finish(self, rank, message):
+        update(self, rank, message)
+        self.bar.set_postfix_str(self.bar.postfix.split("; finishing")[0], refresh=False)
+
+    run._ProgressBar.update = without_the_finish
+
+
+def plan_sizes_in_fixed_units() -> None:
+    """The plan table prints memory in GiB and bytes sent in GB with fixed decimals, whatever their size
+    (before issue 70: a tiny model's 0.000)."""
+    from hetrain.planner import report
+
+    report.size = lambda nbytes, binary=True: f"{nbytes / 2**30:.3f} GiB" if binary else f"{nbytes / 1e9:.4f} GB"
+
+
+def launcher_hook_public() -> None:
+    """A launcher's hook is public again (``checkpoint_due`` beside ``step`` on every protocol class)."""
+    from hetrain.runtime.protocol import SyncProtocol
+
+    SyncProtocol.checkpoint_due = lambda self, wish: self._checkpoint_due(wish)
+
+
+def every_keyword_taken_as_default() -> None:
+    """A public class's keywords all count as left at their defaults: what a call gives is dropped."""
+    from hetrain.runtime import public_signature
+
+    public_signature._is_default = lambda value, default: True
 
 
 def vacant_ranks_not_held_dead() -> None:
@@ -1355,4 +1411,7 @@ MUTANTS = {"no-comm": no_comm,
            "compare-writes-no-plot": compare_writes_no_plot,
            "citations-left-as-they-were": citations_left_as_they_were, "part-titles-dropped": part_titles_dropped,
            "unplaced-citations-unreported": unplaced_citations_unreported,
-           "record-citations-unseen": record_citations_unseen}
+           "record-citations-unseen": record_citations_unseen,
+           "setting-without-keyword": setting_without_keyword, "every-keyword-taken-as-default": every_keyword_taken_as_default,
+           "launcher-hook-public": launcher_hook_public, "evaluation-unshown": evaluation_unshown,
+           "finish-unannounced": finish_unannounced, "plan-sizes-in-fixed-units": plan_sizes_in_fixed_units}

@@ -286,6 +286,19 @@ COMM_MUTANTS = {
         "tests/docs/test_site_build.py::test_the_site_builds_strict_with_the_generated_references"],
     "compare-writes-no-plot": ["tests/docs/test_readme_runs.py::test_the_readme_first_run_trains_and_writes_what_it_says"],
     "no-comm": ["tests/docs/test_readme_runs.py::test_the_readme_python_api_block_trains_to_one_consensus_model"],
+    # the public classes' keywords written out in each def (issue 70)
+    "setting-without-keyword": [  # every public class (parametrized)
+        "tests/runtime/test_api.py::test_every_setting_is_a_keyword_of_the_def_with_its_field_s_default_and_help_shows_it"],
+    "every-keyword-taken-as-default": [
+        "tests/runtime/test_api.py::test_the_keywords_given_reach_the_options_and_comm_settings_and_clash_with_the_objects"],
+    "launcher-hook-public": ["tests/test_public_contract.py::test_the_public_contract_is_the_snapshot"],
+    # the phases after the bar's 100% (issue 70): the finish, then the evaluation of the kept models
+    "evaluation-unshown": ["tests/jobs/test_phases_after_training.py::"
+                           "test_the_evaluation_of_the_kept_models_shows_its_progress_and_is_silent_when_asked"],
+    "finish-unannounced": ["tests/jobs/test_phases_after_training.py::"
+                           "test_the_bar_says_the_workers_are_finishing_once_training_is_over"],
+    "plan-sizes-in-fixed-units": ["tests/planner/test_table_units.py::"
+                                  "test_memory_and_bytes_sent_show_their_digits_for_a_tiny_model_and_a_large_one[lenet-8-a100:4]"],
 }
 
 

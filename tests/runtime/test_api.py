@@ -189,11 +189,15 @@ def test_one_worker_without_torch_distributed_trains_alone(cls):
     assert sync.metrics()["iteration"] == 3 and not torch.equal(model.weight, before)
 
 
-@pytest.mark.parametrize("name, options_cls", [("Hop", "HopOptions"), ("DPSGD", "DPSGDOptions"),
-                                               ("Prague", "PragueOptions"), ("ADPSGD", "ADPSGDOptions"),
-                                               ("ParameterServer", "PSOptions"), ("AllReduce", "AllReduceOptions")])
-def test_help_shows_every_setting_of_a_public_class_with_its_default(name, options_cls):
-    """help() reads the signature and the docstring: both name every option and communication setting."""
+PUBLIC_CLASSES = [("Hop", "HopOptions"), ("DPSGD", "DPSGDOptions"), ("Prague", "PragueOptions"),
+                  ("ADPSGD", "ADPSGDOptions"), ("ParameterServer", "PSOptions"), ("AllReduce", "AllReduceOptions")]
+
+
+@pytest.mark.parametrize("name, options_cls", PUBLIC_CLASSES)
+def test_every_setting_is_a_keyword_of_the_def_with_its_field_s_default_and_help_shows_it(name, options_cls):
+    """Each field of the class's options and of CommSettings is a keyword-only parameter of its ``__init__``
+    itself (what type checkers and IDEs read: no ``**settings``, no generated signature), with the field's
+    default; the def's other arguments are the class's own, and help() shows every one of them."""
     import dataclasses
     import inspect
     import pydoc
@@ -201,17 +205,47 @@ def test_help_shows_every_setting_of_a_public_class_with_its_default(name, optio
     from hetrain import protocols  # noqa: F401
     from hetrain.comm.settings import comm_fields
     from hetrain.registry import PROTOCOLS
+    from hetrain.runtime.public_signature import _CALLER_ARGS
 
     cls = getattr(hetrain, name)
     options = next(spec.options for spec in PROTOCOLS.values() if spec.options.__name__ == options_cls)
     expected = {f.name: f.default for f in dataclasses.fields(options) if "help" in f.metadata}
     expected.update({f.name: f.default for f in comm_fields()})
-    parameters = inspect.signature(cls).parameters
+    parameters = inspect.signature(cls.__init__).parameters
+    missing = sorted(set(expected) - set(parameters))
+    assert not missing, f"{name}.__init__ has no keyword for {missing}: write each out, its default read from the field"
     assert {n: parameters[n].default for n in expected} == expected
     assert all(parameters[n].kind is inspect.Parameter.KEYWORD_ONLY for n in expected)
+    assert not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    assert "__signature__" not in vars(cls) and inspect.signature(cls) == inspect.signature(cls.__init__).replace(
+        parameters=list(parameters.values())[1:])  # help() and IDEs read the def itself
+    own = [n for n in parameters if n not in expected and n != "self"]
+    assert set(own) <= set(_CALLER_ARGS), f"{name}.__init__ takes {sorted(set(own) - set(_CALLER_ARGS))}, no field's"
     text = pydoc.render_doc(cls, renderer=pydoc.plaintext)
-    assert "sync_every=1" in text and "Args:" in text
-    assert all(f"{n} (default" in text for n in expected)
+    assert "sync_every: 'int' = 1" in text and "Args:" in text
+    assert all(f"{n} (default {d!r}): " in text for n, d in expected.items())
+    assert all(f"    {n}: {_CALLER_ARGS[n]}" in text for n in own)
+
+
+def test_the_keywords_given_reach_the_options_and_comm_settings_and_clash_with_the_objects():
+    """A keyword given reaches the protocol's options or its communication settings (D-PSGD's through
+    Hop's); one left at its default does not count as given, one given beside its object is refused."""
+    from hetrain.comm.settings import CommSettings
+    from hetrain.protocols.hop_config import DPSGDOptions, HopOptions
+
+    model = nn.Linear(2, 2)
+    with hetrain.Hop(model, None, late_updates="progress", sync_every=3, link="100") as hop:
+        assert (hop.options.late_updates, hop.comm.sync_every, hop.comm.link_mbps) == ("progress", 3, "100")
+    with hetrain.DPSGD(model, None, topology="complete", sync_every=2) as dpsgd:
+        assert (dpsgd.options, dpsgd.comm.sync_every) == (DPSGDOptions(topology="complete"), 2)
+    with hetrain.Hop(model, None, options=HopOptions(late_updates="progress"), late_updates="model") as hop:
+        assert hop.options.late_updates == "progress"  # "model" is the default: not given
+    with pytest.raises(TypeError, match="not both"):
+        hetrain.Hop(model, None, options=HopOptions(), backup=1)
+    with pytest.raises(TypeError, match="not both"):
+        hetrain.DPSGD(model, None, comm=CommSettings(), sync_every=2)
+    with pytest.raises(TypeError, match="backup"):
+        hetrain.DPSGD(model, None, backup=1)  # Hop's setting, not D-PSGD's
 
 
 def _allreduce_forward(ctx, through_ddp):

@@ -93,7 +93,7 @@ def _one_dies(rank, protocol: str, members: SharedMembership):
             sync.close()
             return None
         for dead in members.dead() - told:  # the Group Generator's host hears of it (as the launcher tells it)
-            sync.worker_left(dead)
+            sync._worker_left(dead)
             told.add(dead)
         time.sleep(0.003)
         sync.step()
