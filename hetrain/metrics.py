@@ -286,8 +286,8 @@ def format_summary(m: dict) -> str:
         recoveries = [d.get("recovery_s") for d in m.get("deaths") or m.get("recoveries") or []]
         shown = ", ".join("-" if r is None else f"{r:.2f} s" for r in recoveries)
         goodput = m.get("goodput_samples_per_s")
-        joined = m.get("joins") or []
-        joins = (f", joined {len(joined)} (replacements ready after "
+        joined = [j for j in m.get("joins") or [] if not j.get("new_member")]  # new members: the members line
+        joins = (f", replaced {len(joined)} (replacements ready after "
                  + ", ".join(f"{j['join_s']:.1f} s" for j in joined) + ")") if joined else ""
         lines.append(f"  workers lost {m['workers_lost']}{joins}; survivors moved on after {shown}"
                      + (f"; goodput {goodput:.1f} samples/s" if goodput is not None else ""))
