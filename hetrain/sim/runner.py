@@ -28,6 +28,10 @@ class SimOptions:
 
     network: NetworkParams = NetworkParams()
     math: str = "none"
+    # the model math's SGD momentum (0: the plain SGD the simulator has always modelled; the advisor passes
+    # the job's --momentum so that a predicted time to target follows the optimizer the real run uses)
+    math_momentum: float = 0.0
+    math_eval_points: int = 20  # accuracy-curve points over the run's expected gradients (the model math only)
     timelines: bool = False
     progress: bool = False
     trace: bool = False
@@ -162,7 +166,8 @@ def simulate(config: RunConfig, options: SimOptions = SimOptions(), model_params
     total = n * expected_steps
     if options.math == "digits":
         math = DigitsMath(n, batch_size=config.batch_size, lr=config.resolved_lr(), seed=config.seed, total_iterations=total,
-                          target_accuracy=config.target_accuracy)
+                          target_accuracy=config.target_accuracy, momentum=options.math_momentum,
+                          eval_points=options.math_eval_points)
     else:
         math = NullMath()
     engine = Engine(trace=options.trace)
