@@ -66,8 +66,16 @@ def _same_as_default(candidate: dict, protocol: str, workers: int) -> bool:
     """Whether ``candidate`` is what ``hetrain compare`` runs for ``protocol``: its defaults, no comm change."""
     if candidate["protocol"] != protocol or candidate["comm"]:
         return False
-    given = RunConfig(protocol=protocol, num_workers=workers, options=dict(candidate["options"]))
-    return given.protocol_options() == RunConfig(protocol=protocol, num_workers=workers).protocol_options()
+    given = RunConfig(protocol=protocol, num_workers=workers, options=dict(candidate["options"])).protocol_options()
+    default = RunConfig(protocol=protocol, num_workers=workers).protocol_options()
+    if hasattr(given, "resolve"):  # hop: compare the settings with its defaults filled in (backup 1 on a ring)
+        return _resolved(given, workers) == _resolved(default, workers)
+    return given == default
+
+
+def _resolved(options, workers: int):
+    topology, config = options.resolve(workers)
+    return topology.name, config
 
 
 def _measured(metrics: dict) -> dict:
