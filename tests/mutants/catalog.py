@@ -1224,16 +1224,79 @@ def advise_profile_from_flags() -> None:
 
     measured = candidates.sim_config
 
-    def from_flags(profile, base, candidate):
-        config = measured(profile, base, candidate)
+    def from_flags(profile, base, candidate, slowdown):
+        config = measured(profile, base, candidate, slowdown)
         return config.replace(slowdown=base.slowdown, compute_ms=base.compute_ms)
 
     candidates.sim_config = from_flags
 
 
+def advise_ranks_by_speed_only() -> None:
+    """``hetrain advise`` ranks by predicted samples/s alone, the predicted time to target ignored."""
+    from hetrain.advisor import candidates
+
+    candidates.rank = lambda predictions: sorted(predictions, key=lambda p: -p["samples_per_s"])
+
+
+def advise_no_time_to_target() -> None:
+    """``hetrain advise`` never runs the simulator's model math: no candidate's time to target is predicted."""
+    from hetrain.advisor import candidates
+
+    candidates.predict_accuracy = lambda profile, base, candidate, slowdown: {"time_to_target_s": None,
+                                                                             "accuracy_predicted": False}
+
+
+def sim_math_momentum_ignored() -> None:
+    """The simulator's model math takes plain SGD steps whatever momentum it was given."""
+    from hetrain.sim.math_model import DigitsMath
+
+    def plain_step(self, worker):
+        self.params[worker] -= self.lr * self.worker_gradient(worker)
+
+    DigitsMath.local_step = plain_step
+
+
+def ledger_spikes_not_counted() -> None:
+    """The compute ledger reports no transient slowdown, however many iterations spiked."""
+    from hetrain.jobs.compute_ledger import ComputeLedger
+
+    summary = ComputeLedger.summary
+
+    def without_spikes(self):
+        found = summary(self)
+        if found.get("iterations"):
+            found.update(spike_share=0.0, spike_to_median=None)
+        return found
+
+    ComputeLedger.summary = without_spikes
+
+
+def advise_spikes_not_simulated() -> None:
+    """``hetrain advise`` simulates every worker at its measured mean speed, its transient slowdowns left out."""
+    from hetrain.advisor import variability
+
+    def mean_speeds(profile, directory, horizon_s, seed):
+        fastest = min(profile["compute_ms"])
+        spec = ",".join(f"{i}:{c / fastest:.3f}x" for i, c in enumerate(profile["compute_ms"]) if c / fastest >= 1.0005)
+        return fastest, spec or "none"
+
+    variability.simulated_slowdown = mean_speeds
+
+
+def advise_collective_includes_spike_waits() -> None:
+    """``hetrain advise`` charges the all-reduce with all the slowest worker waited, the others' spikes included."""
+    from hetrain.advisor import candidates
+
+    candidates.collective_ms = lambda profile, base, slowdown: profile["allreduce_ms"]
+
+
 MUTANTS = {"no-comm": no_comm,
            "advise-ranks-first-candidate": advise_ranks_first_candidate,
            "advise-profile-from-flags": advise_profile_from_flags,
+           "advise-ranks-by-speed-only": advise_ranks_by_speed_only, "advise-no-time-to-target": advise_no_time_to_target,
+           "sim-math-momentum-ignored": sim_math_momentum_ignored, "ledger-spikes-not-counted": ledger_spikes_not_counted,
+           "advise-spikes-not-simulated": advise_spikes_not_simulated,
+           "advise-collective-includes-spike-waits": advise_collective_includes_spike_waits,
            "hop-update-to-first-out-neighbour-only": hop_update_to_first_out_neighbour_only,
            "hop-graph-not-repaired": hop_graph_not_repaired, "keyframes-always": keyframes_always,
            "ps-answers-the-first-worker": ps_answers_the_first_worker, "arrivals-not-progress": arrivals_not_progress,

@@ -76,12 +76,22 @@ PTC = "tests/planner/test_plan_train_check.py"  # its checks of training (issue 
 RS = "tests/jobs/test_resume_state.py"
 FT = "tests/runtime/test_fake_transport.py"  # each protocol shell's wiring on the fake transport
 DR = "tests/test_docs_records.py"
+ADV = "tests/advisor/test_time_to_target_and_spikes.py"  # advise: time to target, transient slowdowns (issue 72)
 COMM_MUTANTS = {
     "advise-ranks-first-candidate": [
         "tests/advisor/test_ranking.py::test_a_profile_with_one_5x_slow_worker_does_not_recommend_allreduce"],
     "advise-profile-from-flags": [
         "tests/advisor/test_ranking.py::test_the_profile_is_what_the_run_measured_not_what_the_flags_said",
         "tests/advisor/test_advise_cli.py::test_advise_measures_simulates_and_recommends_a_command_that_parses"],
+    "advise-ranks-by-speed-only": [f"{ADV}::test_the_ranking_puts_the_soonest_to_target_first_not_the_fastest"],
+    "advise-no-time-to-target": [f"{ADV}::test_advice_predicts_time_to_target_and_allreduce_behind_a_5x_worker_is_later"],
+    "sim-math-momentum-ignored": [f"{ADV}::test_the_model_math_takes_momentum_as_torch_sgd_does"],
+    "ledger-spikes-not-counted": [f"{ADV}::test_the_ledger_counts_transient_slowdowns_after_the_warm_up_iteration"],
+    "advise-spikes-not-simulated": [
+        f"{ADV}::test_measured_spikes_are_simulated_as_a_trace_drawn_from_their_distribution",
+        f"{ADV}::test_transient_stragglers_slow_allreduce_in_the_prediction_and_are_taken_out_of_its_measured_cost"],
+    "advise-collective-includes-spike-waits": [
+        f"{ADV}::test_transient_stragglers_slow_allreduce_in_the_prediction_and_are_taken_out_of_its_measured_cost"],
     "hop-update-to-first-out-neighbour-only": [
         f"{FT}::test_hop_sends_each_iteration_s_model_to_every_out_neighbour_and_a_token_back_to_every_in_neighbour"],
     "hop-graph-not-repaired": [
