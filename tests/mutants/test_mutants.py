@@ -86,7 +86,7 @@ COMM_MUTANTS = {
     "advise-ranks-by-speed-only": [f"{ADV}::test_the_ranking_puts_the_soonest_to_target_first_not_the_fastest"],
     "advise-no-time-to-target": [f"{ADV}::test_advice_predicts_time_to_target_and_allreduce_behind_a_5x_worker_is_later"],
     "sim-math-momentum-ignored": [f"{ADV}::test_the_model_math_takes_momentum_as_torch_sgd_does"],
-    "ledger-spikes-not-counted": [f"{ADV}::test_the_ledger_counts_transient_slowdowns_after_the_warm_up_iteration"],
+    "ledger-spikes-not-counted": [f"{ADV}::test_the_ledger_counts_transient_slowdowns_after_the_start"],
     "advise-spikes-not-simulated": [
         f"{ADV}::test_measured_spikes_are_simulated_as_a_trace_drawn_from_their_distribution",
         f"{ADV}::test_transient_stragglers_slow_allreduce_in_the_prediction_and_are_taken_out_of_its_measured_cost"],
