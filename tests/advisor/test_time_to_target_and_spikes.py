@@ -38,6 +38,8 @@ def test_advice_predicts_time_to_target_and_allreduce_behind_a_5x_worker_is_late
     best = advice["candidates"][0]
     assert best["accuracy_predicted"] and best["time_to_target_s"] is not None, best
     assert f"{best['time_to_target_s']:.1f} s to the target" in advice["why"]
+    seeds = best["time_to_target_seeds_s"]  # three model-math runs, the median counts
+    assert len(seeds) == 3 and best["time_to_target_s"] == pytest.approx(sorted(seeds)[1], abs=1e-3), seeds
     allreduce = next(c for c in advice["candidates"] if c["name"] == "allreduce")
     assert allreduce["accuracy_predicted"] or allreduce["samples_per_s"] < best["samples_per_s"]
     assert allreduce["time_to_target_s"] is None or allreduce["time_to_target_s"] > 2 * best["time_to_target_s"]
