@@ -21,6 +21,7 @@ SIM_STEPS = 60  # the slowest worker's iterations each timing simulation covers
 ACCURACY_CANDIDATES = 6  # the fastest candidates whose time to target is simulated (the model math costs ~1 s each)
 DEFAULT_HORIZON_S = 60.0  # simulated seconds to look for the target in, when the job gives no --time-budget
 MAX_HORIZON_S = 120.0  # ... and at most (the model math's cost grows with it)
+MAX_MATH_GRADIENTS = 4000  # the model math's gradients per run at most (95% on digits takes some 300-600)
 FIRST_HORIZON_S = 15.0  # the model math looks this far first; the whole horizon only if no candidate got there
 ACCURACY_SEEDS = 3  # model-math runs per candidate (other batches, initial model, groups): the median time counts
 EVAL_POINTS_PER_S = 8  # accuracy-curve points per simulated second of the fastest worker (a real run: every 0.5 s)
@@ -139,13 +140,13 @@ def predict(profile: dict, base: RunConfig, candidate: Candidate, slowdown: tupl
 
 def predict_accuracy(profile: dict, base: RunConfig, candidate: Candidate, slowdown: tuple[float, str],
                      horizon: float) -> dict:
-    """Simulate ``candidate`` with the digits MLP's math for ``horizon`` simulated seconds, from
-    :data:`ACCURACY_SEEDS` seeds: its predicted time to the target accuracy (the median over the seeds; None
+    """Simulate ``candidate`` with the digits MLP's math for ``horizon`` simulated seconds (each run ends
+    where its averaged model reaches the target), from :data:`ACCURACY_SEEDS` seeds: its predicted time to the target accuracy (the median over the seeds; None
     if that is not within the horizon) and the averaged model's final accuracy (the median too)."""
     from hetrain.sim.runner import SimOptions, simulate
 
     options = SimOptions(network_for(profile), math="digits", math_momentum=base.momentum or 0.0,
-                         math_eval_points=max(20, int(EVAL_POINTS_PER_S * horizon)))
+                         math_eval_points=max(20, int(EVAL_POINTS_PER_S * horizon)), math_stop_at_target=True)
     config = sim_config(profile, base, candidate, slowdown).replace(workload="mlp", time_budget_s=horizon)
     records = [simulate(config.replace(seed=base.seed + k).validate(), options) for k in range(ACCURACY_SEEDS)]
     times = sorted(r["time_to_target_s"] if r["time_to_target_s"] is not None else float("inf") for r in records)
@@ -166,7 +167,9 @@ def predict_all(profile: dict, base: RunConfig, slowdown: tuple[float, str]) -> 
     modelled = [(p, c) for p, c in zip(predictions, found) if accuracy_is_modelled(base, c)]
     modelled.sort(key=lambda pc: -pc[0]["samples_per_s"])
     chosen = modelled[:ACCURACY_CANDIDATES]
-    horizon = horizon_s(base)
+    # at most MAX_MATH_GRADIENTS gradients: a job of fast workers (real compute of a few ms) is looked at for
+    # fewer simulated seconds, as it needs as many gradients to reach the target as a slow one
+    horizon = min(horizon_s(base), MAX_MATH_GRADIENTS * slowdown[0] / 1000.0 / profile["num_workers"])
     for limit in sorted({min(horizon, FIRST_HORIZON_S), horizon}):
         for prediction, candidate in chosen:
             prediction.update(predict_accuracy(profile, base, candidate, slowdown, limit))

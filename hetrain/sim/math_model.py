@@ -79,6 +79,7 @@ class DigitsMath:
         self.target_accuracy = target_accuracy
         self.worst_worker_at_target_s: float | None = None
         self._miss_order = list(range(num_workers))  # the last worker to miss the target is tried first
+        self.on_target = None  # called once when the averaged model first reaches the target accuracy
 
     # ----- the model -------------------------------------------------------------
     @staticmethod
@@ -150,6 +151,9 @@ class DigitsMath:
         if done >= self._next_eval:
             self._next_eval = (done // self._eval_every + 1) * self._eval_every
             point = {"t_s": now_s, "iterations": done, "accuracy_avg_model": self.accuracy(self.average_model())}
+            if self.on_target is not None and point["accuracy_avg_model"] >= self.target_accuracy:
+                self.on_target()
+                self.on_target = None
             if self.worst_worker_at_target_s is None:
                 point["worst_worker_at_target"] = self._every_worker_at_target()
                 if point["worst_worker_at_target"]:

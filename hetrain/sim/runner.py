@@ -32,6 +32,7 @@ class SimOptions:
     # the job's --momentum so that a predicted time to target follows the optimizer the real run uses)
     math_momentum: float = 0.0
     math_eval_points: int = 20  # accuracy-curve points over the run's expected gradients (the model math only)
+    math_stop_at_target: bool = False  # end the run when the averaged model first reaches the target accuracy
     timelines: bool = False
     progress: bool = False
     trace: bool = False
@@ -171,6 +172,8 @@ def simulate(config: RunConfig, options: SimOptions = SimOptions(), model_params
     else:
         math = NullMath()
     engine = Engine(trace=options.trace)
+    if options.math_stop_at_target and options.math == "digits":
+        math.on_target = engine.stop
     kills = _kills(config, compute_ms, slowdown)
     budget_s, abort_s = config.time_budget_s, None
     if kills and config.resolved_on_failure() == "abort":  # the first death ends the job

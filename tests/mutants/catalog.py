@@ -1245,6 +1245,13 @@ def advise_no_time_to_target() -> None:
     candidates.predict_accuracy = lambda *args: {"time_to_target_s": None, "accuracy_predicted": False}
 
 
+def sim_stop_at_target_ignored() -> None:
+    """The simulator runs to its time budget whatever the model math asks (``Engine.stop`` does nothing)."""
+    from hetrain.sim.engine import Engine
+
+    Engine.stop = lambda self: None
+
+
 def advise_one_seed() -> None:
     """``hetrain advise`` predicts each time to target from one model-math run, not the median of three."""
     from hetrain.advisor import candidates
@@ -1300,7 +1307,7 @@ MUTANTS = {"no-comm": no_comm,
            "advise-ranks-first-candidate": advise_ranks_first_candidate,
            "advise-profile-from-flags": advise_profile_from_flags,
            "advise-ranks-by-speed-only": advise_ranks_by_speed_only, "advise-no-time-to-target": advise_no_time_to_target,
-           "advise-one-seed": advise_one_seed, "sim-math-momentum-ignored": sim_math_momentum_ignored, "ledger-spikes-not-counted": ledger_spikes_not_counted,
+           "advise-one-seed": advise_one_seed, "sim-stop-at-target-ignored": sim_stop_at_target_ignored, "sim-math-momentum-ignored": sim_math_momentum_ignored, "ledger-spikes-not-counted": ledger_spikes_not_counted,
            "advise-spikes-not-simulated": advise_spikes_not_simulated,
            "advise-collective-includes-spike-waits": advise_collective_includes_spike_waits,
            "hop-update-to-first-out-neighbour-only": hop_update_to_first_out_neighbour_only,

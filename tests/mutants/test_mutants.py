@@ -85,6 +85,8 @@ COMM_MUTANTS = {
         "tests/advisor/test_advise_cli.py::test_advise_measures_simulates_and_recommends_a_command_that_parses"],
     "advise-ranks-by-speed-only": [f"{ADV}::test_the_ranking_puts_the_soonest_to_target_first_not_the_fastest"],
     "advise-no-time-to-target": [f"{ADV}::test_advice_predicts_time_to_target_and_allreduce_behind_a_5x_worker_is_later"],
+    "sim-stop-at-target-ignored": [
+        "tests/sim/test_stop_at_target.py::test_a_run_told_to_stop_at_the_target_ends_there_and_one_not_told_runs_its_budget"],
     "advise-one-seed": [f"{ADV}::test_advice_predicts_time_to_target_and_allreduce_behind_a_5x_worker_is_later"],
     "sim-math-momentum-ignored": [f"{ADV}::test_the_model_math_takes_momentum_as_torch_sgd_does"],
     "ledger-spikes-not-counted": [f"{ADV}::test_the_ledger_counts_transient_slowdowns_after_the_start"],
