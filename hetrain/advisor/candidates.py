@@ -141,8 +141,9 @@ def predict(profile: dict, base: RunConfig, candidate: Candidate, slowdown: tupl
 def predict_accuracy(profile: dict, base: RunConfig, candidate: Candidate, slowdown: tuple[float, str],
                      horizon: float) -> dict:
     """Simulate ``candidate`` with the digits MLP's math for ``horizon`` simulated seconds (each run ends
-    where its averaged model reaches the target), from :data:`ACCURACY_SEEDS` seeds: its predicted time to the target accuracy (the median over the seeds; None
-    if that is not within the horizon) and the averaged model's final accuracy (the median too)."""
+    where its averaged model reaches the target), from :data:`ACCURACY_SEEDS` seeds: its predicted time to
+    the target accuracy (the median over the seeds; None if that is not within the horizon) and the
+    averaged model's accuracy where the run ended (the median too)."""
     from hetrain.sim.runner import SimOptions, simulate
 
     options = SimOptions(network_for(profile), math="digits", math_momentum=base.momentum or 0.0,
