@@ -9,6 +9,7 @@ from hetrain.advisor import candidates as cand
 from hetrain.advisor.advice import recommend
 from hetrain.advisor.profile import profile_from_record
 from hetrain.advisor.variability import simulated_slowdown, steady_compute_ms
+from hetrain.commands.advise import format_table
 from hetrain.config import RunConfig
 from hetrain.jobs.compute_ledger import ComputeLedger
 from hetrain.sim.math_model import DigitsMath
@@ -18,7 +19,7 @@ def _profile(compute_ms, spikes=None, allreduce_ms=0.5, **extra):
     n = len(compute_ms)
     return {"num_workers": n, "compute_ms": list(compute_ms), "compute_variability": None,
             "spikes": spikes or [None] * n, "model_params": 4810, "allreduce_ms": allreduce_ms,
-            "slowest_worker": 0, "link_mbps": None, "link_latency_ms": None, **extra}
+            "slowest_worker": 0, "link_mbps": None, "link_latency_ms": None, "measured_s": 5.0, **extra}
 
 
 def _prediction(name, samples_per_s, time_to_target_s, accuracy_predicted=True):
@@ -38,6 +39,8 @@ def test_advice_predicts_time_to_target_and_allreduce_behind_a_5x_worker_is_late
     best = advice["candidates"][0]
     assert best["accuracy_predicted"] and best["time_to_target_s"] is not None, best
     assert f"{best['time_to_target_s']:.1f} s to the target" in advice["why"]
+    first_row = format_table(advice).splitlines()[2]
+    assert best["name"] in first_row and f"{best['time_to_target_s']:.1f}s" in first_row.split(), first_row
     seeds = best["time_to_target_seeds_s"]  # three model-math runs, the median counts
     assert len(seeds) == 3 and best["time_to_target_s"] == pytest.approx(sorted(seeds)[1], abs=1e-3), seeds
     allreduce = next(c for c in advice["candidates"] if c["name"] == "allreduce")
