@@ -187,7 +187,8 @@ def main(argv=None) -> list[dict]:
         parser.error(f"unknown cluster {unknown[0]!r}; choose from {', '.join(CLUSTERS)}")
     out = Path(args.out or tempfile.mkdtemp(prefix="advise_bench_"))
     out.mkdir(parents=True, exist_ok=True)
-    results = [run_cluster(name, args, out) for name in names]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    results = [{**run_cluster(name, args, out), "commit": commit.strip() or None} for name in names]
     table = tables(results)
     (out / "advise_bench.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "advise_bench.md").write_text(table + "\n")
