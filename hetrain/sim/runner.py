@@ -28,14 +28,15 @@ class SimOptions:
 
     network: NetworkParams = NetworkParams()
     math: str = "none"
+    timelines: bool = False
+    progress: bool = False
+    trace: bool = False
+    # (after the fields above: callers pass network, math and timelines by position)
     # the model math's SGD momentum (0: the plain SGD the simulator has always modelled; the advisor passes
     # the job's --momentum so that a predicted time to target follows the optimizer the real run uses)
     math_momentum: float = 0.0
     math_eval_points: int = 20  # accuracy-curve points over the run's expected gradients (the model math only)
     math_stop_at_target: bool = False  # end the run when the averaged model first reaches the target accuracy
-    timelines: bool = False
-    progress: bool = False
-    trace: bool = False
 
 
 def model_params_for(config: RunConfig, math: str, given: int | None) -> int:
