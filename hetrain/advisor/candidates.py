@@ -98,14 +98,26 @@ def accuracy_is_modelled(base: RunConfig, candidate: Candidate) -> bool:
             and "compression" not in candidate.comm)
 
 
-def network_for(profile: dict):
+def network_for(profile: dict, base: RunConfig):
     """The simulator's network with the all-reduce step the measurement saw: a ring all-reduce over n
-    workers takes 2(n-1) steps, so one step is the measured all-reduce time over 2(n-1)."""
+    workers takes 2(n-1) steps, so one step is the measured all-reduce time over 2(n-1), less what the
+    emulated links (``--link-mbps``, ``--link-latency-ms``) take, which the simulator adds on its own."""
     from hetrain.sim.network import NetworkParams
+    from hetrain.transport.link_spec import ring_allreduce_bytes
 
     n = profile["num_workers"]
-    step_us = 1000.0 * profile["allreduce_ms"] / (2 * (n - 1)) if n > 1 else None
+    measured_s = profile["allreduce_ms"] / 1000.0
+    link = _link_only(base).comm_settings().link
+    if link is not None and n > 1 and profile.get("model_params"):
+        sent = ring_allreduce_bytes(n, 4.0 * profile["model_params"])
+        measured_s = max(0.0, measured_s - link.collective_s(range(n), sent, sent, 2 * (n - 1)))
+    step_us = 1e6 * measured_s / (2 * (n - 1)) if n > 1 else None
     return NetworkParams(collective_step_us=step_us if step_us and step_us > 0 else None)
+
+
+def _link_only(base: RunConfig) -> RunConfig:
+    return RunConfig(num_workers=base.num_workers, comm={k: base.comm.get(k) for k in ("link_mbps", "link_latency_ms")
+                                                         if base.comm.get(k) is not None})
 
 
 def collective_ms(profile: dict, base: RunConfig, slowdown: tuple[float, str]) -> float:
@@ -128,7 +140,7 @@ def predict(profile: dict, base: RunConfig, candidate: Candidate, slowdown: tupl
     """Simulate ``candidate``'s timing on ``profile``; its predicted figures (time to target: not yet)."""
     from hetrain.sim.runner import SimOptions, simulate
 
-    record = simulate(sim_config(profile, base, candidate, slowdown).validate(), SimOptions(network_for(profile)))
+    record = simulate(sim_config(profile, base, candidate, slowdown).validate(), SimOptions(network_for(profile, base)))
     return {"name": candidate.name, "protocol": candidate.protocol, "options": candidate.options,
             "comm": candidate.comm, "note": candidate.note,
             "samples_per_s": record["samples_per_s"],
@@ -146,7 +158,7 @@ def predict_accuracy(profile: dict, base: RunConfig, candidate: Candidate, slowd
     averaged model's accuracy where the run ended (the median too)."""
     from hetrain.sim.runner import SimOptions, simulate
 
-    options = SimOptions(network_for(profile), math="digits", math_momentum=base.momentum or 0.0,
+    options = SimOptions(network_for(profile, base), math="digits", math_momentum=base.momentum or 0.0,
                          math_eval_points=max(20, int(EVAL_POINTS_PER_S * horizon)), math_stop_at_target=True)
     config = sim_config(profile, base, candidate, slowdown).replace(workload="mlp", time_budget_s=horizon)
     records = [simulate(config.replace(seed=base.seed + k).validate(), options) for k in range(ACCURACY_SEEDS)]

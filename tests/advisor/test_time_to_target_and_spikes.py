@@ -129,3 +129,13 @@ def test_transient_stragglers_slow_allreduce_in_the_prediction_and_are_taken_out
     assert advice["profile"]["allreduce_wait_ms"] == pytest.approx(135.0)
     assert advice["profile"]["allreduce_ms"] < 0.5 * 135.0, "the others' spikes were charged to the collective"
     assert "slow down transiently" in advice["why"]
+
+
+def test_the_measured_all_reduce_on_slow_emulated_links_is_not_charged_twice():
+    """Behind 1 Mbit/s links the measured all-reduce (291 ms) is nearly all link time, which the simulator
+    adds on its own: one all-reduce iteration is the 5x worker's 250 ms plus the measured 291 ms."""
+    profile = _profile([250.0] + [50.0] * 7, allreduce_ms=291.0, link_mbps="1")
+    advice = recommend(profile, RunConfig(num_workers=8, compute_ms=50, slowdown="0:5x", time_budget_s=20,
+                                          comm={"link_mbps": "1"}))
+    allreduce = next(c for c in advice["candidates"] if c["name"] == "allreduce")
+    assert allreduce["samples_per_s"] == pytest.approx(8 * 32 / (0.250 + 0.291), rel=0.1), allreduce

@@ -1252,6 +1252,19 @@ def sim_stop_at_target_ignored() -> None:
     Engine.stop = lambda self: None
 
 
+def advise_slow_link_counted_twice() -> None:
+    """``hetrain advise`` takes the whole measured all-reduce as the collective step, the emulated links' time
+    in it included, though the simulator adds the links' time on its own."""
+    from hetrain.advisor import candidates
+    from hetrain.sim.network import NetworkParams
+
+    def whole_measurement(profile, base):
+        n = profile["num_workers"]
+        return NetworkParams(collective_step_us=1000.0 * profile["allreduce_ms"] / (2 * (n - 1)))
+
+    candidates.network_for = whole_measurement
+
+
 def advise_one_seed() -> None:
     """``hetrain advise`` predicts each time to target from one model-math run, not the median of three."""
     from hetrain.advisor import candidates
@@ -1307,7 +1320,7 @@ MUTANTS = {"no-comm": no_comm,
            "advise-ranks-first-candidate": advise_ranks_first_candidate,
            "advise-profile-from-flags": advise_profile_from_flags,
            "advise-ranks-by-speed-only": advise_ranks_by_speed_only, "advise-no-time-to-target": advise_no_time_to_target,
-           "advise-one-seed": advise_one_seed, "sim-stop-at-target-ignored": sim_stop_at_target_ignored, "sim-math-momentum-ignored": sim_math_momentum_ignored, "ledger-spikes-not-counted": ledger_spikes_not_counted,
+           "advise-one-seed": advise_one_seed, "advise-slow-link-counted-twice": advise_slow_link_counted_twice, "sim-stop-at-target-ignored": sim_stop_at_target_ignored, "sim-math-momentum-ignored": sim_math_momentum_ignored, "ledger-spikes-not-counted": ledger_spikes_not_counted,
            "advise-spikes-not-simulated": advise_spikes_not_simulated,
            "advise-collective-includes-spike-waits": advise_collective_includes_spike_waits,
            "hop-update-to-first-out-neighbour-only": hop_update_to_first_out_neighbour_only,

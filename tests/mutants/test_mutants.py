@@ -87,6 +87,8 @@ COMM_MUTANTS = {
     "advise-no-time-to-target": [f"{ADV}::test_advice_predicts_time_to_target_and_allreduce_behind_a_5x_worker_is_later"],
     "sim-stop-at-target-ignored": [
         "tests/sim/test_stop_at_target.py::test_a_run_told_to_stop_at_the_target_ends_there_and_one_not_told_runs_its_budget"],
+    "advise-slow-link-counted-twice": [
+        f"{ADV}::test_the_measured_all_reduce_on_slow_emulated_links_is_not_charged_twice"],
     "advise-one-seed": [f"{ADV}::test_advice_predicts_time_to_target_and_allreduce_behind_a_5x_worker_is_later"],
     "sim-math-momentum-ignored": [f"{ADV}::test_the_model_math_takes_momentum_as_torch_sgd_does"],
     "ledger-spikes-not-counted": [f"{ADV}::test_the_ledger_counts_transient_slowdowns_after_the_start"],
