@@ -7,10 +7,12 @@
 from __future__ import annotations
 
 import shlex
+import tempfile
 import time
 
 from hetrain.advisor import candidates as cand
 from hetrain.advisor.profile import profile_from_record
+from hetrain.advisor.variability import simulated_slowdown
 from hetrain.config import RunConfig
 from hetrain.errors import UsageError
 
@@ -46,8 +48,13 @@ def measure(config: RunConfig, measure_s: float = DEFAULT_MEASURE_S) -> dict:
 def recommend(profile: dict, config: RunConfig) -> dict:
     """Simulate every candidate on ``profile`` and rank them: the advice record (no real run)."""
     started = time.perf_counter()
-    predictions = [cand.predict(profile, config, c) for c in cand.candidates_for(profile)]
-    ranked = cand.rank(predictions)
+    timing_s = cand.SIM_STEPS * max(profile["compute_ms"]) / 1000.0
+    with tempfile.TemporaryDirectory(prefix="hetrain-advise-") as scratch:  # a spiking profile's trace
+        slowdown = simulated_slowdown(profile, scratch, max(cand.horizon_s(config), timing_s), config.seed)
+        waited = profile["allreduce_ms"]
+        profile = {**profile, "allreduce_ms": round(cand.collective_ms(profile, config, slowdown), 3),
+                   "allreduce_wait_ms": waited}
+        ranked = cand.rank(cand.predict_all(profile, config, slowdown))
     best = ranked[0]
     return {"profile": profile, "candidates": ranked, "why": why(ranked, profile),
             "recommended": {**{k: best[k] for k in ("name", "protocol", "options", "comm")},
@@ -75,6 +82,14 @@ def why(ranked: list[dict], profile: dict) -> str:
     compute = profile["compute_ms"]
     spread = max(compute) / min(compute) if min(compute) > 0 else float("inf")
     line = f"{best['name']} predicts {best['samples_per_s']:.0f} samples/s"
+    if best["time_to_target_s"] is not None:
+        line += f" and {best['time_to_target_s']:.1f} s to the target"
+        later = [p for p in ranked[1:] if p["time_to_target_s"] is not None]
+        if later:
+            line += f" ({later[0]['name']}: {later[0]['time_to_target_s']:.1f} s)"
+        unreached = [p["name"] for p in ranked if p.get("accuracy_predicted") and p["time_to_target_s"] is None]
+        if "allreduce" in unreached:
+            line += ", allreduce not within the horizon"
     if len(ranked) > 1:
         second = ranked[1]
         line += f", {best['samples_per_s'] / second['samples_per_s']:.2f}x the next ({second['name']})"
@@ -82,6 +97,11 @@ def why(ranked: list[dict], profile: dict) -> str:
     if allreduce is not None and allreduce is not best:
         line += f" and {best['samples_per_s'] / allreduce['samples_per_s']:.2f}x allreduce"
     line += f"; measured: the slowest worker computes {spread:.1f}x the fastest"
+    spiking = [s for s in profile.get("spikes") or [] if s]
+    if spiking:
+        share = sum(s["share"] for s in spiking) / len(spiking)
+        line += (f", {len(spiking)} worker(s) slow down transiently ({100 * share:.0f}% of iterations, "
+                 f"{max(s['factor'] for s in spiking):.1f}x)")
     if best["note"]:
         line += f" ({best['note']})"
     return line

@@ -1,7 +1,8 @@
 """The measured profile: what a short real run's metrics record says about the cluster.
 
 Nothing new is instrumented: each worker's compute time per iteration is its ``compute_s`` over its
-``iterations``; its variability is ``compute_phase``'s mean over median; the model's size is the bytes a
+``iterations``; its variability is ``compute_phase``'s mean over median, and its transient slowdowns
+the share and size of its iterations at twice the median or more (:mod:`.variability`); the model's size is the bytes a
 worker exchanged per exchange (``uncompressed_bytes / exchanges``, float32; under all-reduce each member
 sends 2(n-1)/n of the model, so that is divided out); an all-reduce's cost is what
 the slowest worker waited per iteration (it never waits for the others' compute, only for the collective).
@@ -9,10 +10,11 @@ the slowest worker waited per iteration (it never waits for the others' compute,
 
 from __future__ import annotations
 
+from hetrain.advisor.variability import spikes_of
 from hetrain.errors import UsageError
 from hetrain.transport.link_spec import ring_allreduce_bytes
 
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2  # 2: each worker's transient slowdowns (``spikes``)
 
 
 def profile_from_record(record: dict) -> dict:
@@ -35,8 +37,11 @@ def profile_from_record(record: dict) -> dict:
         "num_workers": len(workers),
         "compute_ms": [round(c, 3) for c in compute_ms],
         "compute_variability": [_variability(w) for w in workers],
+        "spikes": [spikes_of(w) for w in workers],
+        "steady_compute_ms": [(w.get("compute_phase") or {}).get("steady_ms_mean") for w in workers],
         "model_params": round(message_bytes / 4) if message_bytes else None,
         "allreduce_ms": round(1000.0 * slowest_worker["wait_s"] / slowest_worker["iterations"], 3),
+        "slowest_worker": slowest,
         "link_mbps": config.get("link_mbps"),
         "link_latency_ms": config.get("link_latency_ms"),
         "measured_s": record.get("wall_time_s"),
@@ -53,15 +58,3 @@ def _variability(worker: dict) -> float | None:
     if not mean or not median:
         return None
     return round(max(0.0, mean / median - 1.0), 4)
-
-
-def slowdown_of(profile: dict) -> tuple[float, str]:
-    """The profile's speeds as the simulator's inputs: (the fastest worker's compute ms, a slowdown spec
-    giving every other worker its measured factor over the fastest)."""
-    compute_ms = profile["compute_ms"]
-    fastest = min(compute_ms)
-    if fastest <= 0:
-        raise UsageError("the measured compute time per iteration is 0; give --compute-ms > 0 to advise on it")
-    factors = {i: c / fastest for i, c in enumerate(compute_ms)}
-    spec = ",".join(f"{i}:{f:.3f}x" for i, f in factors.items() if f >= 1.0005)
-    return fastest, spec or "none"

@@ -76,12 +76,17 @@ def format_table(advice: dict) -> str:
     lines = [f"measured {p['num_workers']} workers for {p['measured_s']:.1f} s: compute ms/iteration "
              f"{min(p['compute_ms']):.1f}-{max(p['compute_ms']):.1f}, model {p['model_params']} parameters, "
              f"all-reduce {p['allreduce_ms']:.2f} ms",
-             f"{'rank':>4}  {'candidate':<40} {'samples/s':>10} {'efficiency':>10} {'to target':>9} "
+             f"{'rank':>4}  {'candidate':<44} {'samples/s':>10} {'efficiency':>10} {'to target':>9} "
              f"{'bytes/sample':>12}"]
     for i, c in enumerate(advice["candidates"], 1):
         eff = "-" if c["heterogeneity_efficiency"] is None else f"{c['heterogeneity_efficiency']:.3f}"
         ttt = "-" if c["time_to_target_s"] is None else f"{c['time_to_target_s']:.1f}s"
         bps = "-" if c["bytes_per_sample"] is None else f"{c['bytes_per_sample']:.0f}"
-        lines.append(f"{i:>4}  {c['name']:<40} {c['samples_per_s']:>10.0f} {eff:>10} {ttt:>9} {bps:>12}"
-                     + (f"  ({c['note']})" if c["note"] else ""))
+        notes = [c["note"]] if c["note"] else []
+        if not c.get("accuracy_predicted"):
+            notes.append("accuracy not predicted")
+        elif c["time_to_target_s"] is None:
+            notes.append(f"target not reached in {c.get('horizon_s', 0):g} simulated s")
+        lines.append(f"{i:>4}  {c['name']:<44} {c['samples_per_s']:>10.0f} {eff:>10} {ttt:>9} {bps:>12}"
+                     + (f"  ({'; '.join(notes)})" if notes else ""))
     return "\n".join(lines)

@@ -16,6 +16,10 @@ from array import array
 
 OVER_TARGET_SHARE = 0.1  # of a worker's iterations whose work outlasted the target: sustained, not a hiccup
 OVER_TARGET_MIN = 5  # iterations at least (a 10-iteration run's one slow start is no pattern)
+SPIKE_RATIO = 2.0  # an iteration whose phase is this many times the worker's median or more: a transient slowdown
+# iterations left out of the spike count: the start's (under all-reduce behind a 5x worker, every fast worker's
+# second phase measured 200-225 ms on 50 ms, once, in every run: a start-up effect, no recurring slowdown)
+WARM_UP_ITERATIONS = 2
 
 
 class ComputeLedger:
@@ -45,18 +49,26 @@ class ComputeLedger:
     def summary(self) -> dict:
         """``target_ms`` (mean), ``achieved_ms_mean``/``_median``, ``work_ms_mean``/``_median``,
         ``achieved_to_target_median``/``_min``, ``share_over_target`` (work > target), ``share_under_85``
-        (phase < 0.85 target), ``over_target`` (sustained: see the module); {"iterations": 0} if none ran."""
+        (phase < 0.85 target), ``over_target`` (sustained: see the module); after the first
+        :data:`WARM_UP_ITERATIONS` (the start is no slowdown): ``spike_share`` (iterations whose phase is
+        :data:`SPIKE_RATIO` x the median or more: transient slowdowns), ``spike_to_median`` (their mean
+        phase over the median; None without one) and ``steady_ms_mean`` (the mean phase of the others);
+        {"iterations": 0} if none ran."""
         n = self.iterations
         if not n:
             return {"iterations": 0}
         ratios = [a / t if t > 0 else 1.0 for a, t in zip(self.achieved_s, self.target_s)]
         over = sum(w > t for w, t in zip(self.work_s, self.target_s))
+        median = statistics.median(self.achieved_s)
+        later = self.achieved_s[WARM_UP_ITERATIONS:] if n > WARM_UP_ITERATIONS else self.achieved_s
+        spikes = [a for a in later if median > 0 and a >= SPIKE_RATIO * median]
+        steady = [a for a in later if not (median > 0 and a >= SPIKE_RATIO * median)]
         ms = 1000.0
         return {
             "iterations": n,
             "target_ms": round(sum(self.target_s) / n * ms, 3),
             "achieved_ms_mean": round(sum(self.achieved_s) / n * ms, 3),
-            "achieved_ms_median": round(statistics.median(self.achieved_s) * ms, 3),
+            "achieved_ms_median": round(median * ms, 3),
             "work_ms_mean": round(sum(self.work_s) / n * ms, 3),
             "work_ms_median": round(statistics.median(self.work_s) * ms, 3),
             "achieved_to_target_median": round(statistics.median(ratios), 4),
@@ -64,6 +76,9 @@ class ComputeLedger:
             "share_over_target": round(over / n, 4),
             "share_under_85": round(sum(r < 0.85 for r in ratios) / n, 4),
             "over_target": over >= OVER_TARGET_MIN and over / n >= OVER_TARGET_SHARE,
+            "spike_share": round(len(spikes) / len(later), 4),
+            "spike_to_median": round(sum(spikes) / len(spikes) / median, 3) if spikes else None,
+            "steady_ms_mean": round(sum(steady) / len(steady) * ms, 3) if steady else None,
         }
 
 

@@ -150,7 +150,9 @@ class Recorder:
         budget = setup.time_budget_s
         setup.engine.run(until_s=budget)
         self.flush()
-        if budget is None or not setup.engine.pending():
+        if setup.engine.stopped_at is not None:  # the model reached its target (SimOptions.math_stop_at_target)
+            budget = setup.engine.stopped_at
+        elif budget is None or not setup.engine.pending():
             return False
         for i in range(self.num_workers):
             self.finished(i, budget)

@@ -29,6 +29,7 @@ class Engine:
         self._heap: list = []
         self._seq = 0
         self.trace: list | None = [] if trace else None
+        self.stopped_at: float | None = None  # set by stop(): run() returns before the next event
 
     def at(self, time_s: float, fn: Callable, *args) -> None:
         if time_s < self.now:
@@ -44,11 +45,15 @@ class Engine:
         if self.trace is not None:
             self.trace.append((self.now, kind, worker, detail))
 
+    def stop(self) -> None:
+        """End the run now: :meth:`run` returns after the event that called this (the rest stays queued)."""
+        self.stopped_at = self.now
+
     def run(self, until_s: float | None = None) -> int:
-        """Pop events until the heap is empty (or past ``until_s``); return how many ran."""
+        """Pop events until the heap is empty (or past ``until_s``, or :meth:`stop`); return how many ran."""
         heap, pop = self._heap, heapq.heappop
         count = 0
-        while heap:
+        while heap and self.stopped_at is None:
             if until_s is not None and heap[0][0] > until_s:
                 break
             time_s, _, fn, args = pop(heap)

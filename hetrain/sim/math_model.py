@@ -50,7 +50,8 @@ class DigitsMath:
     enabled = True
 
     def __init__(self, num_workers: int, *, batch_size: int = 32, lr: float = 0.1, seed: int = 0,
-                 eval_points: int = 20, total_iterations: int = 1, target_accuracy: float = 0.95):
+                 eval_points: int = 20, total_iterations: int = 1, target_accuracy: float = 0.95,
+                 momentum: float = 0.0):
         from sklearn.datasets import load_digits
 
         data = load_digits()
@@ -62,6 +63,7 @@ class DigitsMath:
         self.x_test, self.y_test = x[order[split:]], y[order[split:]]
         self.batch_size = batch_size
         self.lr = np.float32(lr)
+        self.momentum = np.float32(momentum)  # heavy-ball SGD, each worker's buffer its own (never averaged)
         init_rng = np.random.default_rng(seed)
         d0, d1, d2 = DIGITS_LAYERS
         init = np.concatenate([
@@ -69,6 +71,7 @@ class DigitsMath:
             (init_rng.standard_normal(d1 * d2) / np.sqrt(d1)).astype(np.float32), np.zeros(d2, np.float32),
         ])
         self.params = [init.copy() for _ in range(num_workers)]  # every worker starts from one model
+        self.velocity = [np.zeros_like(init) for _ in range(num_workers)] if momentum else None
         self.rngs = [np.random.default_rng((seed, w)) for w in range(num_workers)]
         self.curve: list[dict] = []
         self._eval_every = max(1, total_iterations // max(1, eval_points))
@@ -76,6 +79,7 @@ class DigitsMath:
         self.target_accuracy = target_accuracy
         self.worst_worker_at_target_s: float | None = None
         self._miss_order = list(range(num_workers))  # the last worker to miss the target is tried first
+        self.on_target = None  # called once when the averaged model first reaches the target accuracy
 
     # ----- the model -------------------------------------------------------------
     @staticmethod
@@ -116,7 +120,11 @@ class DigitsMath:
 
     # ----- what the protocols call ---------------------------------------------------
     def local_step(self, worker: int) -> None:
-        self.params[worker] -= self.lr * self.worker_gradient(worker)
+        gradient = self.worker_gradient(worker)
+        if self.velocity is not None:  # torch.optim.SGD's momentum: v = m v + g; p -= lr v
+            self.velocity[worker] = self.momentum * self.velocity[worker] + gradient
+            gradient = self.velocity[worker]
+        self.params[worker] -= self.lr * gradient
 
     def snapshot(self, worker: int) -> np.ndarray:
         return self.params[worker].copy()
@@ -143,6 +151,9 @@ class DigitsMath:
         if done >= self._next_eval:
             self._next_eval = (done // self._eval_every + 1) * self._eval_every
             point = {"t_s": now_s, "iterations": done, "accuracy_avg_model": self.accuracy(self.average_model())}
+            if self.on_target is not None and point["accuracy_avg_model"] >= self.target_accuracy:
+                self.on_target()
+                self.on_target = None
             if self.worst_worker_at_target_s is None:
                 point["worst_worker_at_target"] = self._every_worker_at_target()
                 if point["worst_worker_at_target"]:

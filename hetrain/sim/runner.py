@@ -31,6 +31,12 @@ class SimOptions:
     timelines: bool = False
     progress: bool = False
     trace: bool = False
+    # (after the fields above: callers pass network, math and timelines by position)
+    # the model math's SGD momentum (0: the plain SGD the simulator has always modelled; the advisor passes
+    # the job's --momentum so that a predicted time to target follows the optimizer the real run uses)
+    math_momentum: float = 0.0
+    math_eval_points: int = 20  # accuracy-curve points over the run's expected gradients (the model math only)
+    math_stop_at_target: bool = False  # end the run when the averaged model first reaches the target accuracy
 
 
 def model_params_for(config: RunConfig, math: str, given: int | None) -> int:
@@ -165,10 +171,13 @@ def simulate(config: RunConfig, options: SimOptions = SimOptions(), model_params
     total = n * expected_steps
     if options.math == "digits":
         math = DigitsMath(n, batch_size=config.batch_size, lr=config.resolved_lr(), seed=config.seed, total_iterations=total,
-                          target_accuracy=config.target_accuracy)
+                          target_accuracy=config.target_accuracy, momentum=options.math_momentum,
+                          eval_points=options.math_eval_points)
     else:
         math = NullMath()
     engine = Engine(trace=options.trace)
+    if options.math_stop_at_target and options.math == "digits":
+        math.on_target = engine.stop
     kills = _kills(config, compute_ms, slowdown)
     budget_s, abort_s = config.time_budget_s, None
     if kills and config.resolved_on_failure() == "abort":  # the first death ends the job

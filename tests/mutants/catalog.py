@@ -1224,8 +1224,8 @@ def advise_profile_from_flags() -> None:
 
     measured = candidates.sim_config
 
-    def from_flags(profile, base, candidate):
-        config = measured(profile, base, candidate)
+    def from_flags(profile, base, candidate, slowdown):
+        config = measured(profile, base, candidate, slowdown)
         return config.replace(slowdown=base.slowdown, compute_ms=base.compute_ms)
 
     candidates.sim_config = from_flags
@@ -1358,6 +1358,91 @@ def leaver_joins_the_final_average() -> None:
     SyncProtocol.leave = leave_and_forget
 
 
+def advise_ranks_by_speed_only() -> None:
+    """``hetrain advise`` ranks by predicted samples/s alone, the predicted time to target ignored."""
+    from hetrain.advisor import candidates
+
+    candidates.rank = lambda predictions: sorted(predictions, key=lambda p: -p["samples_per_s"])
+
+
+def advise_no_time_to_target() -> None:
+    """``hetrain advise`` never runs the simulator's model math: no candidate's time to target is predicted."""
+    from hetrain.advisor import candidates
+
+    candidates.predict_accuracy = lambda *args: {"time_to_target_s": None, "accuracy_predicted": False}
+
+
+def sim_stop_at_target_ignored() -> None:
+    """The simulator runs to its time budget whatever the model math asks (``Engine.stop`` does nothing)."""
+    from hetrain.sim.engine import Engine
+
+    Engine.stop = lambda self: None
+
+
+def advise_slow_link_counted_twice() -> None:
+    """``hetrain advise`` takes the whole measured all-reduce as the collective step, the emulated links' time
+    in it included, though the simulator adds the links' time on its own."""
+    from hetrain.advisor import candidates
+    from hetrain.sim.network import NetworkParams
+
+    def whole_measurement(profile, base):
+        n = profile["num_workers"]
+        return NetworkParams(collective_step_us=1000.0 * profile["allreduce_ms"] / (2 * (n - 1)))
+
+    candidates.network_for = whole_measurement
+
+
+def advise_one_seed() -> None:
+    """``hetrain advise`` predicts each time to target from one model-math run, not the median of three."""
+    from hetrain.advisor import candidates
+
+    candidates.ACCURACY_SEEDS = 1
+
+
+def sim_math_momentum_ignored() -> None:
+    """The simulator's model math takes plain SGD steps whatever momentum it was given."""
+    from hetrain.sim.math_model import DigitsMath
+
+    def plain_step(self, worker):
+        self.params[worker] -= self.lr * self.worker_gradient(worker)
+
+    DigitsMath.local_step = plain_step
+
+
+def ledger_spikes_not_counted() -> None:
+    """The compute ledger reports no transient slowdown, however many iterations spiked."""
+    from hetrain.jobs.compute_ledger import ComputeLedger
+
+    summary = ComputeLedger.summary
+
+    def without_spikes(self):
+        found = summary(self)
+        if found.get("iterations"):
+            found.update(spike_share=0.0, spike_to_median=None)
+        return found
+
+    ComputeLedger.summary = without_spikes
+
+
+def advise_spikes_not_simulated() -> None:
+    """``hetrain advise`` simulates every worker at its measured mean speed, its transient slowdowns left out."""
+    from hetrain.advisor import variability
+
+    def mean_speeds(profile, directory, horizon_s, seed):
+        fastest = min(profile["compute_ms"])
+        spec = ",".join(f"{i}:{c / fastest:.3f}x" for i, c in enumerate(profile["compute_ms"]) if c / fastest >= 1.0005)
+        return fastest, spec or "none"
+
+    variability.simulated_slowdown = mean_speeds
+
+
+def advise_collective_includes_spike_waits() -> None:
+    """``hetrain advise`` charges the all-reduce with all the slowest worker waited, the others' spikes included."""
+    from hetrain.advisor import candidates
+
+    candidates.collective_ms = lambda profile, base, slowdown: profile["allreduce_ms"]
+
+
 MUTANTS = {"no-comm": no_comm,
            "vacant-ranks-not-held-dead": vacant_ranks_not_held_dead, "joins-never-start": joins_never_start,
            "worker-sigterm-ignored": worker_sigterm_ignored, "leave-without-grace": leave_without_grace,
@@ -1365,6 +1450,10 @@ MUTANTS = {"no-comm": no_comm,
            "leaver-joins-the-final-average": leaver_joins_the_final_average,
            "advise-ranks-first-candidate": advise_ranks_first_candidate,
            "advise-profile-from-flags": advise_profile_from_flags,
+           "advise-ranks-by-speed-only": advise_ranks_by_speed_only, "advise-no-time-to-target": advise_no_time_to_target,
+           "advise-one-seed": advise_one_seed, "advise-slow-link-counted-twice": advise_slow_link_counted_twice, "sim-stop-at-target-ignored": sim_stop_at_target_ignored, "sim-math-momentum-ignored": sim_math_momentum_ignored, "ledger-spikes-not-counted": ledger_spikes_not_counted,
+           "advise-spikes-not-simulated": advise_spikes_not_simulated,
+           "advise-collective-includes-spike-waits": advise_collective_includes_spike_waits,
            "hop-update-to-first-out-neighbour-only": hop_update_to_first_out_neighbour_only,
            "hop-graph-not-repaired": hop_graph_not_repaired, "keyframes-always": keyframes_always,
            "ps-answers-the-first-worker": ps_answers_the_first_worker, "arrivals-not-progress": arrivals_not_progress,

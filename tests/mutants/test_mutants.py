@@ -77,6 +77,7 @@ RS = "tests/jobs/test_resume_state.py"
 FT = "tests/runtime/test_fake_transport.py"  # each protocol shell's wiring on the fake transport
 DR = "tests/test_docs_records.py"
 EM = "tests/jobs/test_elastic_membership.py"  # workers that join and leave a running job (issue 71)
+ADV = "tests/advisor/test_time_to_target_and_spikes.py"  # advise: time to target, transient slowdowns (issue 72)
 COMM_MUTANTS = {
     "vacant-ranks-not-held-dead": [
         f"{EM}::test_a_job_grows_into_its_vacant_ranks_and_every_member_ends_with_the_final_model[hop-until0]"],
@@ -95,6 +96,20 @@ COMM_MUTANTS = {
     "advise-profile-from-flags": [
         "tests/advisor/test_ranking.py::test_the_profile_is_what_the_run_measured_not_what_the_flags_said",
         "tests/advisor/test_advise_cli.py::test_advise_measures_simulates_and_recommends_a_command_that_parses"],
+    "advise-ranks-by-speed-only": [f"{ADV}::test_the_ranking_puts_the_soonest_to_target_first_not_the_fastest"],
+    "advise-no-time-to-target": [f"{ADV}::test_advice_predicts_time_to_target_and_allreduce_behind_a_5x_worker_is_later"],
+    "sim-stop-at-target-ignored": [
+        "tests/sim/test_stop_at_target.py::test_a_run_told_to_stop_at_the_target_ends_there_and_one_not_told_runs_its_budget"],
+    "advise-slow-link-counted-twice": [
+        f"{ADV}::test_the_measured_all_reduce_on_slow_emulated_links_is_not_charged_twice"],
+    "advise-one-seed": [f"{ADV}::test_advice_predicts_time_to_target_and_allreduce_behind_a_5x_worker_is_later"],
+    "sim-math-momentum-ignored": [f"{ADV}::test_the_model_math_takes_momentum_as_torch_sgd_does"],
+    "ledger-spikes-not-counted": [f"{ADV}::test_the_ledger_counts_transient_slowdowns_after_the_start"],
+    "advise-spikes-not-simulated": [
+        f"{ADV}::test_measured_spikes_are_simulated_as_a_trace_drawn_from_their_distribution",
+        f"{ADV}::test_transient_stragglers_slow_allreduce_in_the_prediction_and_are_taken_out_of_its_measured_cost"],
+    "advise-collective-includes-spike-waits": [
+        f"{ADV}::test_transient_stragglers_slow_allreduce_in_the_prediction_and_are_taken_out_of_its_measured_cost"],
     "hop-update-to-first-out-neighbour-only": [
         f"{FT}::test_hop_sends_each_iteration_s_model_to_every_out_neighbour_and_a_token_back_to_every_in_neighbour"],
     "hop-graph-not-repaired": [
