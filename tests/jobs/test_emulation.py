@@ -103,6 +103,17 @@ def test_the_emulated_standalone_iteration_is_never_shorter_than_the_achieved_ph
     assert standalone_iteration_s(config, slowdown, 0, 0.002, 9.0, 100, achieved_s=0.2495) == pytest.approx(0.25)
 
 
+def test_the_speed_basis_leaves_out_the_start_s_phases_a_collective_lengthened():
+    """A fast worker behind a 5x one under DDP: its second phase held the bucket rebuild's broadcast."""
+    ledger = ComputeLedger()
+    for achieved in (0.051, 0.212, *[0.050] * 10):
+        ledger.record(0.05, achieved, 0.003)
+    assert ledger.mean_achieved_s() == pytest.approx(0.050)
+    short = ComputeLedger()
+    short.record(0.05, 0.06, 0.003)
+    assert short.mean_achieved_s() == pytest.approx(0.06)  # a run shorter than the start: what it has
+
+
 def test_an_empty_ledger_says_so():
     assert ComputeLedger().summary() == {"iterations": 0}
     assert job_compute_phase([{"rank": 0, "compute_phase": {"iterations": 0}}])["compute_phase_ratio_min"] is None

@@ -1443,7 +1443,14 @@ def advise_collective_includes_spike_waits() -> None:
     candidates.collective_ms = lambda profile, base, slowdown: profile["allreduce_ms"]
 
 
-MUTANTS = {"no-comm": no_comm,
+def speed_basis_counts_the_start() -> None:
+    """The emulated speed basis averages every compute phase, the start's (a collective inside) too."""
+    from hetrain.jobs.compute_ledger import ComputeLedger
+
+    ComputeLedger.mean_achieved_s = lambda self: sum(self.achieved_s) / self.iterations if self.iterations else None
+
+
+MUTANTS = {"no-comm": no_comm, "speed-basis-counts-the-start": speed_basis_counts_the_start,
            "vacant-ranks-not-held-dead": vacant_ranks_not_held_dead, "joins-never-start": joins_never_start,
            "worker-sigterm-ignored": worker_sigterm_ignored, "leave-without-grace": leave_without_grace,
            "rate-board-waits-for-every-rank": rate_board_waits_for_every_rank,

@@ -79,6 +79,8 @@ DR = "tests/test_docs_records.py"
 EM = "tests/jobs/test_elastic_membership.py"  # workers that join and leave a running job (issue 71)
 ADV = "tests/advisor/test_time_to_target_and_spikes.py"  # advise: time to target, transient slowdowns (issue 72)
 COMM_MUTANTS = {
+    "speed-basis-counts-the-start": [
+        "tests/jobs/test_emulation.py::test_the_speed_basis_leaves_out_the_start_s_phases_a_collective_lengthened"],
     "vacant-ranks-not-held-dead": [
         f"{EM}::test_a_job_grows_into_its_vacant_ranks_and_every_member_ends_with_the_final_model[hop-until0]"],
     "joins-never-start": [
