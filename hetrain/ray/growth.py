@@ -1,4 +1,5 @@
-"""How far a Ray job may grow (``max_workers``, ``joins``), checked before the cluster is joined; no Ray here."""
+"""How a Ray job grows: how far (``max_workers``, ``joins``), checked before the cluster is joined, and
+when its vacant ranks join; no Ray here (docs/decisions/ray-jobs-grow-and-drain.md)."""
 
 from __future__ import annotations
 
@@ -13,3 +14,9 @@ def check_growth(num_workers: int, max_workers: int | None, joins: list[tuple[fl
         raise ValueError(f"joins add {sum(k for _, k in joins or [])} workers to a job of {num_workers} that "
                          f"may grow to {world}: raise max_workers")
     return world
+
+
+def joins_when_room(joins: list[tuple[float, int]] | None) -> bool:
+    """Whether the vacant ranks join as the cluster makes room for them: unless a ``joins`` schedule
+    (``--join K@Ts``) says when, as in a local job (each then waits for room if there is none)."""
+    return not joins

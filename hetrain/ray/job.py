@@ -35,9 +35,8 @@ from hetrain.faults import Fault
 from hetrain.jobs.heartbeat import DEFAULT_HEARTBEAT_TIMEOUT_S, HEARTBEAT_INTERVAL_S
 from hetrain.jobs.local_job import ON_FAILURE_MODES, JobResults, LocalJob
 from hetrain.jobs.worker_process import WorkerSpec
+from hetrain.ray import draining, growth
 from hetrain.ray.actors import RayPlacement, RayWorkers
-from hetrain.ray.draining import DRAIN_POLL_S, draining_nodes
-from hetrain.ray.growth import check_growth
 
 
 def run_ray(
@@ -70,7 +69,7 @@ def run_ray(
     grows to this many workers as the cluster has room for them (``joins``: on the training clock instead)."""
     if on_failure not in ON_FAILURE_MODES:
         raise ValueError(f"on_failure must be abort, continue or respawn, got {on_failure!r}")
-    world = check_growth(num_workers, max_workers, joins)
+    world = growth.check_growth(num_workers, max_workers, joins)
     job = RayJob(fn, args, world, start_workers=num_workers, joins=joins, placement=placement, backend=backend,
                  device=device, timeout_s=timeout_s, job_timeout_s=job_timeout_s, on_failure=on_failure,
                  log_path=log_path, faults=[Fault(rank, "train", t) for t, rank in kills or []] + list(faults or []),
@@ -87,7 +86,7 @@ class RayJob(LocalJob):
         self.placement = placement
         self.placements: dict = {}
         self._clocked: set = set()  # (rank, incarnation) whose silence clock started (see _find_hung)
-        self._joins_when_room = not kwargs.get("joins")  # no --join schedule: a vacant rank joins once placed
+        self._joins_when_room = growth.joins_when_room(kwargs.get("joins"))
         self._asked_to_leave: set = set()  # (rank, incarnation) asked to leave: their node is draining
         self._next_drain_check = 0.0
         try:
@@ -123,14 +122,14 @@ class RayJob(LocalJob):
         now = time.monotonic()
         if now < self._next_drain_check or self._ending():
             return
-        self._next_drain_check = now + DRAIN_POLL_S
-        draining = draining_nodes()
-        if not draining:
+        self._next_drain_check = now + draining.DRAIN_POLL_S
+        drained = draining.draining_nodes()
+        if not drained:
             return
         for rank in range(self.n):
             key = self.workers.pid(rank)
             if (key in self._asked_to_leave or rank in self.done or self.channels.dead[rank]
-                    or not self.workers.alive(rank) or self.workers.node_of(rank) not in draining):
+                    or not self.workers.alive(rank) or self.workers.node_of(rank) not in drained):
                 continue
             self._asked_to_leave.add(key)
             self._say(f"worker {rank}'s node is being drained: it leaves the job")

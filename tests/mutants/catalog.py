@@ -1302,7 +1302,30 @@ def leaver_joins_the_final_average() -> None:
     SyncProtocol.leave = leave_and_forget
 
 
+def ray_joins_only_on_schedule() -> None:
+    """A Ray job's vacant ranks wait for a ``--join`` schedule: a node added to the cluster grows no job."""
+    from hetrain.ray import growth
+
+    growth.joins_when_room = lambda joins: False
+
+
+def ray_drains_unseen() -> None:
+    """A Ray job does not see a node being drained: its workers are never asked to leave (they die with it)."""
+    from hetrain.ray import draining
+
+    draining.draining_nodes = lambda: set()
+
+
+def ray_growth_unchecked() -> None:
+    """``hetrain.ray.run`` takes any ``max_workers`` and ``joins`` and joins the cluster with them."""
+    from hetrain.ray import growth
+
+    growth.check_growth = lambda num_workers, max_workers, joins: max_workers or num_workers
+
+
 MUTANTS = {"no-comm": no_comm,
+           "ray-joins-only-on-schedule": ray_joins_only_on_schedule, "ray-drains-unseen": ray_drains_unseen,
+           "ray-growth-unchecked": ray_growth_unchecked,
            "vacant-ranks-not-held-dead": vacant_ranks_not_held_dead, "joins-never-start": joins_never_start,
            "worker-sigterm-ignored": worker_sigterm_ignored, "leave-without-grace": leave_without_grace,
            "rate-board-waits-for-every-rank": rate_board_waits_for_every_rank,

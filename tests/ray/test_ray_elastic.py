@@ -10,15 +10,20 @@ leavers' results may be lost with it: still leaves); the others train to the end
 """
 
 import dataclasses
+import os
+import signal
 
 import pytest
 
 pytest.importorskip("ray", reason="the Ray launcher's tests need hetrain[ray]")
 
 import ray  # noqa: E402
+import ray_probe  # noqa: E402 (on the actors' PYTHONPATH too: tests/ray/conftest.py)
 from ray_nodes import node_args  # noqa: E402 (tests/ray is on sys.path)
 
+import hetrain.ray  # noqa: E402
 from hetrain.config import RunConfig  # noqa: E402
+from hetrain.data import load_dataset  # noqa: E402
 from hetrain.errors import WorkerError  # noqa: E402
 from hetrain.jobs.run import run_training  # noqa: E402
 
@@ -135,10 +140,49 @@ def test_a_ray_job_that_grew_ends_with_every_member_holding_one_model(processes,
     assert any("the cluster has room" in line for line in events.lines), events.lines
 
 
-def test_a_ray_job_asked_to_shrink_below_its_start_is_refused_before_the_cluster_is_joined():
-    import hetrain.ray
+class SigtermWhenTrained:
+    """SIGTERMs ``rank``'s actor process (its pid from its first report) once it has computed ``computed``."""
 
+    def __init__(self, rank: int, computed: int):
+        self.rank, self.computed = rank, computed
+        self.pid = None
+        self.sent = False
+
+    def __call__(self, rank: int, message: dict) -> None:
+        if rank == self.rank and "pid" in message:
+            self.pid = message["pid"]
+        if rank == self.rank and not self.sent and message.get("computed", 0) >= self.computed:
+            os.kill(self.pid, signal.SIGTERM)
+            self.sent = True
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_sigterm_to_a_ray_workers_process_is_a_leave_not_a_death(processes, joined):
+    """As to a local worker's: Ray's own handler (the actor exits) is replaced as the actor is built."""
+    joined(3)
+    config = RunConfig(protocol="hop", num_workers=3, compute_ms=20.0, slowdown="0:2x", time_budget_s=12.0,
+                       timeout_s=30.0)
+    spy = SigtermWhenTrained(2, TRAINED)
+    results = hetrain.ray.run(ray_probe.train_reporting_node, 3, on_failure="continue", on_message=spy,
+                              args=(config, {}, load_dataset("digits")), timeout_s=config.timeout_s)
+    assert spy.sent, "worker 2 never reported its gradients"
+    assert [x["rank"] for x in results.leaves] == [2] and results.deaths == [], results.deaths
+    assert results[2]["worker"]["left"] and not results[0]["worker"].get("left")
+    stayed = [results[r]["worker"]["model_fingerprint"] for r in (0, 1)]
+    assert stayed[0] == pytest.approx(stayed[1], rel=1e-9)
+    assert results[2]["worker"]["model_fingerprint"] != pytest.approx(stayed[0], rel=1e-9)  # left before the average
+
+
+def test_a_ray_job_asked_to_shrink_below_its_start_is_refused_before_the_cluster_is_joined(monkeypatch):
+    import hetrain.ray
+    from hetrain.ray import connection
+
+    def joined(address):
+        raise AssertionError("the cluster was joined before the arguments were checked")
+
+    monkeypatch.setattr(connection, "connect", joined)
     with pytest.raises(ValueError, match=r"max_workers \(1\) must be at least the starting workers \(2\)"):
-        hetrain.ray.run(print, 2, max_workers=1, address="127.0.0.1:1")
-    with pytest.raises(ValueError, match="joins add 3 workers to a job of 2 that may grow to 4"):
-        hetrain.ray.run(print, 2, max_workers=4, joins=[(1.0, 3)], address="127.0.0.1:1")
+        hetrain.ray.run(print, 2, max_workers=1)
+    with pytest.raises(ValueError, match="joins add 3 workers to a job of 2 that may grow to 4: raise max_workers"):
+        hetrain.ray.run(print, 2, max_workers=4, joins=[(1.0, 3)])
