@@ -12,15 +12,16 @@ its progress bar and membership lines read from its stderr as they come, each st
 bar shows the first gradients (training has begun), this script:
 
 * ``--add-after`` s later, adds a node of ``--node-cpus`` CPUs (``Cluster.add_node``);
-* ``--drain-after`` s after the start of training, drains that node as an operator or the autoscaler would
+* ``--drain-after`` s after the start of training (0: never), drains that node as an operator or the autoscaler would
   (``ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION --deadline-remaining-seconds D``, the command
   itself), and removes it (``Cluster.remove_node``) once that deadline has passed, as the provider would.
 
 Figures:
 
-* ``join_s``: the node added (``add_node`` returned) -> the job's line "worker R joined" (admitted: it
-  trains and its neighbours talk to it); ``placed_s``: -> "worker R starts and joins" (its placement group
-  placed); ``first_step_s`` from the record (the joined worker's start -> its first step);
+* ``join_s``: the node added (the call to ``add_node``; ``add_node_s``: how long the harness took to start
+  the node's raylet and return) -> the job's line "worker R joined" (admitted: it trains and its neighbours
+  talk to it); ``placed_s``: -> "worker R starts and joins" (its placement group placed); ``first_step_s``
+  from the record (the joined worker's start -> its first step);
 * ``leave_s``: the drain accepted (``ray drain-node`` returned) -> "worker R leaves the job";
 * the exit code, ``metrics.json``'s ``joins``, ``leaves``, ``deaths``, ``final_members``, whether the
   members at the end hold one model (their ``model_fingerprint``s), the final accuracy.
@@ -100,9 +101,9 @@ def run(args) -> dict:
                "--workers", str(args.workers), "--max-workers", str(args.max_workers), "--protocol", args.protocol,
                "--compute-ms", str(args.compute_ms), "--slowdown", args.slowdown, "--time-budget", str(args.seconds),
                "--out", str(out)]
-    events: dict = {"added_at": None, "drained_at": None, "removed_at": None}
+    events: dict = {"added_at": None, "drained_at": None, "removed_at": None, "began": time.monotonic()}
     try:
-        began = time.monotonic()
+        began = events["began"]
         job = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         lines = StampedLines(job.stderr)
         added = None
@@ -113,9 +114,11 @@ def run(args) -> dict:
                 continue
             now = time.monotonic()
             if added is None and now >= trained_from + args.add_after:
+                events["adding_at"] = now
                 added = cluster.add_node(**node_args(args.node_cpus))
                 events["added_at"] = time.monotonic()
-            elif added is not None and events["drained_at"] is None and now >= trained_from + args.drain_after:
+            elif (added is not None and args.drain_after and events["drained_at"] is None
+                  and now >= trained_from + args.drain_after):
                 drain(cluster.address, added.node_id, args.drain_deadline)
                 events["drained_at"] = time.monotonic()
             elif events["drained_at"] is not None and events["removed_at"] is None \
@@ -134,13 +137,15 @@ def figures(args, code: int, lines: StampedLines, events: dict, out: Path, whole
         return {rank: round(t - moment, 2) for rank, t in sorted(table.items())} if moment is not None else {}
 
     row = {"exit_code": code, "whole_s": round(whole_s, 1),
-           "node_added_s_into_training": round(events["added_at"] - trained_from, 2) if events["added_at"] else None,
+           "node_added_s_into_training": round(events["adding_at"] - trained_from, 2) if events["added_at"] else None,
+           "add_node_s": round(events["added_at"] - events["adding_at"], 2) if events["added_at"] else None,
            "drained_s_into_training": round(events["drained_at"] - trained_from, 2) if events["drained_at"] else None,
            "node_removed": events["removed_at"] is not None,
-           "placed_s": since(events["added_at"], lines.by_rank(_PLACED)),
-           "join_s": since(events["added_at"], lines.by_rank(_JOINED)),
+           "placed_s": since(events.get("adding_at"), lines.by_rank(_PLACED)),
+           "join_s": since(events.get("adding_at"), lines.by_rank(_JOINED)),
            "leave_s": since(events["drained_at"], lines.by_rank(_LEFT)),
            "membership_lines": [line for _, line in lines.lines if line.startswith("hetrain:")]}
+    (out.parent / "job_stderr.txt").write_text("".join(f"{t - events['began']:8.2f} {line}\n" for t, line in lines.lines))
     metrics_path = out / "metrics.json"
     if metrics_path.exists():
         metrics = json.loads(metrics_path.read_text())
@@ -148,11 +153,16 @@ def figures(args, code: int, lines: StampedLines, events: dict, out: Path, whole
         prints = [w["model_fingerprint"] for w in members]
         row.update(joins=metrics["joins"], leaves=metrics["leaves"], deaths=metrics["deaths"],
                    final_members=metrics["final_members"], member_ranks=[w["rank"] for w in members],
-                   models_equal=bool(prints) and all(abs(p - prints[0]) <= 1e-9 * max(1.0, abs(prints[0]))
-                                                     for p in prints),
+                   models_equal=bool(prints) and all(same_model(p, prints[0]) for p in prints),
+                   first_step_s={j["rank"]: j.get("first_step_s") for j in metrics["joins"]},
                    final_accuracy=metrics["final_accuracy_avg_model"], samples_per_s=metrics["samples_per_s"],
                    ray_placements=metrics.get("ray_placements"))
     return row
+
+
+def same_model(a: list[float], b: list[float]) -> bool:
+    """Two ``model_fingerprint``s equal to 1e-9 relative (the tests' tolerance)."""
+    return len(a) == len(b) and all(abs(x - y) <= 1e-9 * max(1.0, abs(y)) for x, y in zip(a, b))
 
 
 def main() -> None:
@@ -167,7 +177,7 @@ def main() -> None:
     parser.add_argument("--slowdown", default="0:3x")
     parser.add_argument("--seconds", type=float, default=40.0)
     parser.add_argument("--add-after", type=float, default=10.0)
-    parser.add_argument("--drain-after", type=float, default=25.0)
+    parser.add_argument("--drain-after", type=float, default=25.0, help="0: the node is never drained")
     parser.add_argument("--drain-deadline", type=int, default=8)
     args = parser.parse_args()
     Path(args.out).mkdir(parents=True, exist_ok=True)

@@ -104,13 +104,16 @@ class RayJob(LocalJob):
         super()._watch_once()
 
     def _start_joins(self) -> None:
-        """Start a worker into each vacant rank the cluster has made room for (its placement group placed),
-        once training has begun; with a ``joins`` schedule, the local launcher's joins instead."""
+        """Start a worker into a vacant rank the cluster has made room for (its placement group placed), once
+        training has begun and no other worker is joining (one at a time: two new neighbours started
+        together hung in their first connections, docs/decisions/ray-jobs-grow-and-drain.md); with a
+        ``joins`` schedule, the local launcher's joins instead."""
         if not self._joins_when_room:
             return super()._start_joins()
-        if self._ending() or not self.progress or not any(self.workers.alive(r) for r in range(self.n)):
+        if (self._ending() or not self.progress or not any(self.workers.alive(r) for r in range(self.n))
+                or self.replacements.joining or self.replacements.unsettled or self.replacements.deferred):
             return
-        for rank in self.workers.placed_vacant(self.members.vacant):
+        for rank in self.workers.placed_vacant(self.members.vacant)[:1]:
             self.members.take(rank)
             self._say(f"worker {rank} starts and joins the job: the cluster has room for it (at most {self.n} "
                       "workers)")
