@@ -20,3 +20,13 @@ def joins_when_room(joins: list[tuple[float, int]] | None) -> bool:
     """Whether the vacant ranks join as the cluster makes room for them: unless a ``joins`` schedule
     (``--join K@Ts``) says when, as in a local job (each then waits for room if there is none)."""
     return not joins
+
+
+def joins_now(placed: list[int], replacements) -> list[int]:
+    """Of the vacant ranks the cluster has room for (``placed``, lowest first), those to start now: the
+    lowest, once no worker is joining (:class:`hetrain.jobs.deaths.Replacements`: none started and not yet
+    admitted, none admitted and not yet holding the job's model). Two new neighbours started together hung
+    in their first connections (docs/decisions/ray-jobs-grow-and-drain.md)."""
+    if replacements.joining or replacements.unsettled or replacements.deferred:
+        return []
+    return placed[:1]

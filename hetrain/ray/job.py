@@ -105,15 +105,13 @@ class RayJob(LocalJob):
 
     def _start_joins(self) -> None:
         """Start a worker into a vacant rank the cluster has made room for (its placement group placed), once
-        training has begun and no other worker is joining (one at a time: two new neighbours started
-        together hung in their first connections, docs/decisions/ray-jobs-grow-and-drain.md); with a
-        ``joins`` schedule, the local launcher's joins instead."""
+        training has begun, one at a time (:func:`hetrain.ray.growth.joins_now`); with a ``joins`` schedule,
+        the local launcher's joins instead."""
         if not self._joins_when_room:
             return super()._start_joins()
-        if (self._ending() or not self.progress or not any(self.workers.alive(r) for r in range(self.n))
-                or self.replacements.joining or self.replacements.unsettled or self.replacements.deferred):
+        if self._ending() or not self.progress or not any(self.workers.alive(r) for r in range(self.n)):
             return
-        for rank in self.workers.placed_vacant(self.members.vacant)[:1]:
+        for rank in growth.joins_now(self.workers.placed_vacant(self.members.vacant), self.replacements):
             self.members.take(rank)
             self._say(f"worker {rank} starts and joins the job: the cluster has room for it (at most {self.n} "
                       "workers)")

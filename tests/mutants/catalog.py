@@ -1309,6 +1309,13 @@ def ray_joins_only_on_schedule() -> None:
     growth.joins_when_room = lambda joins: False
 
 
+def ray_joins_together() -> None:
+    """A Ray job starts every vacant rank the cluster has room for at once (not one join at a time)."""
+    from hetrain.ray import growth
+
+    growth.joins_now = lambda placed, replacements: list(placed)
+
+
 def ray_drains_unseen() -> None:
     """A Ray job does not see a node being drained: its workers are never asked to leave (they die with it)."""
     from hetrain.ray import draining
@@ -1325,7 +1332,7 @@ def ray_growth_unchecked() -> None:
 
 MUTANTS = {"no-comm": no_comm,
            "ray-joins-only-on-schedule": ray_joins_only_on_schedule, "ray-drains-unseen": ray_drains_unseen,
-           "ray-growth-unchecked": ray_growth_unchecked,
+           "ray-growth-unchecked": ray_growth_unchecked, "ray-joins-together": ray_joins_together,
            "vacant-ranks-not-held-dead": vacant_ranks_not_held_dead, "joins-never-start": joins_never_start,
            "worker-sigterm-ignored": worker_sigterm_ignored, "leave-without-grace": leave_without_grace,
            "rate-board-waits-for-every-rank": rate_board_waits_for_every_rank,

@@ -82,6 +82,7 @@ COMM_MUTANTS = {
     "ray-joins-only-on-schedule": [
         f"{RE}::test_a_ray_job_that_grew_ends_with_every_member_holding_one_model",
         f"{RE}::test_a_ray_job_grows_onto_an_added_node_and_its_workers_leave_when_the_node_is_drained"],
+    "ray-joins-together": [f"{RE}::test_a_ray_job_that_grew_ends_with_every_member_holding_one_model"],
     "ray-drains-unseen": [
         f"{RE}::test_a_ray_job_grows_onto_an_added_node_and_its_workers_leave_when_the_node_is_drained"],
     "ray-growth-unchecked": [
