@@ -18,5 +18,10 @@ def listen() -> None:
     signal.signal(signal.SIGTERM, lambda signum, frame: _received.set())
 
 
+def request() -> None:
+    """Ask to leave without a signal (a Ray actor whose node is draining: the driver asks it)."""
+    _received.set()
+
+
 def received() -> bool:
     return _received.is_set()

@@ -43,6 +43,11 @@ class Members:
                     ranks.append(rank)
         return ranks
 
+    def take(self, rank: int) -> None:
+        """A worker joins vacant ``rank`` now, off the schedule (a Ray job: the cluster has room for it)."""
+        self.vacant.remove(rank)
+        self.joined.add(rank)
+
     def count(self, dead_flags) -> int:
         """Members now: ranks not dead (vacant ranks read dead)."""
         return sum(1 for r in range(self.num_ranks) if not dead_flags[r])

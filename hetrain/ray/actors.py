@@ -8,6 +8,10 @@ heartbeats, faults, the start gate, the end) runs a Ray job unchanged. What diff
   the cluster has; one bundle per rank, of ``--ray-worker-resources``). A bundle on a node that died
   is placed again by Ray where there is capacity; a replacement (``respawn``) is started on its
   rank's bundle, so it runs once there is room for it anywhere, and waits until then;
+* a job that may grow (``start_workers`` below the world size) places only its starting ranks so (one
+  group, all or nothing, as a fixed job); each vacant rank gets a placement group of its own, of one
+  bundle, asked for at once and left pending until the cluster has room for it: :meth:`placed_vacant`
+  says which are placed, and the job starts a worker into them (docs/decisions/ray-jobs-grow-and-drain.md);
 * a worker's "process" is its actor's ``run`` call: its result (or error) is the call's return, and
   its death is the call failing with Ray's ``RayActorError`` (the actor or its node died; Ray's own
   reason is kept for the record). ``pid(rank)`` is ``(rank, incarnation)``: a key per process;
@@ -47,10 +51,11 @@ class RayPlacement:
 
 
 class RayWorkers:
-    def __init__(self, template: WorkerSpec, placement: RayPlacement):
+    def __init__(self, template: WorkerSpec, placement: RayPlacement, start_workers: int | None = None):
         self.template = template
         self.placement = placement
         n = template.world_size
+        start = n if start_workers is None else start_workers
         self.server = DriverStore(placement.host, template.timeout_s)
         self._results: queue.Queue = queue.Queue()
         self.secret = new_secret()  # to the actors in their Ray call (run's argument), never through the store
@@ -64,14 +69,25 @@ class RayWorkers:
         self.incarnations = [0] * n
         self.where: dict[tuple[int, int], object] = {}  # (rank, incarnation) -> its actor's where() call
         self.pings: dict[tuple[int, int], tuple[object, float]] = {}  # -> the last ping's call, when sent
-        self.group = placement_group([dict(placement.resources)] * n, strategy="SPREAD")
+        self.nodes: dict[tuple[int, int], str] = {}  # (rank, incarnation) -> the node its actor runs on, once known
+        self.group = placement_group([dict(placement.resources)] * start, strategy="SPREAD")
         try:
             ray.get(self.group.ready(), timeout=placement.placement_timeout_s)
         except ray.exceptions.GetTimeoutError:
             remove_placement_group(self.group)
-            raise WorkerError(f"the Ray cluster could not place {n} workers of {placement.resources} within "
+            raise WorkerError(f"the Ray cluster could not place {start} workers of {placement.resources} within "
                               f"{placement.placement_timeout_s:.0f} s (ray status shows its free resources); "
                               "use fewer --workers or smaller --ray-worker-resources") from None
+        # each vacant rank's own group, pending until the cluster has room (asked for once the start is placed,
+        # so that none takes the room of a starting rank); with its ready() call, watched by placed_vacant
+        self.vacant_groups: dict = {}
+        try:
+            for rank in range(start, n):
+                self.vacant_groups[rank] = placement_group([dict(placement.resources)])
+            self._vacant_ready = {rank: group.ready() for rank, group in self.vacant_groups.items()}
+        except BaseException:
+            self._remove_groups()
+            raise
 
     @property
     def size(self) -> int:
@@ -82,14 +98,43 @@ class RayWorkers:
         spec = dataclasses.replace(self.template, fn=None, args=(), rank=rank, incarnation=incarnation,
                                    clock_offset_s=clock_offset_s, start_iteration=start_iteration,
                                    env={}, launched_at=time.time(), hold_phases=tuple(hold_phases))
+        group, bundle = self._bundle_of(rank)
         actor = self.actor_class.options(
             **actor_resources(self.placement.resources), max_restarts=0, max_concurrency=2,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=rank),
+            scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=bundle),
         ).remote(self.placement.env)
         self.actors[rank], self.codes[rank], self.reasons[rank] = actor, None, None
         self.incarnations[rank] = incarnation
         self.refs[rank] = actor.run.remote(spec, self.server.address, self.secret, self.payload)
         self.where[(rank, incarnation)] = actor.where.remote()
+
+    def _bundle_of(self, rank: int):
+        """(placement group, bundle index) where ``rank``'s actors go."""
+        if rank in self.vacant_groups:
+            return self.vacant_groups[rank], 0
+        return self.group, rank
+
+    def placed_vacant(self, ranks) -> list[int]:
+        """Of the vacant ``ranks``, those whose placement group the cluster has placed (room for a worker)."""
+        refs = {self._vacant_ready[rank]: rank for rank in ranks if rank in self._vacant_ready}
+        if not refs:
+            return []
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0, fetch_local=False)
+        return sorted(refs[ref] for ref in ready)
+
+    def node_of(self, rank: int) -> str | None:
+        """The node ``rank``'s current actor runs on (None until its ``where`` call answered)."""
+        key = self.pid(rank)
+        if key not in self.nodes and self.running(rank):
+            try:
+                self.nodes[key] = ray.get(self.where[key], timeout=1)["node"]
+            except ray.exceptions.RayError:
+                return None
+        return self.nodes.get(key)
+
+    def ask_to_leave(self, rank: int) -> None:
+        """Ask ``rank``'s actor to leave the job at its next step (its node is draining)."""
+        self.actors[rank].ask_to_leave.remote()
 
     def pid(self, rank: int):
         return (rank, self.incarnations[rank])
@@ -177,18 +222,22 @@ class RayWorkers:
         return found
 
     def kill_all(self) -> None:
-        """End every actor and free the placement group and the store (the job is over, one way or another)."""
+        """End every actor and free the placement groups and the store (the job is over, one way or another)."""
         for actor in self.actors:
             if actor is not None:
                 try:
                     ray.kill(actor, no_restart=True)
                 except Exception:  # noqa: BLE001 - already gone
                     pass
-        try:
-            remove_placement_group(self.group)
-        except Exception:  # noqa: BLE001 - Ray is shutting down
-            pass
+        self._remove_groups()
         self.server.close()
+
+    def _remove_groups(self) -> None:
+        for group in [self.group, *self.vacant_groups.values()]:
+            try:
+                remove_placement_group(group)
+            except Exception:  # noqa: BLE001 - Ray is shutting down
+                pass
 
 
 def actor_resources(bundle: dict) -> dict:

@@ -13,8 +13,14 @@ What differs from a local job:
   seconds more on a loaded machine) it is heard by answering the driver's pings;
 * a death is described with Ray's reason (``its node has died``, ``killed by ray.kill``) and the
   node it ran on;
-* the job ends by killing every actor and removing the placement group, whatever happened (the
-  driver's own death ends them too: Ray ends the actors their owner leaves behind).
+* the job ends by killing every actor and removing the placement groups, whatever happened (the
+  driver's own death ends them too: Ray ends the actors their owner leaves behind);
+* a job that may grow (``max_workers``) starts a worker into a vacant rank as soon as the cluster has room
+  for it (its own placement group is placed: a node was added, or another job freed some), once training
+  has begun; with ``joins`` (``--join K@Ts``) the joins come on the training clock instead, as locally,
+  each waiting for room if there is none;
+* a worker whose node is being drained (:mod:`hetrain.ray.draining`) is asked to leave, and leaves as a
+  local worker sent SIGTERM does: ``leaves``, not ``deaths`` (docs/decisions/ray-jobs-grow-and-drain.md).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from hetrain.faults import Fault
 from hetrain.jobs.heartbeat import DEFAULT_HEARTBEAT_TIMEOUT_S, HEARTBEAT_INTERVAL_S
 from hetrain.jobs.local_job import ON_FAILURE_MODES, JobResults, LocalJob
 from hetrain.jobs.worker_process import WorkerSpec
+from hetrain.ray import draining, growth
 from hetrain.ray.actors import RayPlacement, RayWorkers
 
 
@@ -52,18 +59,23 @@ def run_ray(
     on_join: Callable[[int, int], None] | None = None,
     worker_on_failure: str | None = None,
     on_members: Callable[[str], None] | None = None,
+    max_workers: int | None = None,
+    joins: list[tuple[float, int]] | None = None,
 ) -> JobResults:
     """Run ``fn(ctx, *args)`` on ``num_workers`` Ray actors (Ray initialised); return their results by rank.
 
     As :func:`hetrain.jobs.local_job.run_local` (see it for every argument), with ``placement``:
-    the resources per worker, the driver's address, the actors' environment."""
+    the resources per worker, the driver's address, the actors' environment. ``max_workers``: the job
+    grows to this many workers as the cluster has room for them (``joins``: on the training clock instead)."""
     if on_failure not in ON_FAILURE_MODES:
         raise ValueError(f"on_failure must be abort, continue or respawn, got {on_failure!r}")
-    job = RayJob(fn, args, num_workers, placement=placement, backend=backend, device=device, timeout_s=timeout_s,
-                 job_timeout_s=job_timeout_s, on_failure=on_failure, log_path=log_path,
-                 faults=[Fault(rank, "train", t) for t, rank in kills or []] + list(faults or []),
+    world = growth.check_growth(num_workers, max_workers, joins)
+    job = RayJob(fn, args, world, start_workers=num_workers, joins=joins, placement=placement, backend=backend,
+                 device=device, timeout_s=timeout_s, job_timeout_s=job_timeout_s, on_failure=on_failure,
+                 log_path=log_path, faults=[Fault(rank, "train", t) for t, rank in kills or []] + list(faults or []),
                  heartbeat_timeout_s=heartbeat_timeout_s, on_message=on_message, on_death=on_death,
-                 on_join=on_join, worker_on_failure=worker_on_failure, on_members=on_members)
+                 on_join=on_join, on_members=on_members,
+                 worker_on_failure=worker_on_failure or ("respawn" if world > num_workers else on_failure))
     results = job.run()
     results.launcher = {"launcher": "ray", "ray_placements": job.placements}
     return results
@@ -74,6 +86,9 @@ class RayJob(LocalJob):
         self.placement = placement
         self.placements: dict = {}
         self._clocked: set = set()  # (rank, incarnation) whose silence clock started (see _find_hung)
+        self._joins_when_room = growth.joins_when_room(kwargs.get("joins"))
+        self._asked_to_leave: set = set()  # (rank, incarnation) asked to leave: their node is draining
+        self._next_drain_check = 0.0
         try:
             super().__init__(fn, args, num_workers, **kwargs)
         except BaseException:  # e.g. the placement group could not be placed: nothing of the job stays
@@ -82,7 +97,44 @@ class RayJob(LocalJob):
             raise
 
     def _make_workers(self, template: WorkerSpec) -> RayWorkers:
-        return RayWorkers(template, self.placement)
+        return RayWorkers(template, self.placement, self.members.start_workers)
+
+    def _watch_once(self) -> None:
+        self._leave_draining_nodes()
+        super()._watch_once()
+
+    def _start_joins(self) -> None:
+        """Start a worker into a vacant rank the cluster has made room for (its placement group placed), once
+        training has begun, one at a time (:func:`hetrain.ray.growth.joins_now`); with a ``joins`` schedule,
+        the local launcher's joins instead."""
+        if not self._joins_when_room:
+            return super()._start_joins()
+        if self._ending() or not self.progress or not any(self.workers.alive(r) for r in range(self.n)):
+            return
+        for rank in growth.joins_now(self.workers.placed_vacant(self.members.vacant), self.replacements):
+            self.members.take(rank)
+            self._say(f"worker {rank} starts and joins the job: the cluster has room for it (at most {self.n} "
+                      "workers)")
+            self._start_member(rank, self._job_iteration())
+
+    def _leave_draining_nodes(self) -> None:
+        """Ask each worker on a node being drained to leave the job (once; every ``DRAIN_POLL_S``): it
+        leaves at its next step, as a local worker sent SIGTERM, before whoever drains the node ends it."""
+        now = time.monotonic()
+        if now < self._next_drain_check or self._ending():
+            return
+        self._next_drain_check = now + draining.DRAIN_POLL_S
+        drained = draining.draining_nodes()
+        if not drained:
+            return
+        for rank in range(self.n):
+            key = self.workers.pid(rank)
+            if (key in self._asked_to_leave or rank in self.done or self.channels.dead[rank]
+                    or not self.workers.alive(rank) or self.workers.node_of(rank) not in drained):
+                continue
+            self._asked_to_leave.add(key)
+            self._say(f"worker {rank}'s node is being drained: it leaves the job")
+            self.workers.ask_to_leave(rank)
 
     def run(self) -> JobResults:
         try:

@@ -7,7 +7,10 @@ the default process group on the driver's ``TCPStore``, build the :class:`Worker
 and return ``(kind, value, detail)``: ``("ok", result, None)``, or the error's kind, one line and its
 traceback. The actor stays alive after it returns, holding its connections, until the driver ends the
 job: nobody leaves while another worker may still talk to it. The actor runs two threads
-(``max_concurrency=2``), so ``signal_self`` reaches a busy worker (``--fail W@...:stop``).
+(``max_concurrency=2``), so ``signal_self`` reaches a busy worker (``--fail W@...:stop``), and so does
+``ask_to_leave`` (the driver's ask when the actor's node is draining). A SIGTERM to the actor's process is a
+leave too, as to a local worker's: the handler is installed by the constructor, which Ray runs on the
+process's main thread (``run`` is not: ``signal.signal`` would refuse there).
 
 If the driver's store stops answering, the driver is gone: the worker says so on stderr and exits
 (Ray also ends the actors of a driver that died: they are owned by it).
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 import traceback
 
@@ -35,6 +39,10 @@ class WorkerActor:
         # where() answers after this): the driver clocks its silence from then, and torch's import, seconds
         # on a loaded machine with the GIL held, would leave it unable to beat or answer a ping
         import hetrain.jobs.warm  # noqa: F401
+        from hetrain.jobs import leave_signal
+
+        if threading.current_thread() is threading.main_thread():
+            leave_signal.listen()  # SIGTERM to this actor's process: it asks to leave (Ray sends none of its own)
 
     def where(self) -> dict:
         """This actor's node and process (for the job's record)."""
@@ -44,6 +52,12 @@ class WorkerActor:
 
     def signal_self(self, signum: int) -> None:
         os.kill(os.getpid(), signum)
+
+    def ask_to_leave(self) -> None:
+        """Ask the job to let this worker go at its next step (``ctx.leave_requested()`` turns True)."""
+        from hetrain.jobs import leave_signal
+
+        leave_signal.request()
 
     def run(self, spec, store_address: tuple[str, int], secret: str, payload) -> tuple:
         return run_worker(spec, store_address, secret, *payload)

@@ -1450,7 +1450,37 @@ def speed_basis_counts_the_start() -> None:
     ComputeLedger.mean_achieved_s = lambda self: sum(self.achieved_s) / self.iterations if self.iterations else None
 
 
+def ray_joins_only_on_schedule() -> None:
+    """A Ray job's vacant ranks wait for a ``--join`` schedule: a node added to the cluster grows no job."""
+    from hetrain.ray import growth
+
+    growth.joins_when_room = lambda joins: False
+
+
+def ray_joins_together() -> None:
+    """A Ray job starts every vacant rank the cluster has room for at once (not one join at a time)."""
+    from hetrain.ray import growth
+
+    growth.joins_now = lambda placed, replacements: list(placed)
+
+
+def ray_drains_unseen() -> None:
+    """A Ray job does not see a node being drained: its workers are never asked to leave (they die with it)."""
+    from hetrain.ray import draining
+
+    draining.draining_nodes = lambda: set()
+
+
+def ray_growth_unchecked() -> None:
+    """``hetrain.ray.run`` takes any ``max_workers`` and ``joins`` and joins the cluster with them."""
+    from hetrain.ray import growth
+
+    growth.check_growth = lambda num_workers, max_workers, joins: max_workers or num_workers
+
+
 MUTANTS = {"no-comm": no_comm, "speed-basis-counts-the-start": speed_basis_counts_the_start,
+           "ray-joins-only-on-schedule": ray_joins_only_on_schedule, "ray-drains-unseen": ray_drains_unseen,
+           "ray-growth-unchecked": ray_growth_unchecked, "ray-joins-together": ray_joins_together,
            "vacant-ranks-not-held-dead": vacant_ranks_not_held_dead, "joins-never-start": joins_never_start,
            "worker-sigterm-ignored": worker_sigterm_ignored, "leave-without-grace": leave_without_grace,
            "rate-board-waits-for-every-rank": rate_board_waits_for_every_rank,

@@ -78,15 +78,25 @@ FT = "tests/runtime/test_fake_transport.py"  # each protocol shell's wiring on t
 DR = "tests/test_docs_records.py"
 EM = "tests/jobs/test_elastic_membership.py"  # workers that join and leave a running job (issue 71)
 ADV = "tests/advisor/test_time_to_target_and_spikes.py"  # advise: time to target, transient slowdowns (issue 72)
+RE = "tests/ray/test_ray_elastic.py"  # a Ray job grows onto an added node and leaves a drained one (issue 71)
 COMM_MUTANTS = {
     "speed-basis-counts-the-start": [
         "tests/jobs/test_emulation.py::test_the_speed_basis_leaves_out_the_start_s_phases_a_collective_lengthened"],
+    "ray-joins-only-on-schedule": [
+        f"{RE}::test_a_ray_job_that_grew_ends_with_every_member_holding_one_model",
+        f"{RE}::test_a_ray_job_grows_onto_an_added_node_and_its_workers_leave_when_the_node_is_drained"],
+    "ray-joins-together": [f"{RE}::test_a_ray_job_that_grew_ends_with_every_member_holding_one_model"],
+    "ray-drains-unseen": [
+        f"{RE}::test_a_ray_job_grows_onto_an_added_node_and_its_workers_leave_when_the_node_is_drained"],
+    "ray-growth-unchecked": [
+        f"{RE}::test_a_ray_job_asked_to_shrink_below_its_start_is_refused_before_the_cluster_is_joined"],
     "vacant-ranks-not-held-dead": [
         f"{EM}::test_a_job_grows_into_its_vacant_ranks_and_every_member_ends_with_the_final_model[hop-until0]"],
     "joins-never-start": [
         f"{EM}::test_a_job_grows_into_its_vacant_ranks_and_every_member_ends_with_the_final_model[hop-until0]"],
     "worker-sigterm-ignored": [
-        f"{EM}::test_sigterm_to_one_worker_is_a_leave_not_a_death_even_where_a_death_aborts_the_job[hop]"],
+        f"{EM}::test_sigterm_to_one_worker_is_a_leave_not_a_death_even_where_a_death_aborts_the_job[hop]",
+        f"{RE}::test_sigterm_to_a_ray_workers_process_is_a_leave_not_a_death"],
     "leave-without-grace": [
         "tests/jobs/test_members.py::test_a_leave_is_granted_only_after_the_grace_and_is_recorded_once"],
     "rate-board-waits-for-every-rank": [

@@ -15,8 +15,8 @@ def where() -> str:
 
 
 def train_reporting_node(ctx, config, services, data):
-    """``hetrain train``'s worker, after telling the driver which node it runs on."""
-    ctx.report({"node": where()})
+    """``hetrain train``'s worker, after telling the driver which node and process it runs on."""
+    ctx.report({"node": where(), "pid": os.getpid()})
     return train_worker(ctx, config, services, data)
 
 
