@@ -21,16 +21,32 @@ class PairLinks:
         self.name = name
         self.cpu = cpu
         self._groups: dict[tuple[int, int, int], object] = {}
-        self._lock = threading.Lock()
+        self._building: dict[tuple[int, int, int], threading.Lock] = {}  # a lock per pair being built
+        self._lock = threading.Lock()  # guards the two dicts only, never held while a group is built
 
     def link(self, peer: int, incarnations: tuple[int, int] = (0, 0)) -> tuple[object, int]:
-        """(group, peer's index in it) for this process (incarnation ``incarnations[0]``) and ``peer``'s."""
+        """(group, peer's index in it) for this process (incarnation ``incarnations[0]``) and ``peer``'s.
+
+        Threads may ask at once: each pair is built once, under its own lock. Building waits in the store
+        for the peer to build its side, so one lock over every pair made a thread that waited for peer A
+        hold up the thread that would answer peer B, while A waited for this process's link to B: two
+        ring neighbours joining a Ray job together hung 60 s in 3 of 12 runs
+        (docs/decisions/ray-jobs-grow-and-drain.md)."""
         key = (peer, *incarnations)
-        with self._lock:  # threads may ask at once: build each pair once
+        index = 0 if peer < self.job.rank else 1
+        with self._lock:
             group = self._groups.get(key)
+            if group is not None:
+                return group, index
+            building = self._building.setdefault(key, threading.Lock())
+        with building:
+            with self._lock:
+                group = self._groups.get(key)
             if group is None:
-                group = self._groups[key] = pair_group(self.job, self.name, peer, incarnations, cpu=self.cpu)
-        return group, 0 if peer < self.job.rank else 1
+                group = pair_group(self.job, self.name, peer, incarnations, cpu=self.cpu)
+                with self._lock:
+                    self._groups[key] = group
+        return group, index
 
     def send(self, tensors: list, dst: int, tag: int):
         group, index = self.link(dst)
@@ -43,3 +59,4 @@ class PairLinks:
     def clear(self) -> None:
         with self._lock:
             self._groups.clear()
+            self._building.clear()

@@ -1478,7 +1478,23 @@ def ray_growth_unchecked() -> None:
     growth.check_growth = lambda num_workers, max_workers, joins: max_workers or num_workers
 
 
-MUTANTS = {"no-comm": no_comm, "speed-basis-counts-the-start": speed_basis_counts_the_start,
+def pair_links_one_lock() -> None:
+    """``PairLinks`` builds every pair under one lock, held while it waits for the peer (the rule before)."""
+    from hetrain.transport import pair_links
+
+    def link(self, peer, incarnations=(0, 0)):
+        key = (peer, *incarnations)
+        with self._lock:
+            self._building.setdefault(key, None)
+            group = self._groups.get(key)
+            if group is None:
+                group = self._groups[key] = pair_links.pair_group(self.job, self.name, peer, incarnations, cpu=self.cpu)
+        return group, 0 if peer < self.job.rank else 1
+
+    pair_links.PairLinks.link = link
+
+
+MUTANTS = {"no-comm": no_comm, "pair-links-one-lock": pair_links_one_lock, "speed-basis-counts-the-start": speed_basis_counts_the_start,
            "ray-joins-only-on-schedule": ray_joins_only_on_schedule, "ray-drains-unseen": ray_drains_unseen,
            "ray-growth-unchecked": ray_growth_unchecked, "ray-joins-together": ray_joins_together,
            "vacant-ranks-not-held-dead": vacant_ranks_not_held_dead, "joins-never-start": joins_never_start,

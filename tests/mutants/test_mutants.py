@@ -80,6 +80,8 @@ EM = "tests/jobs/test_elastic_membership.py"  # workers that join and leave a ru
 ADV = "tests/advisor/test_time_to_target_and_spikes.py"  # advise: time to target, transient slowdowns (issue 72)
 RE = "tests/ray/test_ray_elastic.py"  # a Ray job grows onto an added node and leaves a drained one (issue 71)
 COMM_MUTANTS = {
+    "pair-links-one-lock": [
+        "tests/transport/test_pair_links.py::test_a_pair_waiting_for_its_peer_does_not_hold_up_the_link_to_another_peer"],
     "speed-basis-counts-the-start": [
         "tests/jobs/test_emulation.py::test_the_speed_basis_leaves_out_the_start_s_phases_a_collective_lengthened"],
     "ray-joins-only-on-schedule": [
