@@ -126,7 +126,7 @@ def test_train_respawn_from_the_command_line(processes, tmp_path, capsys):
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["workers_lost"] == 1 and metrics["workers_joined"] == 1
     assert metrics["num_workers"] == 4
-    assert "workers lost 1, joined 1" in capsys.readouterr().out
+    assert "workers lost 1, replaced 1" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("args, message", [
