@@ -8,14 +8,15 @@ Parts (each run on the digits MLP, ``--compute-ms 50``, worker 0 3x slower, in t
 - ``grow``: a job started with 2 workers that grows to 6 (``--join 4@8s``) beside one started with 6, for
   ``--budget`` seconds each. Goals: exit 0, 6 members at the end holding one model, the last quarter's
   samples/s >= 0.9x the 6-worker job's, final accuracy (averaged model) within 0.01 of it; each joining
-  worker's first step <= 3 s after its process started.
+  worker's first step <= 3 s after its process started; each epoch's batches dealt once over the members
+  (``epochs_dealt``: none short, none over).
 - ``leave``: SIGTERM (from outside, to the worker's pid) to worker 3 of a 6-worker Hop job under
   ``--on-failure abort``, 10 s into training. Goals: exit 0, ``leaves`` names 3, ``deaths`` empty, the others
   end with one model.
 - ``soak``: ``--soak-s`` seconds (default 300) of a job started with 4 workers that may grow to 8: a join or a
   leave every 30 s (joins at 30, 90, 150, 210 s; SIGTERM to the highest live rank at 60, 120, 180, 240 s).
   Goals: exit 0, no hang, each worker's RSS (median of its readings over its last 30 s) within 5% of the
-  same over its second 30 s of life (a worker's share does not grow).
+  same over its second 30 s of life (a worker's share does not grow); each epoch dealt once, as in ``grow``.
 
 Writes OUT/elastic.json and OUT/elastic.md after every run.
 """
@@ -103,6 +104,17 @@ def _run(config: RunConfig, churn: Churn | None = None, name: str = "run") -> tu
         return None, str(error), time.monotonic() - began
 
 
+def _dealt(metrics: dict) -> dict | None:
+    """The run's check of each epoch's deal over the members (hetrain.epoch_deal), without the first epoch's number."""
+    deal = metrics.get("epochs_dealt")
+    return {k: deal[k] for k in ("epochs_checked", "short", "over")} if deal else None
+
+
+def _dealt_whole(row: dict) -> bool:
+    deal = row.get("epochs_dealt")
+    return bool(deal and deal["epochs_checked"] and not deal["short"] and not deal["over"])
+
+
 def grow(protocol: str, budget_s: float, pair: int = 0) -> dict:
     grown, error_g, _ = _run(RunConfig(protocol=protocol, num_workers=2, max_workers=6, join="4@8s",
                                        time_budget_s=budget_s, **BASE), name=f"grow-{protocol}-grown-{pair}")
@@ -117,8 +129,10 @@ def grow(protocol: str, budget_s: float, pair: int = 0) -> dict:
                last_quarter_grown=last_g, last_quarter_fixed=last_f,
                rate_ratio=last_g / last_f if last_g and last_f else None,
                accuracy_grown=grown["final_accuracy_avg_model"], accuracy_fixed=fixed["final_accuracy_avg_model"],
-               first_step_s=first_steps, joined_wall_s=[j.get("wall_s") for j in grown["joins"]])
+               first_step_s=first_steps, joined_wall_s=[j.get("wall_s") for j in grown["joins"]],
+               epochs_dealt=_dealt(grown))
     row["meets_goals"] = (row["final_members"] == 6 and row["one_model"] and row["rate_ratio"] is not None
+                          and _dealt_whole(row)
                           and row["rate_ratio"] >= RATE_GOAL
                           and abs(row["accuracy_grown"] - row["accuracy_fixed"]) <= ACCURACY_GOAL
                           and all(s is not None and s <= FIRST_STEP_GOAL_S for s in first_steps))
@@ -168,8 +182,9 @@ def soak(protocol: str, soak_s: float) -> dict:
     row.update(joins=len([j for j in metrics["joins"] if j.get("new_member")]), leaves=len(metrics["leaves"]),
                deaths=len(metrics["deaths"]), final_members=metrics["final_members"], one_model=_one_model(metrics),
                rss_growth_by_worker=growth, rss_growth_max=max(measured) if measured else None,
-               samples_per_s=metrics["samples_per_s"])
+               samples_per_s=metrics["samples_per_s"], epochs_dealt=_dealt(metrics))
     row["meets_goals"] = (row["deaths"] == 0 and row["one_model"] and row["rss_growth_max"] is not None
+                          and _dealt_whole(row)
                           and row["rss_growth_max"] <= RSS_GROWTH_GOAL)
     return row
 

@@ -217,6 +217,12 @@ class RunConfig:
         """Whether workers may join beyond the starting size."""
         return self.world_size > self.num_workers
 
+    @property
+    def deals_epochs(self) -> bool:
+        """Whether each epoch's batches are dealt out over the members (hetrain.epoch_deal): a job that may grow,
+        with the balanced split, on a dataset of examples (the LM's windows are drawn at random: no epochs)."""
+        return self.elastic and self.data_split == "balanced" and self.workload != "lm"
+
     def _check_membership(self) -> None:
         """What a job that may grow needs (docs/decisions/elastic-membership.md)."""
         from hetrain.join_spec import parse_join

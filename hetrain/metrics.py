@@ -235,7 +235,17 @@ def _members_line(m: dict) -> str | None:
     gone = ", ".join(f"{x['rank']} at {x['t_s']:.1f} s" for x in leaves)
     return (f"  members: started {m['num_workers']} (at most {m.get('max_workers') or m['num_workers']}), "
             f"joined {len(new)}{steps}, left {len(leaves)}{f' ({gone})' if gone else ''}; "
-            f"{m.get('final_members', '-')} at the end")
+            f"{m.get('final_members', '-')} at the end" + _deal_phrase(m.get("epochs_dealt")))
+
+
+def _deal_phrase(deal: dict | None) -> str:
+    """How the epochs' batches were dealt over the members (hetrain.epoch_deal)."""
+    if not deal or not deal["epochs_checked"]:
+        return ""
+    uneven = [f"{len(deal[k])} {k}" for k in ("short", "over") if deal[k]]
+    return (f"; {deal['epochs_checked']} epoch(s) dealt, each its {deal['batches_per_epoch']} batches once"
+            if not uneven else f"; {deal['epochs_checked']} epoch(s) dealt, {', '.join(uneven)} "
+            "(a dead worker's batches are not in the record)")
 
 
 def format_summary(m: dict) -> str:

@@ -49,7 +49,9 @@ def add_run_options(parser: argparse.ArgumentParser, defaults: RunConfig) -> Non
     g.add_argument("--data-split", choices=DATA_SPLITS, default=defaults.data_split,
                    help="balanced (default): each worker samples its own slice of the training set, and a "
                         "worker faster than the mean also samples the slices of workers slower than it, so "
-                        "every slice is trained at the same rate; shard: each worker its own slice only; "
+                        "every slice is trained at the same rate (in a job that may grow, --max-workers: each "
+                        "epoch's batches are dealt out over the workers present, each batch to one); shard: "
+                        "each worker its own slice only; "
                         "whole: every worker the whole set with its own seed (the simulator's math always "
                         "samples the whole set)")
     g.add_argument("--optimizer", choices=OPTIMIZERS, default=defaults.optimizer,

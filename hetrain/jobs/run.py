@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from hetrain.config import RunConfig
 from hetrain.data import Dataset, check_batch_fits, load_dataset
+from hetrain.epoch_deal import dealt_epochs
 from hetrain.jobs import checkpoint, interrupts, torchrun_restart
 from hetrain.jobs.capacity import efficiency_basis, lost_worker_iteration_s
 from hetrain.jobs.compute_ledger import job_compute_phase, over_target_warning
@@ -337,6 +338,7 @@ def finalize_run(config: RunConfig, results: list[dict | None], out, interrupted
                "joins": joins or [], "leaves": leaves or [], "workers_left": len(leaves or []),
                "num_workers": config.num_workers, "max_workers": config.world_size,
                "final_members": len(members), **(gg_stats or {}),
+               "epochs_dealt": dealt_epochs([w.get("epochs_dealt") for w in workers]) if config.deals_epochs else None,
                **timing, **(launcher_record or {}), **job_compute_phase(workers), "config": config.record()},
     )
     if (warning := over_target_warning(metrics)) is not None:

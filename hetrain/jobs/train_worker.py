@@ -18,6 +18,7 @@ from torch import nn
 
 from hetrain.config import RunConfig
 from hetrain.data import Dataset, build_model, evaluate, load_dataset, loss_fn, make_optimizer, make_sampler
+from hetrain.epoch_deal import EpochSampler, StoreClaims
 from hetrain.jobs import checkpoint
 from hetrain.jobs.capacity import standalone_iteration_s
 from hetrain.jobs.context import WorkerContext
@@ -78,7 +79,7 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
 
     slowdown = parse_slowdown(config.slowdown, config.seed).check_workers(ctx.world_size)
     math_s = measure_math_s(model, new_sampler(), ctx.device)  # its batches are not trained on: not counted
-    sampler = new_sampler()
+    sampler = None if config.deals_epochs else new_sampler()  # else after the protocol: it needs the store
     base_s = config.compute_ms / 1000.0 if config.compute_ms else None  # 0 or None: real compute
 
     optimizer = make_optimizer(config.resolved_optimizer(), model.parameters(), config.resolved_lr(),
@@ -97,6 +98,9 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
     if joining:
         protocol._inherit_iteration(ctx.start_iteration)
     clock.lap("connect_s")
+    if sampler is None:  # each epoch's batches dealt out over the members (hetrain.epoch_deal)
+        sampler = EpochSampler(data.x_train, data.y_train, config.batch_size, config.seed,
+                               StoreClaims(protocol.job.store))
     if config.resume and not joining:
         _restore(checkpoint.load_worker(config.checkpoint_dir, ctx.rank), model, optimizer, sampler, protocol)
     checkpoints = checkpoint.CheckpointTimer(config.checkpoint_every_s) if config.checkpoint_dir else None
@@ -191,6 +195,8 @@ def train_worker(ctx: WorkerContext, config: RunConfig, services: dict | None = 
     worker["peak_rss_mb"] = round(max([peak_rss_mb()] + [p["rss_mb"] for p in worker["throughput_series"]]), 1)
     if hasattr(sampler, "drawn"):  # --data-split balanced: batches taken from each shard
         worker["batches_by_shard"] = list(sampler.drawn)
+    if hasattr(sampler, "record"):  # a job that may grow: the batches it was dealt in each epoch
+        worker["epochs_dealt"] = sampler.record()
     if ctx.device.type == "cuda":  # what this worker's tensors held on its GPU at most (scripts/gpu-check)
         worker["gpu_peak_mb"] = round(torch.cuda.max_memory_allocated(ctx.device) / 2**20, 1)
     # numpy, not tensors: tensors sent through a multiprocessing queue need the sender alive

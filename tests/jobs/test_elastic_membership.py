@@ -41,6 +41,12 @@ def test_a_job_grows_into_its_vacant_ranks_and_every_member_ends_with_the_final_
     fingerprints = [w["model_fingerprint"] for w in workers.values()]
     assert all(f == pytest.approx(fingerprints[0], rel=1e-9) for f in fingerprints)
     assert metrics["final_accuracy_avg_model"] > 0.8
+    # each epoch's batches were dealt out over the members present, the joiners' from the others' share
+    deal = metrics["epochs_dealt"]
+    assert deal["epochs_checked"] >= 3 and deal["short"] == deal["over"] == []
+    for worker in workers.values():  # every batch dealt was trained on
+        assert sum(worker["epochs_dealt"]["batches"]) == worker["iterations"]
+    assert workers[2]["epochs_dealt"]["first_epoch"] > 0
 
 
 def _trained(config: RunConfig, **kwargs) -> dict:

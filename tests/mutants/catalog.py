@@ -1494,7 +1494,40 @@ def pair_links_one_lock() -> None:
     pair_links.PairLinks.link = link
 
 
-MUTANTS = {"no-comm": no_comm, "pair-links-one-lock": pair_links_one_lock, "speed-basis-counts-the-start": speed_basis_counts_the_start,
+def deal_own_counter() -> None:
+    """Each worker counts its own epochs' batches (a counter of its own in the store): every worker takes
+    every batch of every epoch."""
+    from hetrain import epoch_deal
+
+    def claim(self, epoch):
+        return int(self.store.add(f"{id(self)}/{epoch}", 1)) - 1
+
+    epoch_deal.StoreClaims.claim = claim
+
+
+def deal_joiner_from_epoch_zero() -> None:
+    """A joining worker starts at epoch 0 (it counts its way through the epochs that are over)."""
+    from hetrain import epoch_deal
+
+    epoch_deal.StoreClaims.current = lambda self: 0
+
+
+def deal_order_per_worker() -> None:
+    """Each worker shuffles each epoch in an order of its own: the batch index it is dealt picks other samples
+    than another worker's same index would."""
+    from hetrain import epoch_deal
+
+    enter = epoch_deal.EpochSampler._enter
+
+    def _enter(self, epoch):
+        enter(self, epoch)
+        self._order = torch.randperm(len(self.x), generator=torch.Generator().manual_seed(id(self) % 2**31 + epoch))
+
+    epoch_deal.EpochSampler._enter = _enter
+
+
+MUTANTS = {"no-comm": no_comm, "deal-own-counter": deal_own_counter,
+           "deal-joiner-from-epoch-zero": deal_joiner_from_epoch_zero, "deal-order-per-worker": deal_order_per_worker, "pair-links-one-lock": pair_links_one_lock, "speed-basis-counts-the-start": speed_basis_counts_the_start,
            "ray-joins-only-on-schedule": ray_joins_only_on_schedule, "ray-drains-unseen": ray_drains_unseen,
            "ray-growth-unchecked": ray_growth_unchecked, "ray-joins-together": ray_joins_together,
            "vacant-ranks-not-held-dead": vacant_ranks_not_held_dead, "joins-never-start": joins_never_start,

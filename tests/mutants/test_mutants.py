@@ -76,6 +76,7 @@ PTC = "tests/planner/test_plan_train_check.py"  # its checks of training (issue 
 RS = "tests/jobs/test_resume_state.py"
 FT = "tests/runtime/test_fake_transport.py"  # each protocol shell's wiring on the fake transport
 DR = "tests/test_docs_records.py"
+ED = "tests/test_epoch_deal.py"  # each epoch's batches dealt out over the members (issue 71)
 EM = "tests/jobs/test_elastic_membership.py"  # workers that join and leave a running job (issue 71)
 ADV = "tests/advisor/test_time_to_target_and_spikes.py"  # advise: time to target, transient slowdowns (issue 72)
 RE = "tests/ray/test_ray_elastic.py"  # a Ray job grows onto an added node and leaves a drained one (issue 71)
@@ -101,6 +102,12 @@ COMM_MUTANTS = {
         f"{RE}::test_sigterm_to_a_ray_workers_process_is_a_leave_not_a_death"],
     "leave-without-grace": [
         "tests/jobs/test_members.py::test_a_leave_is_granted_only_after_the_grace_and_is_recorded_once"],
+    "deal-own-counter": [f"{ED}::test_workers_at_different_speeds_that_join_and_leave_take_each_sample_once_per_epoch",
+                         f"{EM}::test_a_job_grows_into_its_vacant_ranks_and_every_member_ends_with_the_final_model[hop-until0]"],
+    "deal-joiner-from-epoch-zero": [
+        f"{ED}::test_workers_at_different_speeds_that_join_and_leave_take_each_sample_once_per_epoch"],
+    "deal-order-per-worker": [
+        f"{ED}::test_workers_at_different_speeds_that_join_and_leave_take_each_sample_once_per_epoch"],
     "rate-board-waits-for-every-rank": [
         "tests/test_data_split.py::test_a_rank_with_no_worker_yet_reads_zero_and_counts_once_a_worker_joins_into_it"],
     "leaver-joins-the-final-average": [
