@@ -13,8 +13,9 @@ Parts (each run on the digits MLP, ``--compute-ms 50``, worker 0 3x slower, in t
 - ``leave``: SIGTERM (from outside, to the worker's pid) to worker 3 of a 6-worker Hop job under
   ``--on-failure abort``, 10 s into training. Goals: exit 0, ``leaves`` names 3, ``deaths`` empty, the others
   end with one model.
-- ``soak``: ``--soak-s`` seconds (default 300) of a job started with 4 workers that may grow to 8: a join or a
-  leave every 30 s (joins at 30, 90, 150, 210 s; SIGTERM to the highest live rank at 60, 120, 180, 240 s).
+- ``soak``: ``--soak-s`` seconds (default 300) of a job started with 4 workers that may grow to
+  ``--soak-max`` (default 5: room for one more, so each join takes the rank the last leaver left): a join or
+  a leave every 30 s (joins at 30, 90, 150, 210 s; SIGTERM to the highest live rank at 60, 120, 180, 240 s).
   Goals: exit 0, no hang, each worker's RSS (median of its readings over its last 30 s) within 5% of the
   same over its second 30 s of life (a worker's share does not grow); each epoch dealt once, as in ``grow``.
 
@@ -168,10 +169,11 @@ def _rss_growth(worker: dict) -> float | None:
     return (late - early) / early if early and late and end - start >= 90.0 else None
 
 
-def soak(protocol: str, soak_s: float) -> dict:
+def soak(protocol: str, soak_s: float, max_workers: int = 5) -> dict:
     joins = ",".join(f"1@{t:g}s" for t in (30, 90, 150, 210) if t < soak_s)
     churn = Churn([t for t in (60.0, 120.0, 180.0, 240.0) if t < soak_s])
-    config = RunConfig(protocol=protocol, num_workers=4, max_workers=8, join=joins, time_budget_s=soak_s, **BASE)
+    config = RunConfig(protocol=protocol, num_workers=4, max_workers=max_workers, join=joins, time_budget_s=soak_s,
+                       **BASE)
     metrics, error, wall_s = _run(config, churn, name=f"soak-{protocol}")
     row = {"part": "soak", "protocol": protocol, "budget_s": soak_s, "error": error, "wall_s": round(wall_s, 1),
            "sigterm": churn.sent}
@@ -179,12 +181,14 @@ def soak(protocol: str, soak_s: float) -> dict:
         return row
     growth = {f"{w['rank']}.{w.get('incarnation', 0)}": _rss_growth(w) for w in metrics["workers"]}
     measured = [g for g in growth.values() if g is not None]
-    row.update(joins=len([j for j in metrics["joins"] if j.get("new_member")]), leaves=len(metrics["leaves"]),
+    row.update(max_workers=max_workers, joined_ranks=[f"{j['rank']}.{j['incarnation']}" for j in metrics["joins"]],
+               joins_not_started=metrics.get("joins_not_started"),
+               joins=len([j for j in metrics["joins"] if j.get("new_member")]), leaves=len(metrics["leaves"]),
                deaths=len(metrics["deaths"]), final_members=metrics["final_members"], one_model=_one_model(metrics),
                rss_growth_by_worker=growth, rss_growth_max=max(measured) if measured else None,
                samples_per_s=metrics["samples_per_s"], epochs_dealt=_dealt(metrics))
     row["meets_goals"] = (row["deaths"] == 0 and row["one_model"] and row["rss_growth_max"] is not None
-                          and _dealt_whole(row)
+                          and _dealt_whole(row) and not row["joins_not_started"]
                           and row["rss_growth_max"] <= RSS_GROWTH_GOAL)
     return row
 
@@ -206,6 +210,7 @@ def main() -> int:
     parser.add_argument("--protocols", default="hop,prague")
     parser.add_argument("--budget", type=float, default=40.0, help="seconds of training of each grow run")
     parser.add_argument("--soak-s", type=float, default=300.0)
+    parser.add_argument("--soak-max", type=int, default=5, help="soak: the job's largest size (4 start)")
     parser.add_argument("--pairs", type=int, default=1, help="grow: grown and fixed runs in turn, this many pairs")
     args = parser.parse_args()
     out = Path(args.out)
@@ -218,7 +223,7 @@ def main() -> int:
             for pair in range(args.pairs if part == "grow" else 1):
                 print(f"{part} {protocol} ...", file=sys.stderr, flush=True)
                 row = grow(protocol, args.budget, pair) if part == "grow" else leave(30.0) if part == "leave" \
-                    else soak(protocol, args.soak_s)
+                    else soak(protocol, args.soak_s, args.soak_max)
                 rows.append(row)
                 _write(out, rows)
                 print(json.dumps(row, default=str), flush=True)

@@ -235,9 +235,6 @@ class RunConfig:
         if joins.total and not room:
             raise OptionError(f"{{join}} adds {joins.total} worker(s) to a job that cannot grow: give {{max_workers}} "
                               f"(e.g. {{max_workers}} {self.num_workers + joins.total})")
-        if joins.total > room:
-            raise OptionError(f"{{join}} adds {joins.total} worker(s) but the job has room for {room}: raise "
-                              f"{{max_workers}} to {self.num_workers + joins.total} or join fewer")
         if not self.elastic:
             return
         options = self._options_with_defaults()

@@ -3,8 +3,9 @@
 ``--join`` takes ``none`` (default) or ``K@Ts[,L@Us...]``: K new workers start T seconds into
 training (``4@8s``; ``2@10s,2@30s``; the ``s`` is optional). A job started with ``--workers N
 --max-workers M`` holds ranks ``0..M-1``; ranks ``N..M-1`` are *vacant* until a worker joins into
-them, lowest first. The launcher starts the joining workers as it starts a dead rank's replacement
-(docs/decisions/elastic-membership.md).
+them, lowest first, and a rank whose worker left is vacant again. A join that finds no vacant rank
+waits for one (a worker that leaves frees its rank). The launcher starts the joining workers as it
+starts a dead rank's replacement (docs/decisions/elastic-membership.md).
 """
 
 from __future__ import annotations
@@ -29,15 +30,11 @@ class JoinSpec:
         return sum(k for _, k in self.events)
 
     def check_room(self, start_workers: int, max_workers: int | None) -> JoinSpec:
-        """Refuse joins the job has no room for; return self."""
-        room = (max_workers or start_workers) - start_workers
-        if self.total and max_workers is None:
+        """Refuse joins to a job that cannot grow (joins beyond its room wait for ranks that workers leave);
+        return self."""
+        if self.total and (max_workers or start_workers) == start_workers:
             raise UsageError(f"--join adds {self.total} worker(s) but the job cannot grow: give --max-workers "
                              f"(e.g. --max-workers {start_workers + self.total})")
-        if self.total > room:
-            raise UsageError(f"--join adds {self.total} worker(s) but --workers {start_workers} --max-workers "
-                             f"{max_workers} leaves room for {room}: raise --max-workers to "
-                             f"{start_workers + self.total} or join fewer")
         return self
 
 

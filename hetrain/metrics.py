@@ -235,7 +235,9 @@ def _members_line(m: dict) -> str | None:
     gone = ", ".join(f"{x['rank']} at {x['t_s']:.1f} s" for x in leaves)
     return (f"  members: started {m['num_workers']} (at most {m.get('max_workers') or m['num_workers']}), "
             f"joined {len(new)}{steps}, left {len(leaves)}{f' ({gone})' if gone else ''}; "
-            f"{m.get('final_members', '-')} at the end" + _deal_phrase(m.get("epochs_dealt")))
+            f"{m.get('final_members', '-')} at the end"
+            + (f"; {m['joins_not_started']} join(s) never started (no vacant rank, or not due, before the end)"
+               if m.get("joins_not_started") else "") + _deal_phrase(m.get("epochs_dealt")))
 
 
 def _deal_phrase(deal: dict | None) -> str:

@@ -71,6 +71,16 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(getattr(pytest.mark, tier))
         if tier == "process" and item.get_closest_marker("contract") is None:
             item.add_marker(pytest.mark.slow)
+    # the tests given the longest timeouts first, so that pytest-xdist runs them beside the others, not after
+    # them: the Ray launcher's test (2 min under two CPU burners, most of it its actors' start), collected
+    # late, ran alone at the end of the CI
+    default_s = float(config.getini("timeout") or 0)
+    items.sort(key=lambda item: -_timeout_s(item, default_s))  # stable: the others keep their order
+
+
+def _timeout_s(item, default_s: float) -> float:
+    marker = item.get_closest_marker("timeout")
+    return float(marker.args[0]) if marker and marker.args else default_s
 
 
 # ----- the guard: a test's tier is what it does --------------------------------------------------------------

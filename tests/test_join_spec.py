@@ -19,12 +19,13 @@ def test_a_malformed_join_names_the_forms(text):
         parse_join(text)
 
 
-def test_joins_must_fit_the_room_the_job_has():
+def test_joins_need_a_job_that_can_grow_and_may_outnumber_its_room():
     assert parse_join("2@5s").check_room(2, 4).total == 2
-    with pytest.raises(UsageError, match="leaves room for 1"):
-        parse_join("2@5s").check_room(3, 4)
+    assert parse_join("2@5s").check_room(3, 4).total == 2  # the second waits for a rank a worker leaves
     with pytest.raises(UsageError, match="cannot grow"):
         parse_join("1@5s").check_room(3, None)
+    with pytest.raises(UsageError, match="cannot grow"):
+        parse_join("1@5s").check_room(3, 3)
 
 
 def test_a_job_that_may_grow_holds_its_largest_size_as_its_ranks():

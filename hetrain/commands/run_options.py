@@ -125,7 +125,8 @@ def add_runtime_options(parser: argparse.ArgumentParser, defaults: RunConfig) ->
                         "--workers, fixed); a worker sent SIGTERM leaves gracefully in any job")
     m.add_argument("--join", default=defaults.join, metavar="K@Ts",
                    help="start K new workers T seconds into training: none | K@Ts[,L@Us] (e.g. 4@8s; needs "
-                        "--max-workers; default none)")
+                        "--max-workers; each into a vacant rank, a rank whose worker left included; a join "
+                        "that finds none waits for one; default none)")
     c = parser.add_argument_group("checkpoints")
     c.add_argument("--checkpoint-dir", default=None,
                    help="write each worker's model, optimizer, data position, RNG and protocol state here")

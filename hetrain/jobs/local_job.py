@@ -69,7 +69,9 @@ ON_FAILURE_MODES = ("abort", "continue", "respawn")
 
 
 class JobResults(list):
-    """Results by rank (None for a worker that died); ``interrupted_by``: the signal's name when Ctrl-C or
+    """Results by rank (None for a worker that died, or a rank vacant at the end); ``earlier``: the results of
+    workers that left a rank another worker then joined into; ``joins_not_started``: joins that found no
+    vacant rank, or were not due, before the end; ``interrupted_by``: the signal's name when Ctrl-C or
     SIGTERM stopped the job early (``interrupted``: whether one did);
     ``joins``: each replacement or new member that joined (rank, incarnation, training time; ``new_member``);
     ``leaves``: each worker that left gracefully (rank, training time, ``wall_s`` from the job's start);
@@ -84,6 +86,8 @@ class JobResults(list):
     deaths: list = []
     joins: list = []
     leaves: list = []
+    earlier: list = []
+    joins_not_started: int = 0
     last_progress: dict = {}
 
     @property
@@ -135,7 +139,8 @@ def run_local(
     SIGTERM ends the job at once, its workers killed, as a second one does.
     ``max_workers``: the job may grow to this many workers (ranks ``num_workers..max_workers-1`` start
     vacant; ``ctx.world_size`` is ``max_workers``); ``joins``: ``(training_time_s, count)``: start
-    ``count`` new workers into the vacant ranks then (docs/decisions/elastic-membership.md).
+    ``count`` new workers into the vacant ranks then, lowest first (a rank whose worker left is vacant
+    again; a join that finds none waits for one: docs/decisions/elastic-membership.md).
     ``worker_on_failure``: what the workers' protocols are built for (default ``on_failure``; ``respawn``
     where new members join, ``continue`` where a worker may leave a job the launcher aborts on a death);
     ``on_members(line)``: a line saying who joins or leaves, as it happens.
@@ -145,9 +150,9 @@ def run_local(
     if max_workers is not None and max_workers < num_workers:
         raise ValueError(f"max_workers ({max_workers}) must be at least num_workers ({num_workers})")
     world = max_workers or num_workers
-    if sum(k for _, k in joins or []) > world - num_workers:
-        raise ValueError(f"joins add {sum(k for _, k in joins or [])} workers to a job of {num_workers} that "
-                         f"may grow to {world}: raise max_workers")
+    if joins and world == num_workers:
+        raise ValueError(f"joins add {sum(k for _, k in joins)} workers to a job of {num_workers} that cannot grow: "
+                         "give max_workers")
     return LocalJob(fn, args, world, start_workers=num_workers, joins=joins,
                     worker_on_failure=worker_on_failure or ("respawn" if world > num_workers else on_failure),
                     backend=backend, device=device, timeout_s=timeout_s,
@@ -188,6 +193,8 @@ class LocalJob:
             launched_at=0.0))
         self.channels = self.workers.channels
         self.done: dict[int, Any] = {}
+        self.earlier: list = []  # results of workers that left a rank joined again since
+        self._said_waiting = 0  # joins due and waiting for a vacant rank, as last said
         self.failures: dict[int, tuple[str, str, str | None]] = {}  # rank -> (kind, summary, detail)
         self.deaths = DeathRecords(started_at=self.launched)
         self.replacements = Replacements()
@@ -211,7 +218,7 @@ class LocalJob:
                     self.channels.dead[rank] = 1  # no process yet: the others route around it from the start
                 for rank in range(self.members.start_workers):
                     self._start(rank)
-                while len(self.done) + len(self.gone) + len(self.members.vacant) < self.n:
+                while len(self._ended()) < self.n:
                     self._watch_once()
                     now = time.monotonic()
                     if deadline is not None and now > deadline:
@@ -223,7 +230,7 @@ class LocalJob:
                 self.finished_at = time.time()
                 self._drain_messages()
                 self.workers.join(self.timeout_s)
-            if len(self.gone) + len(self.members.vacant) == self.n:
+            if len(self.gone | set(self.members.vacant)) == self.n:
                 last = self.deaths.last_cause()
                 raise WorkerError(f"every worker died; the last, worker {last['rank']}, {last['how']}")
             return self._results()
@@ -246,6 +253,7 @@ class LocalJob:
         elif self.failures or dead:
             self._fail()
         self._grant_leaves()
+        self._vacate_left()
         self._start_joins()
         self._admit_deferred()
 
@@ -255,6 +263,8 @@ class LocalJob:
         results.deaths = self.deaths.public()
         results.joins = list(self.replacements.joined)
         results.leaves = list(self.members.left)
+        results.earlier = list(self.earlier)
+        results.joins_not_started = self.members.waiting(float("inf"))
         results.last_progress = dict(self.progress)
         results.finished_at = self.finished_at
         return results
@@ -375,16 +385,38 @@ class LocalJob:
         (it stays dead to the others until it announces it joined, then is admitted one at a time)."""
         if self._ending() or not any(self.workers.alive(r) for r in range(self.n)):
             return
-        for rank in self.members.due(self._training_time_s() if self.progress else None):
+        now_s = self._training_time_s() if self.progress else None
+        for rank in self.members.due(now_s):
             self._say(f"worker {rank} starts and joins the job (at most {self.n} workers)")
             self._start_member(rank, self._job_iteration())
+        waiting = self.members.waiting(now_s)
+        if waiting and waiting != self._said_waiting:
+            self._say(f"{waiting} join(s) wait for a vacant rank: every one of the job's {self.n} ranks has a "
+                      "worker (a worker that leaves frees its rank)")
+        self._said_waiting = waiting
 
     def _job_iteration(self) -> int:
         """The iteration the live workers have reached (a new member counts on from it)."""
         return max((p.get("iteration", 0) for r, p in self.progress.items() if not self.channels.dead[r]), default=0)
 
+    def _vacate_left(self) -> None:
+        """Each rank whose worker was let go and has ended (its process exited, its result in or not) is
+        vacant again: a later join may take it."""
+        for rank, incarnation in self.members.leaving.items():
+            if (self.channels.incarnations[rank] == incarnation and rank not in self.members.vacant
+                    and (rank in self.done or rank in self.gone) and self.workers.exitcode(rank) is not None):
+                self._vacate(rank)
+
+    def _vacate(self, rank: int) -> None:
+        """The worker let go from ``rank`` ended: the rank is vacant again (a Ray job: once it has room of
+        its own for a new worker, :meth:`hetrain.ray.job.RayJob._vacate`)."""
+        self.members.vacate(rank)
+
     def _start_member(self, rank: int, iteration: int) -> None:
         """Start the next process of ``rank`` (a replacement, or a new member of a vacant rank)."""
+        if rank in self.done:  # a worker that left the rank before: its result is kept beside the rank's
+            self.earlier.append(self.done.pop(rank))
+        self.gone.discard(rank)
         incarnation = self.channels.incarnations[rank] + 1
         self.channels.incarnations[rank] = incarnation
         self.channels.finished[rank] = 0  # a predecessor that finished, then died: the replacement has not
@@ -393,7 +425,7 @@ class LocalJob:
         t_s = self._training_time_s()
         self.started_t_s[rank] = t_s
         self._start(rank, incarnation, t_s, iteration)
-        self.replacements.started(rank, incarnation, t_s, new_member=incarnation == 1 and rank in self.members.joined)
+        self.replacements.started(rank, incarnation, t_s, new_member=self.members.starting(rank))
 
     def _grant_leaves(self) -> None:
         """Let go the workers that asked to leave (SIGTERM to one worker, or ``sync.leave()``): once its ask is
@@ -469,7 +501,7 @@ class LocalJob:
         if self.on_join is not None:  # first (e.g. the Group Generator re-admits it), then the others see it
             self.on_join(rank, incarnation)
         self.channels.dead[rank] = 0  # alive again: the survivors connect to its new incarnation
-        if rank in self.members.joined and incarnation == 1:
+        if self.replacements.joining.get(rank, {}).get("new_member"):
             self._say(f"worker {rank} joined ({self.members.count(self.channels.dead)} workers)")
         self.replacements.join(rank, incarnation, self._training_time_s(), wall_s=time.monotonic() - self.launched)
 
@@ -494,7 +526,7 @@ class LocalJob:
         dead = []
         for rank in range(self.n):
             code = self.workers.exitcode(rank)
-            if code is None or rank in self.done or rank in self.failures:
+            if code is None or rank in self.done or rank in self.failures or rank in self.members.vacant:
                 continue
             if code == 0:
                 seen = self._quiet_exits.setdefault(self.workers.pid(rank), time.monotonic())
@@ -504,7 +536,12 @@ class LocalJob:
         return dead
 
     def _missing(self) -> list[int]:
-        return sorted(set(range(self.n)) - set(self.done) - self.gone - set(self.members.vacant))
+        return sorted(set(range(self.n)) - self._ended())
+
+    def _ended(self) -> set[int]:
+        """Ranks with no process to wait for: finished, gone, or vacant (a rank whose worker left is
+        finished and vacant at once)."""
+        return set(self.done) | self.gone | set(self.members.vacant)
 
     # -- failure -----------------------------------------------------------------------
     def _fail(self) -> None:

@@ -5,12 +5,14 @@ the starting size are *vacant*: dead to the others (their protocols route around
 death) until a worker joins into one. Joins come on the training clock (``--join K@Ts``), into the
 lowest vacant ranks. A worker asks to leave (SIGTERM to it alone, or ``sync.leave()``); the launcher
 lets it go once the ask is ``LEAVE_GRACE_S`` old and no stop came meanwhile, so that a scheduler's
-SIGTERM to every process of the job stays a stop. Records only: the launcher
-(:class:`hetrain.jobs.local_job.LocalJob`) acts on them.
+SIGTERM to every process of the job stays a stop. Once the worker that left has ended, its rank is
+vacant again: a later join may take it (a new process, the rank's next incarnation). Records only: the
+launcher (:class:`hetrain.jobs.local_job.LocalJob`) acts on them.
 """
 
 from __future__ import annotations
 
+import bisect
 import time
 
 LEAVE_GRACE_S = 0.5  # a SIGTERM to the whole job reaches the launcher within this of its workers
@@ -23,7 +25,7 @@ class Members:
         self.num_ranks = num_ranks
         self.start_workers = start_workers
         self.vacant: list[int] = list(range(start_workers, num_ranks))  # lowest first
-        self.joined: set[int] = set()  # vacant ranks a worker was started into
+        self.fresh: set[int] = set()  # vacant ranks taken whose new member's process is not started yet
         self._joins = sorted(joins or [])
         self.pending: dict[int, tuple[int, float]] = {}  # rank -> (incarnation, when it asked to leave)
         self.leaving: dict[int, int] = {}  # rank -> incarnation let go (its end is a leave, not a death)
@@ -31,22 +33,39 @@ class Members:
         self.started_at = time.monotonic()
 
     def due(self, training_time_s: float | None) -> list[int]:
-        """The vacant ranks whose joins are due at ``training_time_s`` (None: training has not begun);
-        they stop being vacant."""
+        """The vacant ranks whose joins are due at ``training_time_s`` (None: training has not begun), lowest
+        first; they stop being vacant. A join due that finds no vacant rank waits for one (:meth:`waiting`)."""
         ranks = []
-        while self._joins and training_time_s is not None and self._joins[0][0] <= training_time_s:
-            _, count = self._joins.pop(0)
-            for _ in range(count):
-                if self.vacant:
-                    rank = self.vacant.pop(0)
-                    self.joined.add(rank)
-                    ranks.append(rank)
+        while self._joins and self.vacant and training_time_s is not None and self._joins[0][0] <= training_time_s:
+            at, count = self._joins.pop(0)
+            if count > 1:
+                self._joins.insert(0, (at, count - 1))
+            ranks.append(self.vacant[0])
+            self.take(self.vacant[0])
         return ranks
 
+    def waiting(self, training_time_s: float | None) -> int:
+        """Joins due at ``training_time_s`` that found no vacant rank (every rank has a worker)."""
+        if training_time_s is None:
+            return 0
+        return sum(count for at, count in self._joins if at <= training_time_s)
+
     def take(self, rank: int) -> None:
-        """A worker joins vacant ``rank`` now, off the schedule (a Ray job: the cluster has room for it)."""
+        """A worker joins vacant ``rank`` now (due, or off the schedule: a Ray job's cluster has room for it)."""
         self.vacant.remove(rank)
-        self.joined.add(rank)
+        self.fresh.add(rank)
+
+    def starting(self, rank: int) -> bool:
+        """Whether the process starting into ``rank`` is a new member (it was taken vacant), not a dead
+        worker's replacement."""
+        new = rank in self.fresh
+        self.fresh.discard(rank)
+        return new
+
+    def vacate(self, rank: int) -> None:
+        """The worker let go from ``rank`` has ended: the rank is vacant again, for a later join."""
+        if rank not in self.vacant:
+            bisect.insort(self.vacant, rank)
 
     def count(self, dead_flags) -> int:
         """Members now: ranks not dead (vacant ranks read dead)."""

@@ -192,8 +192,11 @@ def _run_local_job(config: RunConfig, out, data: Dataset, bar, logger, launched_
         bar.close()
         if gg is not None:
             gg.close()
-    metrics = finalize_run(config, results, out, interrupted_by=results.interrupted_by, deaths=results.deaths,
-                           joins=results.joins, leaves=getattr(results, "leaves", []), gg_stats=gg.scheduler.stats() if gg is not None else None,
+    # the workers that left a rank joined again since: their records beside the rank's last worker's
+    metrics = finalize_run(config, [*results, *getattr(results, "earlier", [])], out,
+                           interrupted_by=results.interrupted_by, deaths=results.deaths,
+                           joins=results.joins, leaves=getattr(results, "leaves", []),
+                           joins_not_started=getattr(results, "joins_not_started", 0), gg_stats=gg.scheduler.stats() if gg is not None else None,
                            data=data, launched_at=launched_at, results_at=results.finished_at,
                            launcher_record=results.launcher, progress=progress)
     if logger is not None:
@@ -294,6 +297,7 @@ def run_training_torchrun(config: RunConfig, out_dir: str | None, progress: bool
 
 def finalize_run(config: RunConfig, results: list[dict | None], out, interrupted_by: str | None = None,
                  deaths: list[dict] | None = None, joins: list[dict] | None = None, leaves: list[dict] | None = None,
+                 joins_not_started: int = 0,
                  gg_stats: dict | None = None, data: Dataset | None = None, launched_at: float | None = None,
                  results_at: float | None = None, launcher_record: dict | None = None, progress: bool = False) -> dict:
     """Build, write and return the run's record. ``results`` has None for workers that died.
@@ -320,8 +324,7 @@ def finalize_run(config: RunConfig, results: list[dict | None], out, interrupted
         wall_time_s=wall_s,
         batch_size=config.batch_size,
         standalone_iteration_s=[w["standalone_iteration_s"] for w in workers + lost],
-        alive_fraction=[1.0 - min(1.0, w.get("started_t_s", 0.0) / wall_s) if wall_s > 0 else 1.0 for w in workers]
-        + [w["alive_fraction"] for w in lost],
+        alive_fraction=[_alive_fraction(w, wall_s) for w in workers] + [w["alive_fraction"] for w in lost],
         accuracy_curve=curve,
         target_accuracy=config.target_accuracy,
         target_loss=config.resolved_target_loss(),
@@ -336,6 +339,7 @@ def finalize_run(config: RunConfig, results: list[dict | None], out, interrupted
                "workers_lost": len(deaths), "deaths": deaths,
                "workers_joined": sum(not j.get("stopped_before_settling") for j in joins or []),  # trained
                "joins": joins or [], "leaves": leaves or [], "workers_left": len(leaves or []),
+               "joins_not_started": joins_not_started,
                "num_workers": config.num_workers, "max_workers": config.world_size,
                "final_members": len(members), **(gg_stats or {}),
                "epochs_dealt": dealt_epochs([w.get("epochs_dealt") for w in workers]) if config.deals_epochs else None,
@@ -364,6 +368,15 @@ def _note_members(workers: list[dict], joins: list[dict]) -> None:
             worker["joined"] = True
         if worker.get("first_iteration_s") is not None and worker.get("started_s") is not None:
             join["first_step_s"] = round(worker["first_iteration_s"] - worker["started_s"], 3)
+
+
+def _alive_fraction(worker: dict, wall_s: float) -> float:
+    """The share of the run's time a worker was there: from its start (a replacement's or a joiner's) to the
+    end, or to its leave (its loop's end on the job's clock)."""
+    if wall_s <= 0:
+        return 1.0
+    until = min(worker["loop_s"], wall_s) if worker.get("left") else wall_s
+    return max(0.0, until - worker.get("started_t_s", 0.0)) / wall_s
 
 
 def _lost_workers(config: RunConfig, survivors: list[dict], deaths: list[dict], wall_s: float) -> list[dict]:

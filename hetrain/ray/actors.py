@@ -114,6 +114,20 @@ class RayWorkers:
             return self.vacant_groups[rank], 0
         return self.group, rank
 
+    def renew_vacancy(self, rank: int) -> bool:
+        """``rank``'s worker left: ask for a new placement group of its own (pending until the cluster has room;
+        its old one, on a node maybe being drained, is removed) so that a later worker can join into it. False
+        for a starting rank: its bundle is one of the starting group's, which is freed only with the job."""
+        if rank not in self.vacant_groups:
+            return False
+        try:
+            remove_placement_group(self.vacant_groups[rank])
+        except Exception:  # noqa: BLE001 - its node is gone already
+            pass
+        self.vacant_groups[rank] = placement_group([dict(self.placement.resources)])
+        self._vacant_ready[rank] = self.vacant_groups[rank].ready()
+        return True
+
     def placed_vacant(self, ranks) -> list[int]:
         """Of the vacant ``ranks``, those whose placement group the cluster has placed (room for a worker)."""
         refs = {self._vacant_ready[rank]: rank for rank in ranks if rank in self._vacant_ready}

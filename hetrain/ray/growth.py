@@ -6,13 +6,14 @@ from __future__ import annotations
 
 def check_growth(num_workers: int, max_workers: int | None, joins: list[tuple[float, int]] | None) -> int:
     """The job's largest size (``max_workers``, or ``num_workers`` for a fixed job); ValueError for a
-    ``max_workers`` below ``num_workers`` or ``joins`` beyond the room, before anything starts."""
+    ``max_workers`` below ``num_workers`` or ``joins`` to a job that cannot grow, before anything starts
+    (joins beyond the room wait for ranks that workers leave)."""
     if max_workers is not None and max_workers < num_workers:
         raise ValueError(f"max_workers ({max_workers}) must be at least the starting workers ({num_workers})")
     world = max_workers or num_workers
-    if sum(k for _, k in joins or []) > world - num_workers:
-        raise ValueError(f"joins add {sum(k for _, k in joins or [])} workers to a job of {num_workers} that "
-                         f"may grow to {world}: raise max_workers")
+    if joins and world == num_workers:
+        raise ValueError(f"joins add {sum(k for _, k in joins)} workers to a job of {num_workers} that cannot "
+                         "grow: give max_workers")
     return world
 
 

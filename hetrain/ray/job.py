@@ -117,6 +117,12 @@ class RayJob(LocalJob):
                       "workers)")
             self._start_member(rank, self._job_iteration())
 
+    def _vacate(self, rank: int) -> None:
+        """A rank whose worker left is vacant again once it has a placement group of its own to wait on (a rank
+        that joined; a starting rank's room is the starting group's, so it stays gone)."""
+        if self.workers.renew_vacancy(rank):
+            super()._vacate(rank)
+
     def _leave_draining_nodes(self) -> None:
         """Ask each worker on a node being drained to leave the job (once; every ``DRAIN_POLL_S``): it
         leaves at its next step, as a local worker sent SIGTERM, before whoever drains the node ends it."""

@@ -53,7 +53,6 @@ def _bad(capsys, tmp_path, *args):
     (["--fail", "1@checkpoint"], "this run writes none"),  # a kill that could never fire, silently
     (["--join", "2@soon", "--max-workers", "10"], "--join: cannot read '2@soon'"),
     (["--join", "2@5s"], "to a job that cannot grow: give --max-workers"),
-    (["--workers", "4", "--max-workers", "5", "--join", "2@5s"], "has room for 1: raise --max-workers to 6"),
     (["--workers", "4", "--max-workers", "3"], "--max-workers (3) must be at least --workers (4)"),
     (["--protocol", "allreduce", "--workers", "2", "--max-workers", "4"], "allreduce cannot admit workers"),
     (["--protocol", "ps", "--workers", "2", "--max-workers", "4"], "ps cannot admit workers"),

@@ -61,7 +61,7 @@ def _sigterm_when_trained(rank: int, computed: int, sent: list):
     (found by its name among this test process's descendants)."""
     def spy(reporter, message):
         if reporter == rank and not sent and isinstance(message, dict) and message.get("computed", 0) >= computed:
-            pids = [p for p in descendants(os.getpid()) if comm(p) == f"hetrain-w{rank}"]
+            pids = [p for p in descendants(os.getpid()) if comm(p).split(".")[0] == f"hetrain-w{rank}"]  # .1: a joiner
             assert len(pids) == 1, pids
             os.kill(pids[0], signal.SIGTERM)
             sent.append(pids[0])
@@ -93,6 +93,28 @@ def test_sigterm_to_one_worker_is_a_leave_not_a_death_even_where_a_death_aborts_
     stayed = [workers[r]["model_fingerprint"] for r in (0, 1, 2)]
     assert all(f == pytest.approx(stayed[0], rel=1e-9) for f in stayed)
     assert workers[3]["model_fingerprint"] != pytest.approx(stayed[0], rel=1e-9)  # it left before the average
+
+
+@pytest.mark.slow
+def test_a_rank_a_worker_left_is_joined_again_by_a_join_that_waited_for_it(processes):
+    """Room for one more: the first join takes rank 2; the second waits until rank 2's worker has left (SIGTERM
+    from outside), then joins into it as the rank's next process, a new member."""
+    sent: list = []
+    config = RunConfig(protocol="hop", num_workers=2, max_workers=3, join="1@0.5s,1@1s", compute_ms=20.0,
+                       slowdown="0:2x", timeout_s=20.0, iterations=300)
+    metrics = _trained(config, launch=_launch_with(_sigterm_when_trained(2, 20, sent)))
+    assert sent, "worker 2 never reported 20 gradients"
+    assert [(j["rank"], j["incarnation"], j["new_member"]) for j in metrics["joins"]] == [(2, 1, True), (2, 2, True)]
+    assert [x["rank"] for x in metrics["leaves"]] == [2] and metrics["deaths"] == []
+    assert metrics["final_members"] == 3 and metrics["joins_not_started"] == 0
+    twos = sorted((w for w in metrics["workers"] if w["rank"] == 2), key=lambda w: w["incarnation"])
+    assert [(w["incarnation"], bool(w.get("left")), bool(w.get("joined"))) for w in twos] == [(1, True, True),
+                                                                                             (2, False, True)]
+    assert twos[1]["iterations"] > 0
+    members = [w["model_fingerprint"] for w in metrics["workers"] if not w.get("left")]
+    assert len(members) == 3 and all(f == pytest.approx(members[0], rel=1e-9) for f in members)
+    deal = metrics["epochs_dealt"]
+    assert deal["short"] == deal["over"] == [] and deal["epochs_checked"] >= 3
 
 
 def _leave_at(ctx, leaver: int, leave_after: int, steps: int):

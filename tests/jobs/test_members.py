@@ -12,13 +12,21 @@ def test_joins_fill_the_lowest_vacant_ranks_when_their_time_comes():
     assert members.due(1.9) == []
     assert members.due(2.0) == [2]
     assert members.due(9.0) == [3, 4, 5]
-    assert members.vacant == [] and members.joined == {2, 3, 4, 5}
+    assert members.vacant == [] and members.fresh == {2, 3, 4, 5}
     assert members.due(100.0) == []
+    assert members.starting(3) and not members.starting(3)  # a new member once; a later process replaces it
 
 
-def test_more_joins_than_vacant_ranks_start_what_fits():
-    members = Members(3, 2, joins=[(1.0, 5)])
+def test_joins_beyond_the_vacant_ranks_wait_and_take_the_rank_of_a_worker_that_left():
+    members = Members(3, 2, joins=[(1.0, 2), (5.0, 1)])
     assert members.due(1.0) == [2]
+    assert members.waiting(1.0) == 1 and members.waiting(5.0) == 2
+    assert members.due(6.0) == []  # every rank has a worker
+    members.let_go(0, 0, training_time_s=6.5, last_report={})
+    members.vacate(0)  # its worker has ended
+    assert members.vacant == [0]
+    assert members.due(7.0) == [0] and members.waiting(7.0) == 1
+    assert members.starting(0)  # the worker joining a rank that was left is a new member
 
 
 def test_a_leave_is_granted_only_after_the_grace_and_is_recorded_once():

@@ -1526,7 +1526,22 @@ def deal_order_per_worker() -> None:
     epoch_deal.EpochSampler._enter = _enter
 
 
-MUTANTS = {"no-comm": no_comm, "deal-own-counter": deal_own_counter,
+def left_rank_stays_gone() -> None:
+    """A rank whose worker left is never vacant again (the rule before): a join waiting for it never starts."""
+    from hetrain.jobs import members
+
+    members.Members.vacate = lambda self, rank: None
+
+
+def ray_left_rank_keeps_no_room() -> None:
+    """A Ray rank whose worker left asks for no room of its own again: it never becomes vacant."""
+    from hetrain.ray import actors
+
+    actors.RayWorkers.renew_vacancy = lambda self, rank: False
+
+
+MUTANTS = {"no-comm": no_comm, "deal-own-counter": deal_own_counter, "left-rank-stays-gone": left_rank_stays_gone,
+           "ray-left-rank-keeps-no-room": ray_left_rank_keeps_no_room,
            "deal-joiner-from-epoch-zero": deal_joiner_from_epoch_zero, "deal-order-per-worker": deal_order_per_worker, "pair-links-one-lock": pair_links_one_lock, "speed-basis-counts-the-start": speed_basis_counts_the_start,
            "ray-joins-only-on-schedule": ray_joins_only_on_schedule, "ray-drains-unseen": ray_drains_unseen,
            "ray-growth-unchecked": ray_growth_unchecked, "ray-joins-together": ray_joins_together,

@@ -87,10 +87,12 @@ COMM_MUTANTS = {
         "tests/jobs/test_emulation.py::test_the_speed_basis_leaves_out_the_start_s_phases_a_collective_lengthened"],
     "ray-joins-only-on-schedule": [
         f"{RE}::test_a_ray_job_that_grew_ends_with_every_member_holding_one_model",
-        f"{RE}::test_a_ray_job_grows_onto_an_added_node_and_its_workers_leave_when_the_node_is_drained"],
+        f"{RE}::test_a_ray_job_grows_onto_an_added_node_its_workers_leave_when_it_is_drained_and_it_grows_back"],
     "ray-joins-together": [f"{RE}::test_a_ray_job_that_grew_ends_with_every_member_holding_one_model"],
     "ray-drains-unseen": [
-        f"{RE}::test_a_ray_job_grows_onto_an_added_node_and_its_workers_leave_when_the_node_is_drained"],
+        f"{RE}::test_a_ray_job_grows_onto_an_added_node_its_workers_leave_when_it_is_drained_and_it_grows_back"],
+    "ray-left-rank-keeps-no-room": [
+        f"{RE}::test_a_ray_job_grows_onto_an_added_node_its_workers_leave_when_it_is_drained_and_it_grows_back"],
     "ray-growth-unchecked": [
         f"{RE}::test_a_ray_job_asked_to_shrink_below_its_start_is_refused_before_the_cluster_is_joined"],
     "vacant-ranks-not-held-dead": [
@@ -104,6 +106,9 @@ COMM_MUTANTS = {
         "tests/jobs/test_members.py::test_a_leave_is_granted_only_after_the_grace_and_is_recorded_once"],
     "deal-own-counter": [f"{ED}::test_workers_at_different_speeds_that_join_and_leave_take_each_sample_once_per_epoch",
                          f"{EM}::test_a_job_grows_into_its_vacant_ranks_and_every_member_ends_with_the_final_model[hop-until0]"],
+    "left-rank-stays-gone": [
+        "tests/jobs/test_members.py::test_joins_beyond_the_vacant_ranks_wait_and_take_the_rank_of_a_worker_that_left",
+        f"{EM}::test_a_rank_a_worker_left_is_joined_again_by_a_join_that_waited_for_it"],
     "deal-joiner-from-epoch-zero": [
         f"{ED}::test_workers_at_different_speeds_that_join_and_leave_take_each_sample_once_per_epoch"],
     "deal-order-per-worker": [
