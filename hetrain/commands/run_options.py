@@ -81,7 +81,7 @@ def add_run_options(parser: argparse.ArgumentParser, defaults: RunConfig) -> Non
     f.add_argument("--on-failure", choices=("abort", "continue", "respawn"), default=defaults.on_failure,
                    dest="on_failure",
                    help="when a worker dies: abort the job, continue with the survivors, or respawn (continue, "
-                        "and a replacement joins; hop, dpsgd, prague, adpsgd) (default: continue; abort for "
+                        "and a replacement joins; hop, dpsgd, prague, adpsgd, ps) (default: continue; abort for "
                         "allreduce)")
 
 
@@ -121,7 +121,7 @@ def add_runtime_options(parser: argparse.ArgumentParser, defaults: RunConfig) ->
                         "wandb (offline), mlflow (a file store in OUT), or none (default csv; docs/guides/logging.md)")
     m = parser.add_argument_group("members (workers that join and leave a running job)")
     m.add_argument("--max-workers", type=int, default=defaults.max_workers, metavar="M",
-                   help="the job may grow to M workers while it trains (hop, dpsgd, prague, adpsgd; default: "
+                   help="the job may grow to M workers while it trains (hop, dpsgd, prague, adpsgd, ps; default: "
                         "--workers, fixed); a worker sent SIGTERM leaves gracefully in any job")
     m.add_argument("--join", default=defaults.join, metavar="K@Ts",
                    help="start K new workers T seconds into training: none | K@Ts[,L@Us] (e.g. 4@8s; needs "

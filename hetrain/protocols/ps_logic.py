@@ -15,7 +15,9 @@ model). The logic decides what to add to the global model and whom to answer:
   slowest catches up or leaves.
 
 A worker that stops ``leave``\\ s: it is no longer waited for (a synchronous
-round closes without it, a held worker is released if it was the slowest).
+round closes without it, a held worker is released if it was the slowest). A worker
+that ``join``\\ s (a new member, or a dead one's replacement) is waited for from the
+next push on, counted as far as the slowest worker still training.
 Both the runtime (:mod:`hetrain.runtime.parameter_server`) and the simulator
 (:mod:`hetrain.sim.ps_sim`) drive this class.
 """
@@ -41,12 +43,7 @@ class PSOptions(ProtocolOptions):
         return self
 
     def supports_respawn(self) -> bool:
-        return False  # the server's channels to its workers are built once
-
-    def check_on_failure(self, on_failure: str) -> None:
-        if on_failure == "respawn":
-            raise OptionError("ps cannot take a replacement worker mid-run (its server's channels are built "
-                              "once): use {on_failure} continue")
+        return True  # a joining worker's first push is empty: the server answers it with the global model
 
 
 @dataclass
@@ -128,6 +125,18 @@ class ParameterServerLogic:
                 self._held = [entry for entry in self._held if entry[2] != worker]
                 heapq.heapify(self._held)
         return self._close_round() if self.synchronous else self._release()
+
+    def join(self, worker: int) -> ServerStep:
+        """``worker`` (a new process of a rank that left or died) trains from now on: waited for from its next
+        push, counted as far as the slowest worker still training (so it holds no one back). A worker still
+        active (its death and return seen at once) leaves first; carry out the step that returns."""
+        step = ServerStep() if worker in self.left else self.leave(worker)
+        start = self._slowest_pushes() if len(self.left) < self.num_workers else max(self.pushes)
+        self.left.discard(worker)
+        self.pushes[worker] = start
+        self._at_count[start] = self._at_count.get(start, 0) + 1
+        self._slowest = min(self._slowest, start)
+        return step
 
     def waiting_for(self) -> list[int]:
         """Synchronous: the workers the open round still needs (for timeout errors)."""

@@ -16,6 +16,10 @@ with an UPDATE (the global model) or a DELTA, then STOP once the worker left.
 When all have left, rank 0 broadcasts the global model so every worker ends
 with it. Deaths reach the server as they reach every protocol: a lost worker is
 a suspect until the membership names it dead (``Membership.confirm_dead``'s bound).
+A worker that joins the running job (a new member, or a dead one's replacement
+under ``respawn``) announces itself and pushes nothing (zeros); once the launcher
+admits it, rank 0 sees it at its next push, waits for it from then on and answers
+that first push with the global model, which the joiner trains from.
 
 Emulated links (:mod:`hetrain.transport.link`): pushes and answers carry the
 link's stamps, and the receiving side holds each until the link would have
@@ -89,6 +93,14 @@ class _Server:
         with self.cond:
             self.messages += 1
             self._carry_out(self.logic.leave(worker))
+            self.cond.notify_all()
+
+    def join(self, worker: int) -> None:
+        """``worker``'s new process trains from now on; its first answer is the global model in full."""
+        with self.cond:
+            self.messages += 1
+            self._copies.pop(worker, None)
+            self._carry_out(self.logic.join(worker))
             self.cond.notify_all()
 
     def _carry_out(self, step: ServerStep) -> None:
@@ -178,6 +190,8 @@ class ParameterServer(SyncProtocol):
                 self._server.leave(worker)
         if self.channels is not None:
             self._connect()
+        if self.joining and self.channels is not None:
+            self._take_global_model()
         self.stats.extra.update(ps_mode="sync" if self.staleness == 0 else f"async(staleness={self.staleness})")
         self.restart_clock()
 
@@ -197,16 +211,29 @@ class ParameterServer(SyncProtocol):
         return self.transport.channels(self.state.numel, self.state.dtype, self._on_message, self._on_channel_error,
                                        on_host=True, max_in_flight=_MESSAGES_IN_FLIGHT, name="ps",
                                        tolerate_lost_peers=self.tolerant, new_payload=self._buffers.take,
+                                       incarnation=self.incarnation, peer_incarnations=self.incarnations,
                                        link=self.link, data_layout="shared",
                                        delta_nbytes=self._codec.payload_nbytes if self._codec is not None else 0)
 
     def _connect(self) -> None:
         """Rank 0 to every worker, each worker to rank 0: one handshake, then a receiver per peer."""
         peers = list(range(1, self.job.world_size)) if self.job.rank == 0 else [0]
+        if self.joining:  # the server trains already: no handshake (as a Hop replacement's)
+            self.channels.listen("update", peers)
+            return
         skipped = self.channels.handshake(peers, peers, self.dead_workers if self.tolerant else None)
         for peer in skipped:  # dead during start-up: rank 0's loop drops it (_drop_the_dead)
             self.channels.forget(peer)
         self.channels.listen("update", [p for p in peers if p not in skipped])
+
+    def _take_global_model(self) -> None:
+        """A joining worker: announce itself, push nothing, and train from the server's answer (the global
+        model); the server waits for this worker once the launcher has admitted it."""
+        self._announce_joined()
+        self.channels.send("update", [0], UPDATE, self.stats.iterations, payload=self._buffers.take().zero_())
+        self._pulled = self._receive_answer()
+        self.state.scatter(self._pulled.to(self.job.device))
+        self._announce_settled()
 
     # -- receiver threads ------------------------------------------------------
     def _on_message(self, message: Message) -> None:
@@ -280,6 +307,7 @@ class ParameterServer(SyncProtocol):
 
     def _push_local(self, delta: torch.Tensor) -> torch.Tensor:
         server = self._server
+        self._drop_the_dead()  # and take in joiners (asynchronous: a push answered at once never waits below)
         server.push(0, delta)
         deadline = time.monotonic() + self.job.timeout_s
         with server.cond:
@@ -295,13 +323,19 @@ class ParameterServer(SyncProtocol):
 
     def _drop_the_dead(self) -> None:
         """Rank 0: raise a channel error; in continue mode, stop waiting for workers the membership names
-        dead, and fail on a lost worker it does not name dead (:class:`~hetrain.transport.membership.LostPeers`)."""
+        dead, and fail on a lost worker it does not name dead (:class:`~hetrain.transport.membership.LostPeers`);
+        serve the workers that joined (new members, replacements) from now on."""
         for worker in sorted(self.new_deaths()):
             self.channels.forget(worker)
             if worker not in self._server.logic.left:
                 self._server.leave(worker)
+        back = self.rejoined()
+        for worker in sorted(back):
+            self._server.join(worker)
+            self.channels.rejoin(worker, self.incarnations[worker])
+            self.channels.listen("update", [worker])
         with self._cond:
-            self._errors.extend(self._lost.settle(self.dead))
+            self._errors.extend(self._lost.settle(self.dead | back))
         self._raise_errors()
 
     def _wait(self, work, what: str) -> None:

@@ -55,7 +55,6 @@ def _bad(capsys, tmp_path, *args):
     (["--join", "2@5s"], "to a job that cannot grow: give --max-workers"),
     (["--workers", "4", "--max-workers", "3"], "--max-workers (3) must be at least --workers (4)"),
     (["--protocol", "allreduce", "--workers", "2", "--max-workers", "4"], "allreduce cannot admit workers"),
-    (["--protocol", "ps", "--workers", "2", "--max-workers", "4"], "ps cannot admit workers"),
     (["--workers", "2", "--max-workers", "4", "--data-split", "shard"], "needs --data-split balanced"),
 ])
 def test_bad_input(no_warm_server, capsys, tmp_path, args, message):

@@ -24,6 +24,7 @@ GROW = dict(num_workers=2, max_workers=4, join="2@1s", compute_ms=20.0, slowdown
     pytest.param("hop", dict(iterations=200), marks=pytest.mark.contract),
     ("prague", dict(time_budget_s=8.0)), pytest.param("dpsgd", dict(iterations=200), marks=pytest.mark.slow),
     pytest.param("adpsgd", dict(time_budget_s=8.0), marks=pytest.mark.slow),
+    pytest.param("ps", dict(time_budget_s=8.0), marks=pytest.mark.slow),
 ])
 def test_a_job_grows_into_its_vacant_ranks_and_every_member_ends_with_the_final_model(processes, protocol, until):
     metrics = _trained(RunConfig(protocol=protocol, **GROW, **until))
@@ -37,7 +38,8 @@ def test_a_job_grows_into_its_vacant_ranks_and_every_member_ends_with_the_final_
     if protocol in ("hop", "dpsgd"):  # it took the job's iteration from its neighbours on joining
         assert workers[2]["iteration"] >= 0.5 * workers[1]["iteration"]
     # they mixed while training (no communication: consensus distance near 4) and end with one model
-    assert metrics["consensus_distance"] < 1.0
+    if protocol != "ps":  # the parameter server's workers hold the server's model after every push
+        assert metrics["consensus_distance"] < 1.0
     fingerprints = [w["model_fingerprint"] for w in workers.values()]
     assert all(f == pytest.approx(fingerprints[0], rel=1e-9) for f in fingerprints)
     assert metrics["final_accuracy_avg_model"] > 0.8

@@ -131,7 +131,6 @@ def test_train_respawn_from_the_command_line(processes, tmp_path, capsys):
 
 @pytest.mark.parametrize("args, message", [
     (["--protocol", "allreduce", "--on-failure", "respawn"], "allreduce cannot respawn"),
-    (["--protocol", "ps", "--on-failure", "respawn"], "ps cannot take a replacement"),
     (["--protocol", "prague", "--gg-shards", "2", "--on-failure", "respawn"], "respawn needs one Group Generator"),
 ])
 def test_respawn_where_it_cannot_work_is_one_line_exit_2(tmp_path, capsys, args, message):

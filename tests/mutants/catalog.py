@@ -1540,7 +1540,32 @@ def ray_left_rank_keeps_no_room() -> None:
     actors.RayWorkers.renew_vacancy = lambda self, rank: False
 
 
+def ps_joiners_unserved() -> None:
+    """The parameter server never takes in a worker that joined (the rule before: its members were fixed)."""
+    from hetrain.runtime.parameter_server import ParameterServer
+
+    ParameterServer.rejoined = lambda self: set()
+
+
+def ps_joiner_counted_from_zero() -> None:
+    """The parameter server counts a joining worker's pushes from 0: under staleness it holds every other
+    worker back until the newcomer has pushed as often as they did."""
+    from hetrain.protocols import ps_logic
+
+    def join(self, worker):
+        step = ps_logic.ServerStep() if worker in self.left else self.leave(worker)
+        self.left.discard(worker)
+        self.pushes[worker] = 0
+        self._at_count[0] = self._at_count.get(0, 0) + 1
+        self._slowest = 0
+        return step
+
+    ps_logic.ParameterServerLogic.join = join
+
+
 MUTANTS = {"no-comm": no_comm, "deal-own-counter": deal_own_counter, "left-rank-stays-gone": left_rank_stays_gone,
+           "ps-joiner-counted-from-zero": ps_joiner_counted_from_zero,
+           "ps-joiners-unserved": ps_joiners_unserved,
            "ray-left-rank-keeps-no-room": ray_left_rank_keeps_no_room,
            "deal-joiner-from-epoch-zero": deal_joiner_from_epoch_zero, "deal-order-per-worker": deal_order_per_worker, "pair-links-one-lock": pair_links_one_lock, "speed-basis-counts-the-start": speed_basis_counts_the_start,
            "ray-joins-only-on-schedule": ray_joins_only_on_schedule, "ray-drains-unseen": ray_drains_unseen,

@@ -106,6 +106,11 @@ COMM_MUTANTS = {
         "tests/jobs/test_members.py::test_a_leave_is_granted_only_after_the_grace_and_is_recorded_once"],
     "deal-own-counter": [f"{ED}::test_workers_at_different_speeds_that_join_and_leave_take_each_sample_once_per_epoch",
                          f"{EM}::test_a_job_grows_into_its_vacant_ranks_and_every_member_ends_with_the_final_model[hop-until0]"],
+    "ps-joiner-counted-from-zero": [
+        "tests/protocols/test_pure_layer.py::"
+        "test_a_worker_that_joins_is_waited_for_from_its_next_push_and_counted_as_far_as_the_slowest"],
+    "ps-joiners-unserved": [
+        f"{EM}::test_a_job_grows_into_its_vacant_ranks_and_every_member_ends_with_the_final_model[ps-until4]"],
     "left-rank-stays-gone": [
         "tests/jobs/test_members.py::test_joins_beyond_the_vacant_ranks_wait_and_take_the_rank_of_a_worker_that_left",
         f"{EM}::test_a_rank_a_worker_left_is_joined_again_by_a_join_that_waited_for_it"],

@@ -97,6 +97,24 @@ def test_a_worker_that_leaves_is_no_longer_waited_for():
         logic.push(2, "late")
 
 
+def test_a_worker_that_joins_is_waited_for_from_its_next_push_and_counted_as_far_as_the_slowest():
+    logic = ParameterServerLogic(3, staleness=0)
+    logic.leave(2)  # vacant from the start
+    logic.push(0, "a")
+    assert logic.join(2).answer == [] and logic.waiting_for() == [1, 2]  # this round waits for it too
+    logic.push(1, "b")
+    step = logic.push(2, "zeros")  # its first push: nothing, answered with the global model
+    assert step.apply == ["a", "b", "zeros"] and step.answer == [0, 1, 2]
+    held = ParameterServerLogic(3, staleness=1)
+    held.leave(2)
+    for _ in range(3):
+        held.push(0, "a")
+        held.push(1, "b")
+    held.join(2)  # at the slowest's 3 pushes: it holds no one back, and the staleness bound counts it
+    assert held.pushes[2] == 3 and held.push(0, "a").answer == [0]
+    assert held.push(0, "a").answer == []  # 5 against the new worker's 3: held
+
+
 def test_asynchronous_pushes_apply_at_once_and_hold_workers_too_far_ahead():
     logic = ParameterServerLogic(2, staleness=1)
     step = logic.push(0, "a")
