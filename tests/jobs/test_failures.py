@@ -262,6 +262,7 @@ def _server_protocol(tolerant: bool, dead: set[int]):
     ps.tolerant, ps.dead, ps._lost, ps._errors = tolerant, set(), LostPeers(), []
     ps._cond = threading.Condition()
     ps.dead_workers = lambda: set(dead)
+    ps._membership = None  # no launcher: no worker joins
     ps.job = type("Job", (), {"rank": 0})()
     ps.channels = _Channels(ps._on_channel_error, tolerant)
     ps._server = _Server(torch.zeros(4), ParameterServerLogic(2, staleness=1), ps.channels,
