@@ -72,10 +72,13 @@ def test_hop_sends_each_iteration_s_model_to_every_out_neighbour_and_a_token_bac
     assert float((after - after.mean(0)).norm()) < 1e-9
 
 
+RING_MAX_IG = 2
+
+
 def _hop_one_dies(rank, members: SharedMembership, fabric: Fabric):
     model = _model(rank.rank)
     sync = hetrain.Hop(model, None, topology="ring", transport=rank.transport("hop"), on_failure="continue",
-                       timeout_s=10)
+                       max_ig=RING_MAX_IG, timeout_s=10)  # max_ig 2: no skipping (threshold max_ig - 2)
     for step in range(30):
         if rank.rank == 3 and step == 8:  # it leaves without a word; the membership says so
             fabric.kill(3)
@@ -92,13 +95,15 @@ def test_a_death_on_the_ring_is_repaired_and_the_survivors_send_over_the_new_edg
     fabric, members = Fabric(), SharedMembership()
     results, error = _run(_hop_one_dies, fabric, (members, fabric), membership=members)
     repaired = repair(RING, {3})
+    last_from_3 = max(m.iteration for m in fabric.sent(src=3, kind=UPDATE))
+    assert last_from_3 == 7  # its 8 steps, none skipped
+    # backup 1: a neighbour never waits for worker 3's models, only for its tokens (max_ig at the start, one
+    # back per iteration worker 3 ended): it can start at most max_ig iterations past worker 3's last, and
+    # only the repair lets it go further, sending around worker 3
     last_to_3 = max(m.iteration for m in fabric.sent(dst=3, kind=UPDATE))
-    last_from_3 = max(m.iteration for m in fabric.sent(src=3, kind=UPDATE))  # 7, or more where it skipped (load)
-    # staleness 1: a neighbour sends iteration k only once it holds worker 3's k - 2 or newer, so its last
-    # model to worker 3 is at most 2 past worker 3's last; after that the repair sends around it
-    assert last_to_3 <= last_from_3 + 2, (last_to_3, last_from_3)
+    assert last_to_3 <= last_from_3 + RING_MAX_IG, (last_to_3, last_from_3)
     for rank in range(3):
-        late = {m.dst for m in fabric.sent(src=rank, kind=UPDATE) if m.iteration >= 20}
+        late = {m.dst for m in fabric.sent(src=rank, kind=UPDATE) if m.iteration > last_from_3 + RING_MAX_IG}
         assert late == set(repaired.out_neighbors[rank]), (rank, late, repaired.out_neighbors[rank])
     assert fabric.sent(src=2, dst=0, kind=UPDATE) and fabric.sent(src=0, dst=2, kind=UPDATE)  # the repair's edge
     assert error is None, error
