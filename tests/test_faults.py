@@ -42,13 +42,17 @@ def test_schedule_fires_each_fault_once_at_its_moment():
     assert schedule.due(99.0, 99.0, {3: {"finish"}}) == []
 
 
-def test_silence_watch_names_the_silent_only_past_the_timeout():
+def test_silence_watch_names_the_silent_only_past_the_timeout(monkeypatch):
+    import types
+
+    import hetrain.jobs.heartbeat as heartbeat
+
+    now = [100.0]  # a fake clock: what the watch sees does not hang on the test's own scheduling
+    monkeypatch.setattr(heartbeat, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
     watch = SilenceWatch(timeout_s=0.05)
     watch.started(0)
     watch.started(1)
-    import time
-
-    time.sleep(0.08)
+    now[0] += 0.08
     watch.heard(1)
     assert list(watch.silent([0, 1])) == [0]
     assert SilenceWatch(timeout_s=0).silent([0, 1]) == {}  # 0: off

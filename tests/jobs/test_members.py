@@ -1,7 +1,8 @@
 """The launcher's record of vacant ranks, joins and graceful leaves (hetrain.jobs.members)."""
 
-import time
+import types
 
+import hetrain.jobs.members as members_module
 from hetrain.jobs.members import LEAVE_GRACE_S, Members
 
 
@@ -29,12 +30,15 @@ def test_joins_beyond_the_vacant_ranks_wait_and_take_the_rank_of_a_worker_that_l
     assert members.starting(0)  # the worker joining a rank that was left is a new member
 
 
-def test_a_leave_is_granted_only_after_the_grace_and_is_recorded_once():
+def test_a_leave_is_granted_only_after_the_grace_and_is_recorded_once(monkeypatch):
+    now = [100.0]  # a fake clock: the grace does not hang on the test's own scheduling
+    monkeypatch.setattr(members_module, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
     members = Members(4, 4)
     members.wants_to_leave(3, 0)
     members.wants_to_leave(3, 0)  # asked twice: one ask
+    now[0] += 0.9 * LEAVE_GRACE_S
     assert members.ripe() == []  # a SIGTERM to the whole job reaches the launcher within the grace
-    time.sleep(LEAVE_GRACE_S + 0.05)
+    now[0] += 0.2 * LEAVE_GRACE_S
     assert members.ripe() == [(3, 0)]
     assert members.ripe() == []
     members.let_go(3, 0, training_time_s=4.25, last_report={"iteration": 40})

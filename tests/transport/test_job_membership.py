@@ -3,6 +3,7 @@ watcher and a user's callable, and one bound for confirming a death."""
 
 import threading
 import time
+import types
 
 from hetrain.integrations.liveness import StoreLiveness
 from hetrain.jobs.context import LauncherMembership
@@ -31,15 +32,18 @@ def test_confirm_dead_returns_a_death_named_within_the_bound_and_nothing_otherwi
     assert membership.confirm_dead(known={3}, within_s=0.2) == set()  # nothing new
 
 
-def test_a_lost_peer_is_a_suspect_until_named_dead_and_an_error_if_never_named():
+def test_a_lost_peer_is_a_suspect_until_named_dead_and_an_error_if_never_named(monkeypatch):
+    import hetrain.transport.membership as membership
     from hetrain.transport.membership import LostPeers
 
+    now = [100.0]  # a fake clock: the verdicts do not hang on the test's own scheduling
+    monkeypatch.setattr(membership, "time", types.SimpleNamespace(monotonic=lambda: now[0], sleep=time.sleep))
     lost = LostPeers(within_s=0.2)
     lost.lost(1, "lost worker 1")
     lost.lost(2, "lost worker 2")
     lost.lost(1, "a later report")  # the first report counts
     assert lost.settle(set()) == [] and lost.suspects() == {1, 2}  # within the bound: no verdict yet
     assert lost.settle({2}) == [] and lost.suspects() == {1}  # named dead: routed around, forgotten
-    time.sleep(0.25)
+    now[0] += 0.25
     assert lost.settle(set()) == ["lost worker 1"] and lost.suspects() == set()  # alive yet lost: an error, once
     assert lost.settle(set()) == []
