@@ -15,7 +15,9 @@ heartbeats, faults, the start gate, the end) runs a Ray job unchanged. What diff
 * a worker's "process" is its actor's ``run`` call: its result (or error) is the call's return, and
   its death is the call failing with Ray's ``RayActorError`` (the actor or its node died; Ray's own
   reason is kept for the record). ``pid(rank)`` is ``(rank, incarnation)``: a key per process;
-* SIGKILL is ``ray.kill``; other signals are sent by the actor to itself (``--fail ...:stop``).
+* SIGKILL is ``ray.kill``; other signals are sent by the actor to itself (``--fail ...:stop``);
+* the actors run at the normal CPU priority: Ray starts its workers at niceness 15, under which a
+  worker on a busy node took 74 s, not 4 s, to import torch (docs/decisions/ray-workers-at-normal-priority.md).
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ from hetrain.ray.driver_store import DriverStore
 from hetrain.ray.worker_actor import WorkerActor
 from hetrain.transport.job_secret import new_secret
 
+# Ray's own setting, per worker process, as its job supervisor sets it for a job's driver: the
+# training worker is the job, not a background task to yield to whatever else the node runs
+WORKER_RUNTIME_ENV = {"env_vars": {"RAY_worker_niceness": "0"}}
 KILLED = -9  # the exit code an actor that died (killed, or its node lost) reads as
 
 
@@ -101,6 +106,7 @@ class RayWorkers:
         group, bundle = self._bundle_of(rank)
         actor = self.actor_class.options(
             **actor_resources(self.placement.resources), max_restarts=0, max_concurrency=2,
+            runtime_env=WORKER_RUNTIME_ENV,
             scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=bundle),
         ).remote(self.placement.env)
         self.actors[rank], self.codes[rank], self.reasons[rank] = actor, None, None
@@ -224,7 +230,7 @@ class RayWorkers:
         self._results.put((rank, kind, value, detail))
 
     def placements(self) -> dict:
-        """(rank, incarnation) -> {node, pid} for each actor that started (the others are left out)."""
+        """(rank, incarnation) -> {node, pid, niceness} for each actor that started (the others are left out)."""
         found = {}
         for key, ref in self.where.items():
             ready, _ = ray.wait([ref], timeout=0)

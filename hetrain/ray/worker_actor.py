@@ -45,10 +45,10 @@ class WorkerActor:
             leave_signal.listen()  # SIGTERM to this actor's process: it asks to leave (Ray sends none of its own)
 
     def where(self) -> dict:
-        """This actor's node and process (for the job's record)."""
+        """This actor's node, process and CPU priority (for the job's record)."""
         import ray
 
-        return {"node": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
+        return {"node": ray.get_runtime_context().get_node_id(), "pid": os.getpid(), "niceness": os.nice(0)}
 
     def signal_self(self, signum: int) -> None:
         os.kill(os.getpid(), signum)

@@ -1540,6 +1540,13 @@ def ray_left_rank_keeps_no_room() -> None:
     actors.RayWorkers.renew_vacancy = lambda self, rank: False
 
 
+def ray_workers_niced() -> None:
+    """Ray's workers keep the niceness Ray starts them at (15): on a busy node they yield to everything."""
+    from hetrain.ray import actors
+
+    actors.WORKER_RUNTIME_ENV = {}
+
+
 def ps_joiners_unserved() -> None:
     """The parameter server never takes in a worker that joined (the rule before: its members were fixed)."""
     from hetrain.runtime.parameter_server import ParameterServer
@@ -1566,7 +1573,7 @@ def ps_joiner_counted_from_zero() -> None:
 MUTANTS = {"no-comm": no_comm, "deal-own-counter": deal_own_counter, "left-rank-stays-gone": left_rank_stays_gone,
            "ps-joiner-counted-from-zero": ps_joiner_counted_from_zero,
            "ps-joiners-unserved": ps_joiners_unserved,
-           "ray-left-rank-keeps-no-room": ray_left_rank_keeps_no_room,
+           "ray-left-rank-keeps-no-room": ray_left_rank_keeps_no_room, "ray-workers-niced": ray_workers_niced,
            "deal-joiner-from-epoch-zero": deal_joiner_from_epoch_zero, "deal-order-per-worker": deal_order_per_worker, "pair-links-one-lock": pair_links_one_lock, "speed-basis-counts-the-start": speed_basis_counts_the_start,
            "ray-joins-only-on-schedule": ray_joins_only_on_schedule, "ray-drains-unseen": ray_drains_unseen,
            "ray-growth-unchecked": ray_growth_unchecked, "ray-joins-together": ray_joins_together,

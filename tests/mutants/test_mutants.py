@@ -91,6 +91,7 @@ COMM_MUTANTS = {
     "ray-joins-together": [f"{RE}::test_a_ray_job_that_grew_ends_with_every_member_holding_one_model"],
     "ray-drains-unseen": [
         f"{RE}::test_a_ray_job_grows_onto_an_added_node_its_workers_leave_when_it_is_drained_and_it_grows_back"],
+    "ray-workers-niced": ["tests/ray/test_ray_launcher.py::test_a_hop_job_on_ray_actors_trains_and_writes_its_record"],
     "ray-left-rank-keeps-no-room": [
         f"{RE}::test_a_ray_job_grows_onto_an_added_node_its_workers_leave_when_it_is_drained_and_it_grows_back"],
     "ray-growth-unchecked": [
