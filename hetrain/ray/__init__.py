@@ -25,7 +25,7 @@ def run(train_fn: Callable[..., Any], workers: int, *, on_failure: str = "contin
         on_members: Callable[[str], None] | None = None):
     """Run ``train_fn(ctx, *args)`` on ``workers`` Ray actors; return their results by rank
     (:class:`hetrain.jobs.local_job.JobResults`: None for a rank that died for good; ``deaths``,
-    ``joins``, and ``launcher["ray_placements"]``: each actor's node and pid, by ``"rank.incarnation"``).
+    ``joins``, and ``launcher["ray_placements"]``: each actor's node, pid and niceness, by ``"rank.incarnation"``).
 
     ``ctx`` is the :class:`hetrain.jobs.context.WorkerContext` a local worker gets: build the
     protocol with ``on_failure=ctx.on_failure, dead_workers=ctx.dead_workers``, call
